@@ -1,0 +1,88 @@
+# memscale build, test and benchmark entry points.
+#
+#   make            build/libmemscale.so, build/memscale.h, build/memscale (CLI)
+#   make test       Go (vet + race), C ABI driver and Python tests
+#   make demo       the README's main job (GPT-2 under half its peak memory)
+#   make bench      allocator, C ABI and engine benchmarks
+#
+# The Python test environment (torch, transformers, pytest) is installed once
+# into $(VENV) and reused; delete it to reinstall.
+
+GO      ?= go
+CC      ?= gcc
+PYTHON  ?= python3
+VENV    ?= .venv
+BUILD   := build
+LIB     := $(BUILD)/libmemscale.so
+HEADER  := $(BUILD)/memscale.h
+CLI     := $(BUILD)/memscale
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.memscale-installed
+GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' 2>/dev/null) go.mod go.sum
+
+.PHONY: all lib cli venv test test-go test-c test-python demo bench bench-go bench-c clean fmt vet
+
+all: lib cli
+
+lib: $(LIB)
+
+$(LIB) $(HEADER): $(GOFILES) $(wildcard cabi/*.c cabi/*.h)
+	@mkdir -p $(BUILD)
+	$(GO) build -buildmode=c-shared -o $(LIB) ./cabi
+	@bad=$$(nm -D --undefined-only $(LIB) | awk '{print $$2}' | grep -vE '^(__|_ITM|_Jv)|@(GLIBC|GCC)'); \
+	  [ -z "$$bad" ] || { echo "error: $(LIB) has unresolved non-libc symbols: $$bad"; exit 1; }
+
+cli: $(CLI)
+
+$(CLI): $(GOFILES)
+	@mkdir -p $(BUILD)
+	$(GO) build -o $(CLI) ./cmd/memscale
+
+$(STAMP): pytorch_plugin/requirements-test.txt pytorch_plugin/pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -r pytorch_plugin/requirements-test.txt
+	$(VPY) -m pip install --quiet --no-deps -e pytorch_plugin
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+fmt:
+	gofmt -l -w $$(git ls-files '*.go')
+
+vet:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
+	$(GO) vet ./...
+
+test: test-go test-c test-python
+
+test-go: vet
+	$(GO) test -race -count=1 ./...
+
+$(BUILD)/abi_test: tests/c/abi_test.c
+	@mkdir -p $(BUILD)
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -ldl -lpthread
+
+$(BUILD)/bench_driver: tests/c/bench_driver.c
+	@mkdir -p $(BUILD)
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -ldl -lpthread
+
+test-c: $(LIB) $(BUILD)/abi_test
+	MEMSCALE_BACKEND=sim $(BUILD)/abi_test $(abspath $(LIB))
+
+test-python: $(LIB) $(STAMP)
+	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m pytest -q tests/python pytorch_plugin/tests
+
+demo: $(LIB) $(CLI) $(STAMP)
+	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m memscale.demo
+
+bench: bench-go bench-c
+
+bench-go:
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./allocator/ ./evict/ ./recompute/
+
+bench-c: $(LIB) $(BUILD)/bench_driver
+	MEMSCALE_BACKEND=sim $(BUILD)/bench_driver $(abspath $(LIB))
+
+clean:
+	rm -rf $(BUILD)
