@@ -1,0 +1,206 @@
+// abi.c - the public C entry points of libmemscale.so, the fork guard and the
+// last-error store.
+//
+// Fork guard: a pthread_atfork child handler, registered from a constructor
+// when the library is loaded, sets a flag in the child. Every entry point
+// checks it before calling into Go: a child created by fork() while the
+// parent's Go runtime was busy can hang in the runtime (golang/go#15538), and
+// PyTorch DataLoader workers fork by default and may free inherited CUDA
+// tensors. In a child, memscale_malloc returns NULL, memscale_free and the
+// other void hooks do nothing, int/int64 calls return -1, char* calls return
+// NULL, and memscale_last_error() returns a fixed message.
+//
+// Last error: a ring of static buffers. A writer (under a mutex) copies the
+// message into the next slot and publishes a pointer to it; readers load the
+// pointer without a lock. A pointer returned by memscale_last_error() thus
+// stays valid and unchanged until ERR_SLOTS-1 more errors are recorded. The
+// child never takes the mutex (a parent thread may have held it at fork time).
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memscale.h"
+#include "memscale_internal.h"
+
+#define ERR_SLOTS 32
+#define ERR_LEN 2048
+
+static const char forked_child_msg[] =
+    "memscale: called in a child process created by fork(); the allocator is not "
+    "available after fork (the Go runtime cannot be entered safely there): "
+    "malloc returns NULL and free does nothing";
+
+static int forked; // set by the atfork child handler; read with __atomic_load_n
+
+static pthread_mutex_t err_mu = PTHREAD_MUTEX_INITIALIZER;
+static char err_ring[ERR_SLOTS][ERR_LEN];
+static unsigned err_next;                  // guarded by err_mu
+static const char* err_current = "";       // published slot (atomic access)
+static int err_count;                      // atomic
+
+static void memscale_atfork_child(void) { __atomic_store_n(&forked, 1, __ATOMIC_RELAXED); }
+
+__attribute__((constructor)) static void memscale_register_atfork(void) {
+	// pthread_atfork only fails with ENOMEM; nothing useful can be done then,
+	// and the constructor must not abort the host process.
+	(void)pthread_atfork(NULL, NULL, memscale_atfork_child);
+}
+
+static inline int in_child(void) {
+	return __builtin_expect(__atomic_load_n(&forked, __ATOMIC_RELAXED), 0);
+}
+
+// child_error counts a refused call in a forked child.
+static void child_error(void) { __atomic_fetch_add(&err_count, 1, __ATOMIC_RELAXED); }
+
+void memscale_record_error(const char* msg, size_t n) {
+	static const char unknown[] = "memscale: unknown error";
+	static const char ellipsis[] = " [...]";
+	if (msg == NULL || n == 0) {
+		msg = unknown;
+		n = sizeof unknown - 1;
+	}
+	__atomic_fetch_add(&err_count, 1, __ATOMIC_RELAXED);
+	if (in_child()) {
+		return;
+	}
+	pthread_mutex_lock(&err_mu);
+	char* slot = err_ring[err_next % ERR_SLOTS];
+	err_next++;
+	if (n >= ERR_LEN) {
+		// Truncate at a UTF-8 character boundary and mark the cut.
+		size_t keep = ERR_LEN - sizeof ellipsis;
+		while (keep > 0 && ((unsigned char)msg[keep] & 0xC0) == 0x80) {
+			keep--;
+		}
+		memcpy(slot, msg, keep);
+		memcpy(slot + keep, ellipsis, sizeof ellipsis); // includes the NUL
+	} else {
+		memcpy(slot, msg, n);
+		slot[n] = '\0';
+	}
+	__atomic_store_n(&err_current, (const char*)slot, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&err_mu);
+}
+
+// ---- errors and strings: pure C, safe in a forked child -------------------
+
+const char* memscale_last_error(void) {
+	if (in_child()) {
+		return forked_child_msg;
+	}
+	return __atomic_load_n(&err_current, __ATOMIC_ACQUIRE);
+}
+
+int memscale_error_count(void) { return __atomic_load_n(&err_count, __ATOMIC_RELAXED); }
+
+void memscale_clear_error(void) { __atomic_store_n(&err_current, "", __ATOMIC_RELEASE); }
+
+void memscale_string_free(char* s) { free(s); }
+
+const char* memscale_version(void) { return "memscale " MEMSCALE_VERSION; }
+
+// ---- PyTorch pluggable allocator -----------------------------------------
+
+void* memscale_malloc(ssize_t size, int device, cudaStream_t stream) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return (void*)memscale_go_malloc((int64_t)size, device, (uintptr_t)stream);
+}
+
+void memscale_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+	if (in_child() || ptr == NULL) {
+		return;
+	}
+	memscale_go_free((uintptr_t)ptr, (int64_t)size, device, (uintptr_t)stream);
+}
+
+void memscale_init(int device_count) {
+	if (in_child()) {
+		return;
+	}
+	memscale_go_init(device_count);
+}
+
+void memscale_empty_cache(void) {
+	if (in_child()) {
+		return;
+	}
+	memscale_go_empty_cache();
+}
+
+void memscale_set_memory_fraction(double fraction, int device) {
+	if (in_child()) {
+		return;
+	}
+	memscale_go_set_memory_fraction(fraction, device);
+}
+
+void memscale_record_stream(void* ptr, cudaStream_t stream) {
+	if (in_child()) {
+		return;
+	}
+	memscale_go_record_stream((uintptr_t)ptr, (uintptr_t)stream);
+}
+
+// ---- statistics, snapshots, limits ----------------------------------------
+
+char* memscale_stats_json(int device) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_stats_json(device);
+}
+
+char* memscale_snapshot_json(void) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_snapshot_json();
+}
+
+int memscale_reset_peak_stats(int device) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_reset_peak_stats(device);
+}
+
+int memscale_set_threshold(int device, int64_t bytes) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_set_threshold(device, bytes);
+}
+
+int memscale_set_limit(int device, int64_t bytes) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_set_limit(device, bytes);
+}
+
+int64_t memscale_allocated(int device) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_allocated(device);
+}
+
+char* memscale_config_json(void) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_config_json();
+}

@@ -1,0 +1,270 @@
+package main
+
+/*
+#include <stdint.h>
+#include "memscale_internal.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+
+	"go.uber.org/zap"
+
+	"github.com/memscale/memscale/allocator"
+	"github.com/memscale/memscale/device"
+)
+
+// errSizeMismatch is reported when memscale_free is given a size other than
+// the one requested at allocation. The block is freed all the same: the
+// allocator knows its real size.
+var errSizeMismatch = errors.New("size passed to free differs from the allocated size")
+
+// Size 0: memscale_malloc(0) returns a valid, unique pointer to a
+// minimum-size block (the allocator's behaviour), not NULL and not an error.
+// PyTorch's pluggable path calls alloc for empty tensors too and keys its own
+// bookkeeping on the returned pointer, so a unique, freeable pointer is the
+// safe answer, and NULL keeps meaning "failed".
+
+//export memscale_go_malloc
+func memscale_go_malloc(size C.int64_t, dev C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
+	guard("memscale_malloc", func() error {
+		if size < 0 {
+			return fmt.Errorf("invalid size %d on device %d: negative: %w", int64(size), int(dev), allocator.ErrInvalidSize)
+		}
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		p, err := a.Malloc(uint64(size), device.Stream(stream))
+		if err != nil {
+			return fmt.Errorf("%d bytes on device %d: %w", int64(size), int(dev), err)
+		}
+		ptr = C.uintptr_t(p)
+		return nil
+	})
+	return ptr
+}
+
+// memscale_go_free frees ptr. The stream argument is not needed: the
+// allocator remembers the allocation stream and the streams recorded with
+// memscale_record_stream. ptr is never NULL here (abi.c filters it).
+//
+//export memscale_go_free
+func memscale_go_free(ptr C.uintptr_t, size C.int64_t, dev C.int, stream C.uintptr_t) {
+	_ = stream
+	guard("memscale_free", func() error {
+		p := device.Ptr(ptr)
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return fmt.Errorf("pointer %#x: %w", uintptr(p), err)
+		}
+		recorded, known := a.SizeOf(p)
+		if !known {
+			return freeUnknown(p, int64(size), int(dev), a)
+		}
+		if err := a.Free(p); err != nil {
+			return fmt.Errorf("pointer %#x (%d bytes) on device %d: %w", uintptr(p), recorded, int(dev), err)
+		}
+		if size < 0 || uint64(size) != recorded {
+			return fmt.Errorf("pointer %#x on device %d freed with size %d but %d bytes were allocated (the block was freed): %w",
+				uintptr(p), int(dev), int64(size), recorded, errSizeMismatch)
+		}
+		return nil
+	})
+}
+
+// freeUnknown handles a pointer that device dev does not know: if another open
+// device owns it, it is freed there and the wrong device is reported;
+// otherwise the allocator's verdict (unknown pointer or double free) is
+// returned and nothing is freed.
+func freeUnknown(p device.Ptr, size int64, dev int, a *allocator.Allocator) error {
+	for _, s := range openDevices() {
+		if s.ordinal == dev {
+			continue
+		}
+		if _, ok := s.alloc.SizeOf(p); ok {
+			if err := s.alloc.Free(p); err != nil {
+				return fmt.Errorf("pointer %#x passed with device %d belongs to device %d: %w", uintptr(p), dev, s.ordinal, err)
+			}
+			return fmt.Errorf("pointer %#x passed with device %d belongs to device %d (freed there): %w",
+				uintptr(p), dev, s.ordinal, allocator.ErrUnknownPointer)
+		}
+	}
+	err := a.Free(p)
+	if err == nil {
+		// The allocator freed a pointer SizeOf did not know: a race with
+		// another thread's free of the same pointer, or an allocator bug.
+		return fmt.Errorf("pointer %#x (size %d) on device %d: freed although its size was unknown", uintptr(p), size, dev)
+	}
+	return fmt.Errorf("pointer %#x (size %d) on device %d: %w", uintptr(p), size, dev, err)
+}
+
+//export memscale_go_init
+func memscale_go_init(count C.int) {
+	guard("memscale_init", func() error {
+		p := loadProcess()
+		p.deviceCount.Store(int64(count))
+		p.log.Info("initialised by the host", zap.Int("device_count", int(count)))
+		return p.err
+	})
+}
+
+//export memscale_go_empty_cache
+func memscale_go_empty_cache() {
+	guard("memscale_empty_cache", func() error {
+		var errs []error
+		for _, s := range openDevices() {
+			if err := s.alloc.EmptyCache(); err != nil {
+				errs = append(errs, fmt.Errorf("device %d: %w", s.ordinal, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+//export memscale_go_set_memory_fraction
+func memscale_go_set_memory_fraction(fraction C.double, dev C.int) {
+	guard("memscale_set_memory_fraction", func() error {
+		f := float64(fraction)
+		if math.IsNaN(f) || f <= 0 || f > 1 {
+			return fmt.Errorf("fraction %v for device %d: %w: accepted 0 < fraction <= 1", f, int(dev), allocator.ErrInvalidArgument)
+		}
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		if err := a.SetMemoryFraction(f); err != nil {
+			return fmt.Errorf("fraction %v for device %d: %w", f, int(dev), err)
+		}
+		return nil
+	})
+}
+
+//export memscale_go_record_stream
+func memscale_go_record_stream(ptr C.uintptr_t, stream C.uintptr_t) {
+	guard("memscale_record_stream", func() error {
+		p := device.Ptr(ptr)
+		for _, s := range openDevices() {
+			if _, ok := s.alloc.SizeOf(p); ok {
+				if err := s.alloc.RecordStream(p, device.Stream(stream)); err != nil {
+					return fmt.Errorf("pointer %#x on device %d, stream %#x: %w", uintptr(p), s.ordinal, uintptr(stream), err)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("pointer %#x (stream %#x): %w", uintptr(p), uintptr(stream), allocator.ErrUnknownPointer)
+	})
+}
+
+//export memscale_go_stats_json
+func memscale_go_stats_json(dev C.int) (out *C.char) {
+	guard("memscale_stats_json", func() error {
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		b, err := json.Marshal(a.Stats())
+		if err != nil {
+			return fmt.Errorf("device %d: encoding stats: %w", int(dev), err)
+		}
+		out = cString(string(b))
+		return nil
+	})
+	return out
+}
+
+//export memscale_go_snapshot_json
+func memscale_go_snapshot_json() (out *C.char) {
+	guard("memscale_snapshot_json", func() error {
+		b, err := snapshotJSON()
+		if err != nil {
+			return err
+		}
+		out = cString(string(b))
+		return nil
+	})
+	return out
+}
+
+//export memscale_go_reset_peak_stats
+func memscale_go_reset_peak_stats(dev C.int) C.int {
+	return status(guard("memscale_reset_peak_stats", func() error {
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		a.ResetPeakStats()
+		return nil
+	}))
+}
+
+//export memscale_go_set_threshold
+func memscale_go_set_threshold(dev C.int, bytes C.int64_t) C.int {
+	return status(guard("memscale_set_threshold", func() error {
+		if bytes < 0 {
+			return fmt.Errorf("threshold %d bytes for device %d: negative: %w", int64(bytes), int(dev), allocator.ErrInvalidSize)
+		}
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		a.SetEvictionThreshold(uint64(bytes))
+		return nil
+	}))
+}
+
+//export memscale_go_set_limit
+func memscale_go_set_limit(dev C.int, bytes C.int64_t) C.int {
+	return status(guard("memscale_set_limit", func() error {
+		if bytes < 0 {
+			return fmt.Errorf("limit %d bytes for device %d: negative: %w", int64(bytes), int(dev), allocator.ErrInvalidSize)
+		}
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		if err := a.SetLimit(uint64(bytes)); err != nil {
+			return fmt.Errorf("limit %d bytes for device %d: %w", int64(bytes), int(dev), err)
+		}
+		return nil
+	}))
+}
+
+//export memscale_go_allocated
+func memscale_go_allocated(dev C.int) C.int64_t {
+	n := C.int64_t(-1)
+	guard("memscale_allocated", func() error {
+		v, err := deviceAllocated(int(dev))
+		if err != nil {
+			return err
+		}
+		n = C.int64_t(v)
+		return nil
+	})
+	return n
+}
+
+//export memscale_go_config_json
+func memscale_go_config_json() (out *C.char) {
+	guard("memscale_config_json", func() error {
+		b, err := configJSON()
+		if err != nil {
+			return err
+		}
+		out = cString(string(b))
+		return nil
+	})
+	return out
+}
+
+// status maps guard's result to the C convention: 0 on success, -1 on error.
+func status(failed bool) C.int {
+	if failed {
+		return -1
+	}
+	return 0
+}

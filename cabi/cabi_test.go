@@ -1,0 +1,196 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestMain runs the tests on a small simulated card. With cgo, os.Setenv also
+// sets libc's environment, which is what the library reads.
+func TestMain(m *testing.M) {
+	for k, v := range map[string]string{
+		"MEMSCALE_BACKEND":      "sim",
+		"MEMSCALE_SIM_CAPACITY": "1GiB",
+		"MEMSCALE_LOG_LEVEL":    "error",
+	} {
+		if err := os.Setenv(k, v); err != nil {
+			panic(err)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// These tests cover the Go helpers of package main in-process. The exports
+// themselves are tested through the built library by tests/c/abi_test.c and
+// tests/python/test_load.py.
+
+func TestGuardRecordsErrorWithName(t *testing.T) {
+	before := errorCount()
+	failed := guard("memscale_test", func() error { return errors.New("something broke") })
+	assert.True(t, failed)
+	assert.Equal(t, before+1, errorCount())
+	assert.Equal(t, "memscale_test: something broke", lastError())
+}
+
+func TestGuardSuccessRecordsNothing(t *testing.T) {
+	clearError()
+	before := errorCount()
+	assert.False(t, guard("memscale_test", func() error { return nil }))
+	assert.Equal(t, before, errorCount())
+	assert.Equal(t, "", lastError())
+}
+
+func TestGuardRecoversPanics(t *testing.T) {
+	tests := []struct {
+		name string
+		fn   func() error
+		want string
+	}{
+		{"string panic", func() error { panic("boom") }, "memscale_test: internal error (panic): boom"},
+		{"runtime error", func() error {
+			var m map[string]int
+			m["x"] = 1
+			return nil
+		}, "assignment to entry in nil map"},
+		{"nil dereference", func() error {
+			var p *struct{ x int }
+			return errors.New(string(rune(p.x)))
+		}, "nil pointer dereference"},
+		{"error panic", func() error { panic(errors.New("wrapped")) }, "internal error (panic): wrapped"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := errorCount()
+			failed := guard("memscale_test", tt.fn)
+			assert.True(t, failed)
+			assert.Equal(t, before+1, errorCount())
+			assert.Contains(t, lastError(), tt.want)
+		})
+	}
+}
+
+func TestSetErrorNil(t *testing.T) {
+	before := errorCount()
+	setError(nil)
+	assert.Equal(t, before, errorCount())
+}
+
+func TestLongErrorIsTruncatedAtACharacterBoundary(t *testing.T) {
+	for _, unit := range []string{"x", "é", "日本", "🙂"} {
+		msg := strings.Repeat(unit, 3000)
+		setError(errors.New(msg))
+		got := lastError()
+		assert.True(t, utf8.ValidString(got), "%q: truncated in the middle of a character", unit)
+		assert.True(t, strings.HasSuffix(got, " [...]"), unit)
+		assert.Less(t, len(got), 2048, unit)
+		assert.True(t, strings.HasPrefix(msg, strings.TrimSuffix(got, " [...]")), unit)
+	}
+}
+
+func TestEmptyErrorMessage(t *testing.T) {
+	setError(errors.New(""))
+	assert.Equal(t, "memscale: unknown error", lastError())
+}
+
+func TestClearKeepsCount(t *testing.T) {
+	setError(errors.New("e"))
+	n := errorCount()
+	clearError()
+	assert.Equal(t, "", lastError())
+	assert.Equal(t, n, errorCount())
+}
+
+// TestConcurrentErrors records errors from several goroutines at once (under
+// -race this checks the Go side; the C ring is serialised by its mutex). The
+// ring only promises that a returned string stays intact until 31 more
+// errors are recorded, so readers here check the final message, recorded
+// when nobody else writes.
+func TestConcurrentErrors(t *testing.T) {
+	msgs := map[string]bool{}
+	for w := 0; w < 4; w++ {
+		msgs[fmt.Sprintf("worker %d: %s", w, strings.Repeat(string(rune('a'+w)), 100*(w+1)))] = true
+	}
+	before := errorCount()
+	var wg sync.WaitGroup
+	for m := range msgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				setError(errors.New(m))
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, before+8000, errorCount())
+	assert.True(t, msgs[lastError()], "last error %q", lastError())
+}
+
+func TestCString(t *testing.T) {
+	c := cString(`{"a":1}`)
+	require.NotNil(t, c)
+	assert.Equal(t, `{"a":1}`, goStringAndFree(c))
+}
+
+func TestDeviceOrdinalOutOfRange(t *testing.T) {
+	for _, d := range []int{-1, maxDevices, 1 << 30} {
+		_, err := allocatorFor(d)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, errDeviceRange)
+	}
+}
+
+// TestHotPathDoesNotAllocate checks that a cached malloc/free pair through the
+// exports allocates no Go memory (no closure, error or interface escapes).
+func TestHotPathDoesNotAllocate(t *testing.T) {
+	for _, size := range []int64{512, 1 << 20, 64 << 20} {
+		require.True(t, mallocFreePair(size), lastError())
+		allocs := testing.AllocsPerRun(1000, func() {
+			if !mallocFreePair(size) {
+				t.Fatal(lastError())
+			}
+		})
+		assert.Zero(t, allocs, "size %d", size)
+	}
+}
+
+func TestConfigJSONAndSnapshot(t *testing.T) {
+	require.True(t, mallocFreePair(4096), lastError())
+	b, err := configJSON()
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(b, &cfg))
+	assert.Equal(t, "sim", cfg["backend"])
+	assert.Equal(t, float64(1<<30), cfg["sim_capacity"])
+	devs := cfg["devices"].([]any)
+	require.Len(t, devs, 1)
+	assert.Equal(t, float64(1<<30), devs[0].(map[string]any)["total_memory"])
+
+	b, err = snapshotJSON()
+	require.NoError(t, err)
+	var snap struct {
+		Segments     []map[string]any   `json:"segments"`
+		DeviceTraces [][]map[string]any `json:"device_traces"`
+	}
+	require.NoError(t, json.Unmarshal(b, &snap))
+	assert.NotEmpty(t, snap.Segments)
+	assert.Len(t, snap.DeviceTraces, 1)
+}
+
+func TestDeviceAllocated(t *testing.T) {
+	n, err := deviceAllocated(0)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	_, err = deviceAllocated(1) // the simulation has one device
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "device 1")
+}

@@ -1,0 +1,29 @@
+// Command cabi is libmemscale.so: built with
+//
+//	go build -buildmode=c-shared -o build/libmemscale.so ./cabi
+//
+// it exports the C ABI declared in cabi/memscale.h - the PyTorch pluggable
+// allocator pair (memscale_malloc / memscale_free) and its optional hooks,
+// statistics and snapshots as JSON, configuration, the last error, and the DTR
+// engine's API for the Python plugin.
+//
+// Layout of the package:
+//
+//   - abi.c: the public C entry points. Each checks the fork guard and then
+//     calls a Go export named memscale_go_*; also the last-error store and
+//     the pure-C calls (memscale_last_error, memscale_string_free, ...).
+//   - export.go: setError, guard and cString, used by every export.
+//   - state.go: configuration from the environment and the lazily created
+//     per-device allocators; env.go reads libc's environment (the Go
+//     runtime's copy is the one from process start).
+//   - alloc.go: the allocator-side Go exports; report.go: the JSON of
+//     memscale_config_json and memscale_snapshot_json.
+//   - engine.go: the DTR engine exports (memscale_dtr_*).
+//
+// The public header is cabi/memscale.h. The header go build writes next to
+// the .so (libmemscale.h) declares the internal memscale_go_* names and is
+// not for users.
+package main
+
+// main is required by -buildmode=c-shared and never runs.
+func main() {}

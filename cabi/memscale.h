@@ -1,0 +1,134 @@
+/*
+ * memscale.h - C ABI of libmemscale.so, a CUDA caching allocator with Dynamic
+ * Tensor Rematerialization, written in Go.
+ *
+ * PyTorch loads it with
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "memscale_malloc", "memscale_free")
+ * and the optional hooks (memscale_init, memscale_empty_cache,
+ * memscale_set_memory_fraction, memscale_record_stream) through
+ * alloc._allocator.set_xxx_fn(address).
+ *
+ * Conventions
+ *  - No call ever lets a Go panic or a C++ exception reach the caller: failures
+ *    are recorded and read with memscale_last_error().
+ *  - int-returning calls return 0 (or a count/id >= 0) on success, -1 on error.
+ *  - char* results are malloc'd; free them with memscale_string_free. NULL means
+ *    an error (see memscale_last_error).
+ *  - Configuration is read from the MEMSCALE_* environment variables at the
+ *    first call that needs it. A malformed value makes every allocation fail
+ *    (NULL) with an error naming the variable, the value and what is accepted.
+ *  - Fork: in a child created by fork() (e.g. a DataLoader worker) the library
+ *    does not enter the Go runtime: memscale_malloc returns NULL, memscale_free
+ *    and the other void hooks do nothing, calls returning int/int64 return -1,
+ *    calls returning char* return NULL, and memscale_last_error() returns a
+ *    fixed message saying so.
+ *  - Thread-safe. The symbols memscale_go_* are internal; do not call them.
+ */
+#ifndef MEMSCALE_H
+#define MEMSCALE_H
+
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of this header and of the library it describes. */
+#define MEMSCALE_VERSION "0.1.0"
+
+#ifndef MEMSCALE_CUDA_STREAM_T_DEFINED
+#define MEMSCALE_CUDA_STREAM_T_DEFINED
+#if !defined(__CUDA_RUNTIME_H__) && !defined(__DRIVER_TYPES_H__)
+/* The same handle as CUstream / cudaStream_t; 0 is the legacy default stream. */
+typedef void* cudaStream_t;
+#endif
+#endif
+
+/* ---- PyTorch pluggable allocator ---------------------------------------- */
+
+/* Allocates size bytes on device for use on stream. NULL on error (bad size,
+ * bad device, out of memory, bad configuration). size 0 returns a valid,
+ * unique, freeable pointer (a minimum-size block). */
+void* memscale_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* Frees ptr. size is the size that was requested (PyTorch passes it back): a
+ * mismatch with the recorded size is reported as an error but the block is
+ * still freed. An unknown pointer or a double free is reported and nothing is
+ * freed. ptr NULL is a no-op. */
+void memscale_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
+
+/* PyTorch's init hook: reads the configuration (errors are recorded). */
+void memscale_init(int device_count);
+
+/* PyTorch's reset hook (torch.cuda.empty_cache): releases cached memory of
+ * every initialised device. */
+void memscale_empty_cache(void);
+
+/* torch.cuda.set_per_process_memory_fraction: hard limit = fraction * device
+ * memory, fraction in (0, 1]. */
+void memscale_set_memory_fraction(double fraction, int device);
+
+/* tensor.record_stream(stream): ptr is not reused until the work queued on
+ * stream when ptr is freed has finished. */
+void memscale_record_stream(void* ptr, cudaStream_t stream);
+
+/* ---- statistics, snapshots, limits ------------------------------------- */
+
+/* torch.cuda.memory_stats() keys and memscale's own, as a JSON object. */
+char* memscale_stats_json(int device);
+/* {"segments":[...],"device_traces":[[...], ...]} of every initialised device,
+ * in the shape of torch.cuda.memory._snapshot() (pytorch.org/memory_viz). */
+char* memscale_snapshot_json(void);
+int memscale_reset_peak_stats(int device);
+/* Eviction threshold (DTR budget) in bytes; 0 = none. */
+int memscale_set_threshold(int device, int64_t bytes);
+/* Hard limit on reserved bytes; 0 = the device capacity. */
+int memscale_set_limit(int device, int64_t bytes);
+/* Allocated bytes now; -1 on error. */
+int64_t memscale_allocated(int device);
+/* Effective configuration (environment, defaults, per-device resolved sizes). */
+char* memscale_config_json(void);
+
+/* ---- errors and strings ------------------------------------------------ */
+
+/* The most recent error ("" when none). The string stays valid and unchanged
+ * until at least 31 more errors have been recorded; copy it if you keep it. */
+const char* memscale_last_error(void);
+/* Number of errors recorded since the library was loaded. */
+int memscale_error_count(void);
+/* Makes memscale_last_error() return "" (the count is kept). */
+void memscale_clear_error(void);
+/* Frees a string returned by this library. NULL is a no-op. */
+void memscale_string_free(char* s);
+/* "memscale X.Y.Z"; static storage. */
+const char* memscale_version(void);
+
+/* ---- DTR engine (see DESIGN.md; implemented in cabi/engine.go) ---------- */
+
+int64_t memscale_dtr_create(const char* config_json);
+int memscale_dtr_destroy(int64_t h);
+int memscale_dtr_set_budget(int64_t h, int64_t bytes);
+int64_t memscale_dtr_tensor(int64_t h, int64_t nbytes, int32_t pinned);
+int64_t memscale_dtr_call(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
+                          const int64_t* out_sizes, const int32_t* out_alias, int32_t n_out,
+                          int64_t cost_ns, int32_t flags, int64_t* out_ids);
+int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
+                            const int32_t* mutated, int32_t n_mut, int64_t cost_ns,
+                            int32_t flags, int64_t* out_ids);
+int memscale_dtr_access(int64_t h, int64_t t);
+int memscale_dtr_lock(int64_t h, int64_t t);
+int memscale_dtr_unlock(int64_t h, int64_t t);
+int memscale_dtr_pin(int64_t h, int64_t t);
+int memscale_dtr_release(int64_t h, int64_t t);
+int32_t memscale_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap);
+int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
+int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
+int memscale_dtr_swapped_in(int64_t h, int64_t t);
+char* memscale_dtr_stats_json(int64_t h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEMSCALE_H */

@@ -1,0 +1,234 @@
+package evict
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"strings"
+)
+
+// Heuristic selects the eviction score. Lower scores are evicted first.
+type Heuristic uint8
+
+// Heuristics (REFERENCE.md section 5). c = cost of the ops that rebuild the
+// storage, m = bytes, s = staleness (clock - last access), T and M = the
+// MegEngine exponents recomp_time_factor and recomp_memory_factor (default 1).
+const (
+	// Default is memscale's choice; see DefaultHeuristic.
+	Default Heuristic = iota
+	// DTR is h_DTR (e*): (c + cost of the evicted neighbourhood closure in
+	// both directions)^T / (m^M * s).
+	DTR
+	// DTREq is h_DTR^eq: like DTR, but the neighbourhood cost is the sum over
+	// the distinct union-find classes of evicted direct neighbours.
+	DTREq
+	// DTRLocal is h_DTR^local: c^T / (m^M * s).
+	DTRLocal
+	// MSPS is h_MSPS: (c + cost of the evicted-ancestor closure)^T / m^M.
+	MSPS
+	// LRU evicts the least recently used storage first.
+	LRU
+	// Size evicts the largest storage first: 1 / m^M.
+	Size
+	// DTREqAnc is memscale's heuristic: h_DTR^eq restricted to ancestors
+	// (the cost of the distinct union-find classes of evicted storages the
+	// storage was computed from, i.e. what actually has to be re-run to bring
+	// it back), with staleness. Combined with banishing it keeps the
+	// neighbourhood cost an honest estimate of the rematerialization cost.
+	DTREqAnc
+	// XMSPSStale is experimental: h_MSPS with staleness.
+	XMSPSStale
+	numHeuristics
+)
+
+// DefaultHeuristic is what Default resolves to.
+const DefaultHeuristic = DTREqAnc
+
+var heuristicNames = [numHeuristics]string{
+	Default:    "default",
+	DTR:        "dtr",
+	DTREq:      "dtr-eq",
+	DTRLocal:   "dtr-local",
+	MSPS:       "msps",
+	LRU:        "lru",
+	Size:       "size",
+	DTREqAnc:   "dtr-eq-anc",
+	XMSPSStale: "x-msps-stale",
+}
+
+// String returns the heuristic's configuration name.
+func (h Heuristic) String() string {
+	if h < numHeuristics {
+		return heuristicNames[h]
+	}
+	return fmt.Sprintf("Heuristic(%d)", uint8(h))
+}
+
+// Resolve maps Default to the heuristic it stands for.
+func (h Heuristic) Resolve() Heuristic {
+	if h == Default {
+		return DefaultHeuristic
+	}
+	return h
+}
+
+// stale reports whether the score divides by staleness.
+func (h Heuristic) stale() bool {
+	switch h.Resolve() {
+	case MSPS, Size:
+		return false
+	}
+	return true
+}
+
+// Heuristics returns every heuristic except Default.
+func Heuristics() []Heuristic {
+	out := make([]Heuristic, 0, numHeuristics-1)
+	for h := Heuristic(1); h < numHeuristics; h++ {
+		out = append(out, h)
+	}
+	return out
+}
+
+// ParseHeuristic parses a heuristic name ("dtr", "dtr-eq", "dtr-local",
+// "msps", "lru", "size", "dtr-eq-anc", "default"; case-insensitive, "_"
+// accepted for "-", "" means default).
+func ParseHeuristic(s string) (Heuristic, error) {
+	n := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")
+	if n == "" {
+		return Default, nil
+	}
+	for h, name := range heuristicNames {
+		if n == name {
+			return Heuristic(h), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown heuristic %q (accepted: %s)", s, strings.Join(heuristicNames[:], ", "))
+}
+
+// key is what the index and the exact scan compare: a clock-independent
+// numerator a and, for the staleness heuristics, the last access L; the score
+// at clock T is a / (T - L) (a alone for the others). seq breaks ties: the
+// storage that became a candidate last goes first, as in the DTR authors'
+// simulator, whose candidate pool is a list scanned with "<=".
+type key struct {
+	a   float64
+	l   int64
+	seq uint64
+	id  int32
+}
+
+// before reports whether x is evicted before y at clock now.
+func before(x, y key, now int64, stale bool) bool {
+	var c int
+	if stale {
+		c = cmpScore(x.a, uint64(now-x.l), y.a, uint64(now-y.l))
+	} else if x.a < y.a {
+		c = -1
+	} else if x.a > y.a {
+		c = 1
+	}
+	if c != 0 {
+		return c < 0
+	}
+	return x.seq > y.seq
+}
+
+// score returns the heuristic score as a float (for reports; decisions use
+// before, which is exact).
+func (k key) score(now int64, stale bool) float64 {
+	if !stale {
+		return k.a
+	}
+	d := now - k.l
+	if d <= 0 {
+		return math.Inf(1)
+	}
+	return k.a / float64(d)
+}
+
+// cmpScore compares a1/d1 with a2/d2 exactly (a >= 0 finite, a/0 = +Inf,
+// 0/0 = +Inf as in simrd), returning -1, 0 or 1.
+func cmpScore(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
+	switch {
+	case d1 == 0 && d2 == 0:
+		return 0
+	case d1 == 0:
+		return 1
+	case d2 == 0:
+		return -1
+	}
+	// a1/d1 < a2/d2  <=>  a1*d2 < a2*d1
+	return cmpMul(a1, d2, a2, d1)
+}
+
+// cmpMul compares a1*d1 with a2*d2 exactly, for finite a >= 0.
+func cmpMul(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
+	z1 := a1 == 0 || d1 == 0
+	z2 := a2 == 0 || d2 == 0
+	switch {
+	case z1 && z2:
+		return 0
+	case z1:
+		return -1
+	case z2:
+		return 1
+	}
+	m1, e1 := decompose(a1)
+	m2, e2 := decompose(a2)
+	h1, l1 := bits.Mul64(m1, d1)
+	h2, l2 := bits.Mul64(m2, d2)
+	b1, b2 := bitLen128(h1, l1), bitLen128(h2, l2)
+	if t1, t2 := b1+e1, b2+e2; t1 != t2 {
+		if t1 < t2 {
+			return -1
+		}
+		return 1
+	}
+	// Same magnitude: shift the shorter product up to the longer one's
+	// length; the exponents then agree and the integers compare directly.
+	if b1 < b2 {
+		h1, l1 = shl128(h1, l1, uint(b2-b1))
+	} else if b2 < b1 {
+		h2, l2 = shl128(h2, l2, uint(b1-b2))
+	}
+	switch {
+	case h1 < h2:
+		return -1
+	case h1 > h2:
+		return 1
+	case l1 < l2:
+		return -1
+	case l1 > l2:
+		return 1
+	}
+	return 0
+}
+
+// decompose returns m, e with f = m * 2^e and m an integer below 2^53.
+func decompose(f float64) (uint64, int) {
+	b := math.Float64bits(f)
+	exp := int(b>>52) & 0x7ff
+	mant := b & (1<<52 - 1)
+	if exp == 0 {
+		return mant, -1074
+	}
+	return mant | 1<<52, exp - 1075
+}
+
+func bitLen128(h, l uint64) int {
+	if h != 0 {
+		return 64 + bits.Len64(h)
+	}
+	return bits.Len64(l)
+}
+
+func shl128(h, l uint64, k uint) (uint64, uint64) {
+	switch {
+	case k == 0:
+		return h, l
+	case k >= 64:
+		return l << (k - 64), 0
+	}
+	return h<<k | l>>(64-k), l << k
+}

@@ -1,0 +1,107 @@
+"""memscale: train PyTorch models beyond GPU memory with libmemscale.so.
+
+Three layers, use the one you need:
+
+* ``memscale.install(threshold=..., limit=...)``: make libmemscale.so PyTorch's CUDA
+  allocator (call it first thing, before any CUDA use). ``memory_stats()``,
+  ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
+  ``torch.cuda`` versions that raise under a pluggable allocator.
+* ``with memscale.dtr(budget="8GiB"): ...``: a Dynamic Tensor Rematerialization
+  region; tensors are evicted and rebuilt as the Go engine decides.
+* ``memscale.wrap(model_or_trainer, memscale.Config(mode="balanced"))``,
+  ``memscale.optimize(model, optimizer)``, ``memscale.detach(...)``,
+  ``memscale.summary(...)``: run every training step under a region.
+
+Everything importable without torch works without it; the library is loaded on
+first use (``MEMSCALE_LIBRARY``, next to this package, or the repository's
+``build/libmemscale.so``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .allocator import (
+    Installation,
+    device_total_memory,
+    install,
+    installed,
+    library_config,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_peak_memory_stats,
+    set_limit,
+    set_threshold,
+)
+from .api import Summary, detach, end_step, optimize, summary, wrap
+from .config import Config, parse_size
+from .errors import (
+    AlreadyInstalledError,
+    ConfigError,
+    CUDAAlreadyInitializedError,
+    InstallError,
+    LibraryLoadError,
+    LibraryNotFoundError,
+    MemscaleError,
+)
+from .snapshot import dump_snapshot, snapshot
+
+__version__ = "0.1.0"
+
+__all__: list[str] = [
+    "AlreadyInstalledError",
+    "CUDAAlreadyInitializedError",
+    "Config",
+    "ConfigError",
+    "InstallError",
+    "Installation",
+    "LibraryLoadError",
+    "LibraryNotFoundError",
+    "MemscaleError",
+    "Summary",
+    "__version__",
+    "detach",
+    "device_total_memory",
+    "dump_snapshot",
+    "end_step",
+    "install",
+    "installed",
+    "library_config",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "optimize",
+    "parse_size",
+    "reset_peak_memory_stats",
+    "set_limit",
+    "set_threshold",
+    "snapshot",
+    "summary",
+    "wrap",
+]
+
+
+_dtr_import_error: ImportError | None = None
+try:
+    from .dtr import DTRRegion, dtr
+except ImportError as exc:  # the region module is absent or cannot load here
+    _dtr_import_error = exc
+else:
+    __all__ += ["DTRRegion", "dtr"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("dtr", "DTRRegion") and _dtr_import_error is not None:
+        raise AttributeError(f"memscale.{name} is unavailable: importing memscale.dtr failed ({_dtr_import_error})")
+    if name == "MemscaleCallback":  # imports transformers, so only on demand
+        from .hf import MemscaleCallback
+
+        return MemscaleCallback
+    raise AttributeError(f"module 'memscale' has no attribute {name!r}")

@@ -1,0 +1,443 @@
+"""Installing libmemscale.so as PyTorch's CUDA allocator, and its statistics.
+
+:func:`install` swaps memscale in through ``torch.cuda.memory.CUDAPluggableAllocator``.
+PyTorch allows that only before CUDA is initialized (its native caching allocator
+is created at CUDA's lazy initialization, and once an allocator is in use it can
+never be swapped), so ``install()`` must be the first CUDA-related thing a program
+does. It checks that up front and raises a :class:`~memscale.errors.InstallError`
+that changes nothing; if the swap itself still fails, whatever it set is restored.
+
+A second ``install()`` with the same (or no) settings is a no-op that returns the
+same :class:`Installation`; one with different settings raises
+:class:`~memscale.errors.AlreadyInstalledError` - change the threshold or limit of a
+running allocator with :func:`set_threshold` / :func:`set_limit` instead.
+
+The statistics functions (:func:`memory_stats`, :func:`memory_summary`, ...) replace
+the ``torch.cuda`` ones, which raise under a pluggable allocator. They read the
+library directly and work whether or not ``install()`` was called.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from . import _lib
+from .config import SizeLike, format_bytes, is_percentage, parse_size
+from .errors import (
+    AlreadyInstalledError,
+    ConfigError,
+    CUDAAlreadyInitializedError,
+    InstallError,
+    MemscaleError,
+)
+
+THRESHOLD_ENV: Final[str] = "MEMSCALE_EVICTION_THRESHOLD"
+LIMIT_ENV: Final[str] = "MEMSCALE_MEMORY_LIMIT"
+BACKEND_ENV: Final[str] = "MEMSCALE_BACKEND"
+BACKENDS: Final[tuple[str, ...]] = ("auto", "cuda", "sim")
+
+# The optional PyTorch hooks and the library exports behind them.
+_HOOKS: Final[tuple[tuple[str, str], ...]] = (
+    ("set_init_fn", "memscale_init"),
+    ("set_reset_fn", "memscale_empty_cache"),
+    ("set_memory_fraction_fn", "memscale_set_memory_fraction"),
+    ("set_record_stream_fn", "memscale_record_stream"),
+)
+
+
+@dataclass(frozen=True)
+class Installation:
+    """What :func:`install` did. Kept alive for the life of the process.
+
+    Attributes:
+        library: path of the library PyTorch now allocates through.
+        backend: the backend requested (``None``: the library's default /
+            ``MEMSCALE_BACKEND``).
+        thresholds: eviction threshold in bytes applied to each device
+            (``None``: not set by install).
+        limits: hard limit in bytes applied to each device (``None``: not set).
+        allocator: the ``torch.cuda.memory.CUDAPluggableAllocator`` object.
+        arguments: ``(threshold, limit, backend)`` as passed, to recognise a
+            repeated call.
+    """
+
+    library: Path
+    backend: str | None
+    thresholds: dict[int, int] | None
+    limits: dict[int, int] | None
+    allocator: Any
+    arguments: tuple[SizeLike | None, SizeLike | None, str | None]
+
+
+_install_lock = threading.Lock()
+_installed: Installation | None = None
+
+
+def installed() -> Installation | None:
+    """The current :class:`Installation`, or ``None`` if :func:`install` has not run."""
+    return _installed
+
+
+def _device_index(device: Any) -> int:
+    """Map ``None`` / int / ``"cuda:1"`` / ``torch.device`` to a device ordinal."""
+    if device is None:
+        return 0
+    if isinstance(device, bool):
+        raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
+    if isinstance(device, int):
+        if device < 0:
+            raise ConfigError(f"device={device!r}: must not be negative")
+        return device
+    if isinstance(device, str):
+        import torch
+
+        device = torch.device(device)
+    index = getattr(device, "index", None)
+    dtype = getattr(device, "type", None)
+    if dtype is None:
+        raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
+    if dtype != "cuda":
+        raise ConfigError(f"device={device!r}: memscale manages CUDA devices only")
+    return 0 if index is None else int(index)
+
+
+def library_config() -> dict[str, Any]:
+    """The library's effective configuration (``memscale_config_json``)."""
+    value = _lib.take_json(_lib.lib().memscale_config_json(), "memscale_config_json")
+    if not isinstance(value, dict):
+        raise MemscaleError(f"memscale_config_json: expected an object, got {value!r:.200}")
+    return value
+
+
+def device_total_memory(device: Any = None) -> int | None:
+    """Total memory of ``device`` in bytes, without initializing PyTorch's CUDA.
+
+    Asked from the library first (``device_total_bytes``: the real card, or the
+    simulated one; asking opens the device in the library), then from
+    ``torch.cuda`` only if CUDA is already initialized. ``None`` when neither
+    can tell.
+    """
+    index = _device_index(device)
+    total = memory_stats(index).get("device_total_bytes")
+    if total:
+        return int(total)
+    import torch
+
+    if torch.cuda.is_initialized():
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return None
+
+
+def _resolve(value: SizeLike, name: str, devices: list[int]) -> dict[int, int]:
+    """Convert a size to bytes for every device (a percentage per device)."""
+    out: dict[int, int] = {}
+    for device in devices:
+        total = device_total_memory(device) if is_percentage(value) else None
+        if is_percentage(value) and total is None:
+            raise ConfigError(
+                f"{name}={value!r}: a percentage needs the device's memory size, which "
+                f"libmemscale.so does not report for device {device}; pass bytes instead"
+            )
+        out[device] = parse_size(value, name=name, total=total)
+    return out
+
+
+def _env_value(var: str) -> str | None:
+    value = os.environ.get(var)
+    return value if value not in (None, "") else None
+
+
+def _check_torch_ready() -> Any:
+    """Every refusal of :func:`install`, before anything is changed."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise InstallError("memscale.install() needs PyTorch; install torch") from exc
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        raise InstallError(
+            f"this PyTorch build ({torch.__version__}) has no CUDA support, so it has no CUDA "
+            "allocator to replace; install a CUDA build of torch"
+        )
+    current = torch._C._cuda_getAllocator()
+    if current is not None:
+        raise AlreadyInstalledError(
+            "another pluggable CUDA allocator is already current in this process; PyTorch cannot swap allocators twice"
+        )
+    if torch.cuda.is_initialized():
+        raise CUDAAlreadyInitializedError(
+            "CUDA is already initialized in this process, so PyTorch's native caching "
+            "allocator is in use and cannot be replaced; call memscale.install() at the very "
+            "start of the program, before any CUDA tensor or call (torch.cuda.* queries, "
+            ".cuda(), .to('cuda'))"
+        )
+    return torch
+
+
+def _check_running_backend(backend: str) -> None:
+    """Refuse a backend the already-loaded library cannot switch to."""
+    cfg = library_config()
+    configured = str(cfg.get("backend", ""))
+    opened = {str(d.get("backend")) for d in cfg.get("devices") or [] if isinstance(d, dict)}
+    if backend in ("auto", configured) or opened == {backend}:
+        return
+    running = ", ".join(sorted(opened)) if opened else configured
+    raise InstallError(
+        f"backend={backend!r}: libmemscale.so is already running with backend {running!r} "
+        f"(it reads {BACKEND_ENV} once, when first loaded); call install() before any other "
+        "memscale call"
+    )
+
+
+def install(
+    threshold: SizeLike | None = None,
+    limit: SizeLike | None = None,
+    backend: str | None = None,
+) -> Installation:
+    """Make libmemscale.so PyTorch's CUDA allocator.
+
+    Args:
+        threshold: eviction threshold: bytes, ``"12GiB"`` or ``"75%"`` of each
+            device's memory. ``None``: ``$MEMSCALE_EVICTION_THRESHOLD`` if set,
+            else none.
+        limit: hard cap on reserved memory, same syntax. ``None``:
+            ``$MEMSCALE_MEMORY_LIMIT`` if set, else the device capacity.
+        backend: ``"auto"``, ``"cuda"`` or ``"sim"``. Only takes effect if the
+            library has not been loaded yet in this process (its Go runtime reads
+            ``MEMSCALE_BACKEND`` once, at load); otherwise it must match the
+            running backend.
+
+    A threshold or limit is applied with ``memscale_set_threshold`` /
+    ``memscale_set_limit`` to every device ``torch.cuda.device_count()`` reports
+    (device 0 when there is none), which opens each of them in the library (on
+    CUDA: its primary context). Processes that use one GPU out of several should
+    restrict ``CUDA_VISIBLE_DEVICES``.
+
+    Returns:
+        The :class:`Installation`; calling again with the same settings returns it
+        unchanged.
+
+    Raises:
+        CUDAAlreadyInitializedError: CUDA is already initialized (too late).
+        AlreadyInstalledError: installed before with other settings, or another
+            pluggable allocator is current.
+        ConfigError: a malformed argument or environment variable (named).
+        InstallError: no CUDA support in this torch build, or the swap failed.
+        LibraryNotFoundError: libmemscale.so was not found.
+    """
+    global _installed
+    arguments = (threshold, limit, backend)
+    with _install_lock:
+        if _installed is not None:
+            if arguments == (None, None, None) or arguments == _installed.arguments:
+                return _installed
+            raise AlreadyInstalledError(
+                f"memscale is already installed with threshold={_installed.arguments[0]!r}, "
+                f"limit={_installed.arguments[1]!r}, backend={_installed.arguments[2]!r}; use "
+                "memscale.set_threshold() / memscale.set_limit() to change a running allocator"
+            )
+        # Validate everything before changing anything: arguments first (the
+        # same error whatever the process state), then the process state.
+        if backend is not None and backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+        threshold_name, limit_name = "threshold", "limit"
+        if threshold is None and (env := _env_value(THRESHOLD_ENV)) is not None:
+            threshold, threshold_name = env, THRESHOLD_ENV
+        if limit is None and (env := _env_value(LIMIT_ENV)) is not None:
+            limit, limit_name = env, LIMIT_ENV
+        for value, name in ((threshold, threshold_name), (limit, limit_name)):
+            if value is not None:
+                parse_size(value, name=name, total=1)  # syntax; percentages resolved below
+        torch = _check_torch_ready()
+
+        saved_backend = os.environ.get(BACKEND_ENV)
+        restore: list[tuple[str, int, int]] = []
+        try:
+            if backend is not None:
+                if _lib.is_loaded():
+                    _check_running_backend(backend)
+                else:
+                    os.environ[BACKEND_ENV] = backend
+            path = _lib.library_path()
+            devices = list(range(max(1, torch.cuda.device_count())))
+            thresholds = _resolve(threshold, threshold_name, devices) if threshold is not None else None
+            limits = _resolve(limit, limit_name, devices) if limit is not None else None
+
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(str(path), "memscale_malloc", "memscale_free")
+            for setter, export in _HOOKS:
+                getattr(alloc._allocator, setter)(_lib.function_address(export))
+
+            for setting, export, key in (
+                (limits, "memscale_set_limit", "limit_bytes"),
+                (thresholds, "memscale_set_threshold", "eviction_threshold_bytes"),
+            ):
+                for device, nbytes in (setting or {}).items():
+                    old = int(memory_stats(device).get(key, 0))
+                    rc = getattr(_lib.lib(), export)(device, nbytes)
+                    _lib.check(rc, f"{export}(device={device}, bytes={nbytes})")
+                    restore.append((export, device, old))
+            try:
+                torch.cuda.memory.change_current_allocator(alloc)
+            except RuntimeError as exc:
+                if "already initialized" in str(exc):
+                    raise CUDAAlreadyInitializedError(
+                        f"PyTorch refused the swap ({exc}): CUDA memory was already allocated by "
+                        "its native allocator; call memscale.install() before any CUDA use"
+                    ) from exc
+                raise InstallError(f"PyTorch refused the allocator swap: {exc}") from exc
+        except BaseException:
+            for export, device, old in reversed(restore):
+                getattr(_lib.lib(), export)(device, old)
+            if backend is not None:
+                if saved_backend is None:
+                    os.environ.pop(BACKEND_ENV, None)
+                else:
+                    os.environ[BACKEND_ENV] = saved_backend
+            raise
+        _installed = Installation(
+            library=path,
+            backend=backend,
+            thresholds=thresholds,
+            limits=limits,
+            allocator=alloc,
+            arguments=arguments,
+        )
+        return _installed
+
+
+def set_threshold(threshold: SizeLike, device: Any = None) -> int:
+    """Change the eviction threshold of ``device`` (bytes, ``"12GiB"``, ``"75%"``; 0 = none).
+
+    Returns:
+        The threshold applied, in bytes.
+    """
+    index = _device_index(device)
+    nbytes = _resolve(threshold, "threshold", [index])[index]
+    _lib.check(_lib.lib().memscale_set_threshold(index, nbytes), "memscale_set_threshold")
+    return nbytes
+
+
+def set_limit(limit: SizeLike, device: Any = None) -> int:
+    """Change the hard memory limit of ``device`` (bytes, ``"12GiB"``, ``"75%"``).
+
+    Returns:
+        The limit applied, in bytes.
+    """
+    index = _device_index(device)
+    nbytes = _resolve(limit, "limit", [index])[index]
+    _lib.check(_lib.lib().memscale_set_limit(index, nbytes), "memscale_set_limit")
+    return nbytes
+
+
+def memory_stats(device: Any = None) -> OrderedDict[str, int]:
+    """The allocator's statistics with ``torch.cuda.memory_stats`` key names.
+
+    Keys such as ``allocated_bytes.all.current``, ``reserved_bytes.large_pool.peak``,
+    ``num_alloc_retries``, ``num_ooms``; sorted like torch's.
+    """
+    index = _device_index(device)
+    raw = _lib.take_json(_lib.lib().memscale_stats_json(index), f"memscale_stats_json(device={index})")
+    if not isinstance(raw, dict):
+        raise MemscaleError(f"memscale_stats_json: expected an object, got {raw!r:.200}")
+    return OrderedDict(sorted(raw.items()))
+
+
+def _stat(device: Any, key: str) -> int:
+    stats = memory_stats(device)
+    if key not in stats:
+        raise MemscaleError(f"libmemscale.so reports no {key!r} statistic")
+    return int(stats[key])
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently allocated to tensors (``allocated_bytes.all.current``)."""
+    index = _device_index(device)
+    return _lib.check(int(_lib.lib().memscale_allocated(index)), f"memscale_allocated(device={index})")
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last peak reset."""
+    return _stat(device, "allocated_bytes.all.peak")
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the allocator holds from the device (``reserved_bytes.all.current``)."""
+    return _stat(device, "reserved_bytes.all.current")
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since start or the last peak reset."""
+    return _stat(device, "reserved_bytes.all.peak")
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Reset the ``*.peak`` statistics to their current values."""
+    index = _device_index(device)
+    _lib.check(_lib.lib().memscale_reset_peak_stats(index), f"memscale_reset_peak_stats(device={index})")
+
+
+_SUMMARY_ROWS: Final[tuple[tuple[str, str, bool], ...]] = (
+    # (stats prefix, label, is bytes)
+    ("allocated_bytes", "Allocated memory", True),
+    ("active_bytes", "Active memory", True),
+    ("requested_bytes", "Requested memory", True),
+    ("reserved_bytes", "Reserved memory", True),
+    ("inactive_split_bytes", "Non-releasable memory", True),
+    ("allocation", "Allocations", False),
+    ("active", "Active allocs", False),
+    ("segment", "Reserved segments", False),
+    ("inactive_split", "Non-releasable allocs", False),
+)
+_POOLS: Final[tuple[tuple[str, str], ...]] = (
+    ("all", ""),
+    ("large_pool", "      from large pool"),
+    ("small_pool", "      from small pool"),
+)
+_COLUMNS: Final[tuple[str, ...]] = ("current", "peak", "allocated", "freed")
+
+
+def _format_summary(stats: dict[str, Any], device: int, version: str, abbreviated: bool) -> str:
+    width = 79
+    rule = "|" + "=" * (width - 2) + "|"
+    thin = "|" + "-" * (width - 2) + "|"
+    lines = [
+        rule,
+        f"|{f'memscale memory summary, device ID {device:<3d}':^{width - 2}}|",
+        f"|{version:^{width - 2}}|",
+        thin,
+        f"|{'  Metric':<25}|{'Cur Usage':>12} |{'Peak Usage':>12} |{'Tot Alloc':>11} |{'Tot Freed':>9} |",
+        rule,
+    ]
+    used: set[str] = set()
+    for prefix, label, is_bytes in _SUMMARY_ROWS:
+        if not any(k.startswith(prefix + ".") for k in stats):
+            continue
+        for pool, pool_label in _POOLS if not abbreviated else _POOLS[:1]:
+            cells = []
+            for column in _COLUMNS:
+                key = f"{prefix}.{pool}.{column}"
+                used.add(key)
+                value = stats.get(key)
+                if value is None:
+                    cells.append("-")
+                else:
+                    cells.append(format_bytes(value).replace(" ", "") if is_bytes else str(value))
+            name = pool_label or label
+            lines.append(f"| {name:<24}|{cells[0]:>12} |{cells[1]:>12} |{cells[2]:>11} |{cells[3]:>9} |")
+        lines.append(thin)
+    other = {k: v for k, v in stats.items() if k not in used}
+    for key, value in sorted(other.items()):
+        shown = format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
+        lines.append(f"| {key:<48}{shown:>27} |")
+    lines.append(rule)
+    return "\n".join(lines) + "\n"
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A readable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
+    index = _device_index(device)
+    return _format_summary(memory_stats(index), index, _lib.version(), abbreviated)

@@ -1,0 +1,261 @@
+"""Configuration of the drop-in API and size parsing shared by the package.
+
+Sizes (thresholds, limits, caps) are accepted as an ``int`` number of bytes, a
+string with a unit (``"512MiB"``, ``"12GiB"``, ``"1.5GB"``; binary units KiB/MiB/
+GiB/TiB are powers of 1024, decimal units KB/MB/GB/TB powers of 1000, ``B`` or no
+unit means bytes), or a percentage of device memory (``"75%"``). Python only
+converts these to bytes; every eviction decision is made by the Go engine.
+
+What "device memory" means for percentages:
+
+* on a GPU: the card's total memory (``torch.cuda.get_device_properties``, or the
+  library's own view of the device before CUDA is initialized);
+* on CPU (the DTR region on CPU tensors, used for tests and for sizing runs):
+  ``Config.device_memory`` when given, otherwise the measured peak usage of a
+  baseline step. The wrappers in :mod:`memscale.api` run the first step with no
+  budget, read its peak from the region summary and budget every later step at
+  ``budget_for(peak)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from dataclasses import dataclass, fields
+from typing import Final, Literal
+
+from .errors import ConfigError
+
+Mode = Literal["conservative", "balanced", "aggressive"]
+
+#: Fraction of device memory each mode uses as the eviction threshold / budget.
+MODE_FRACTIONS: Final[dict[str, float]] = {
+    "conservative": 0.90,
+    "balanced": 0.75,
+    "aggressive": 0.50,
+}
+
+#: Heuristic names the engine accepts (C ABI contract of memscale_dtr_create).
+HEURISTICS: Final[tuple[str, ...]] = ("dtr", "dtr-eq", "dtr-local", "msps", "lru", "size")
+
+_UNITS: Final[dict[str, int]] = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+# The same grammar as the library's (internal/config): digits, an optional
+# fraction with at least one digit, an optional unit; no sign, no exponent.
+_SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PERCENT_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+
+SizeLike = int | str
+
+_ACCEPTED_BYTES: Final[str] = (
+    'a number of bytes (e.g. 1073741824) or a size with a unit (e.g. "512MiB", '
+    '"12GiB", "1.5GB"; units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)'
+)
+#: Human description of what :func:`parse_size` accepts (used in error messages).
+ACCEPTED_SIZES: Final[str] = _ACCEPTED_BYTES + ', or a percentage of device memory (e.g. "75%")'
+
+
+def is_percentage(value: SizeLike | None) -> bool:
+    """Report whether ``value`` is a percentage string such as ``"75%"``."""
+    return isinstance(value, str) and _PERCENT_RE.match(value) is not None
+
+
+def parse_size(
+    value: SizeLike,
+    *,
+    name: str,
+    total: int | None = None,
+    allow_percent: bool = True,
+) -> int:
+    """Convert a size to bytes.
+
+    Args:
+        value: bytes as ``int``, ``"12GiB"``-style string or ``"75%"``.
+        name: what is being parsed (argument, field or environment variable);
+            it is named in the error message.
+        total: the device memory a percentage is relative to. Required when
+            ``value`` is a percentage.
+        allow_percent: whether percentages are accepted at all.
+
+    Returns:
+        The size in bytes (``>= 0``).
+
+    Raises:
+        ConfigError: the value is malformed, negative, a percentage outside
+            (0, 100], or a percentage with no ``total`` to resolve it against.
+    """
+    accepted = ACCEPTED_SIZES if allow_percent else _ACCEPTED_BYTES
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{name}={value!r}: expected {accepted}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name}={value!r}: must not be negative; expected {accepted}")
+        if value >= 2**63:
+            raise ConfigError(f"{name}={value!r}: too large (at most 2**63-1 bytes)")
+        return value
+    pm = _PERCENT_RE.match(value)
+    if pm is not None:
+        if not allow_percent:
+            raise ConfigError(f"{name}={value!r}: a percentage is not accepted here; expected {accepted}")
+        pct = Fraction(pm.group(1))
+        if not 0 < pct <= 100:
+            raise ConfigError(f"{name}={value!r}: a percentage must be in (0, 100]")
+        if total is None:
+            raise ConfigError(f"{name}={value!r}: a percentage needs the device memory size, which is not known here")
+        if total <= 0:
+            raise ConfigError(f"{name}={value!r}: device memory size {total} is not positive")
+        return int(total * pct / 100)  # floor, exact like the library's
+    m = _SIZE_RE.match(value)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{name}={value!r}: expected {accepted}")
+    unit = _UNITS[m.group(2).lower()]
+    if unit == 1 and "." in m.group(1):
+        raise ConfigError(f"{name}={value!r}: a fraction of a byte; expected {accepted}")
+    result = int(Fraction(m.group(1)) * unit)  # floor, exact like the library's
+    if result >= 2**63:
+        raise ConfigError(f"{name}={value!r}: too large (at most 2**63-1 bytes)")
+    return result
+
+
+def format_bytes(n: int | float) -> str:
+    """Render a byte count with a binary unit (``"1.50 GiB"``)."""
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of :func:`memscale.wrap` / :func:`memscale.optimize`.
+
+    Attributes:
+        mode: ``"conservative"``, ``"balanced"`` or ``"aggressive"``: the budget
+            is 90 %, 75 % or 50 % of device memory.
+        threshold: overrides ``mode``: bytes, ``"12GiB"`` or ``"60%"``.
+        recompute: allow evicting by dropping a tensor and recomputing it.
+        swap: allow evicting by copying a tensor to host memory.
+        offload_limit: cap on bytes swapped out to host memory (needs ``swap``).
+        evictee_min_size: tensors smaller than this many bytes are never evicted.
+        recomp_time_factor: weight of recompute time in the engine's score.
+        recomp_memory_factor: weight of memory in the engine's score.
+        heuristic: engine heuristic name (one of :data:`HEURISTICS`); ``None``
+            lets the engine choose.
+        log_summary: log the per-run summary (evictions, rematerializations,
+            overhead) when a wrapped run ends and from the Trainer callback.
+        device_memory: the "device memory" percentages are taken of. ``None``:
+            the GPU's total memory, or on CPU the peak of an unbudgeted
+            baseline step.
+    """
+
+    mode: Mode = "balanced"
+    threshold: SizeLike | None = None
+    recompute: bool = True
+    swap: bool = False
+    offload_limit: SizeLike | None = None
+    evictee_min_size: SizeLike | None = None
+    recomp_time_factor: float | None = None
+    recomp_memory_factor: float | None = None
+    heuristic: str | None = None
+    log_summary: bool = True
+    device_memory: SizeLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODE_FRACTIONS:
+            raise ConfigError(
+                f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"
+            )
+        for flag in ("recompute", "swap", "log_summary"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"Config.{flag}={getattr(self, flag)!r}: expected True or False")
+        if not self.recompute and not self.swap:
+            raise ConfigError(
+                "Config.recompute=False and Config.swap=False: nothing could ever be evicted; enable at least one"
+            )
+        if self.threshold is not None:
+            # Validate the syntax now; a percentage is resolved in budget_for().
+            nbytes = parse_size(self.threshold, name="Config.threshold", total=1)
+            if nbytes == 0 and not is_percentage(self.threshold):
+                raise ConfigError(f"Config.threshold={self.threshold!r}: must be positive")
+        for field_name in ("offload_limit", "evictee_min_size", "device_memory"):
+            value = getattr(self, field_name)
+            if value is not None:
+                parse_size(value, name=f"Config.{field_name}", allow_percent=False)
+        if self.device_memory is not None and self.device_bytes() == 0:
+            raise ConfigError(f"Config.device_memory={self.device_memory!r}: must be positive")
+        if self.offload_limit is not None and not self.swap:
+            raise ConfigError(f"Config.offload_limit={self.offload_limit!r}: only meaningful with swap=True")
+        for field_name in ("recomp_time_factor", "recomp_memory_factor"):
+            value = getattr(self, field_name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"Config.{field_name}={value!r}: expected a number >= 0")
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"Config.{field_name}={value!r}: expected a finite number >= 0")
+        if self.heuristic is not None and self.heuristic not in HEURISTICS:
+            raise ConfigError(
+                f"Config.heuristic={self.heuristic!r}: expected one of {', '.join(HEURISTICS)} or None (engine default)"
+            )
+
+    @property
+    def fraction(self) -> float:
+        """The mode's fraction of device memory (0.9, 0.75 or 0.5)."""
+        return MODE_FRACTIONS[self.mode]
+
+    def device_bytes(self) -> int | None:
+        """``device_memory`` in bytes, or ``None`` when not given."""
+        if self.device_memory is None:
+            return None
+        return parse_size(self.device_memory, name="Config.device_memory", allow_percent=False)
+
+    def budget_for(self, device_bytes: int) -> int:
+        """The budget in bytes for a device of ``device_bytes`` memory.
+
+        ``threshold`` wins when set (a percentage is taken of ``device_bytes``);
+        otherwise the mode's fraction of ``device_bytes``.
+
+        Raises:
+            ConfigError: ``device_bytes`` is not a positive integer.
+        """
+        if isinstance(device_bytes, bool) or not isinstance(device_bytes, int) or device_bytes <= 0:
+            raise ConfigError(f"device_bytes={device_bytes!r}: expected a positive number of bytes")
+        if self.threshold is not None:
+            return parse_size(self.threshold, name="Config.threshold", total=device_bytes)
+        return max(1, int(device_bytes * self.fraction))
+
+    def region_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for :func:`memscale.dtr` (everything but the budget)."""
+        kwargs: dict[str, object] = {"recompute": self.recompute, "swap": self.swap}
+        if self.heuristic is not None:
+            kwargs["heuristic"] = self.heuristic
+        if self.evictee_min_size is not None:
+            kwargs["evictee_min_size"] = parse_size(
+                self.evictee_min_size, name="Config.evictee_min_size", allow_percent=False
+            )
+        if self.recomp_time_factor is not None:
+            kwargs["recomp_time_factor"] = float(self.recomp_time_factor)
+        if self.recomp_memory_factor is not None:
+            kwargs["recomp_memory_factor"] = float(self.recomp_memory_factor)
+        if self.offload_limit is not None:
+            kwargs["offload_limit"] = parse_size(self.offload_limit, name="Config.offload_limit", allow_percent=False)
+        return kwargs
+
+    def as_dict(self) -> dict[str, object]:
+        """The settings as a plain dict (for logging)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,423 @@
+// Package recompute holds the lineage of a computation for Dynamic Tensor
+// Rematerialization: ops (inputs, outputs, measured cost), the tensors they
+// produce, and the storages (memory blocks) those tensors live in, with each
+// storage's residency state, lock and pin counts, references and last access.
+// It builds rematerialization plans (the ordered ops that rebuild an evicted
+// tensor, ancestors first, on an explicit stack), keeps union-find classes of
+// evicted storages for the h_DTR^eq heuristic, and parses the DTR trace format.
+//
+// The package is policy-free: which storage to evict, and when, is decided by
+// package evict, which drives a Graph through the methods here. A Graph is not
+// safe for concurrent use.
+package recompute
+
+import (
+	"errors"
+	"fmt"
+)
+
+// TensorID identifies a tensor: one value produced by an op or registered
+// from outside. IDs are dense, starting at 0.
+type TensorID int64
+
+// OpID identifies an op. IDs are dense, starting at 0.
+type OpID int64
+
+// StorageID identifies a storage: the memory block one tensor (its root) and
+// every view of it share. IDs are dense, starting at 0.
+type StorageID int32
+
+// NoOp is the producing op of an external tensor (an input or parameter).
+const NoOp OpID = -1
+
+// State is the residency of a storage.
+type State uint8
+
+// Storage states.
+const (
+	// Resident: the storage is in device memory.
+	Resident State = iota
+	// Evicted: the storage was dropped; its tensors are rebuilt by re-running
+	// the ops that produced them.
+	Evicted
+	// Swapped: the storage was copied to host memory and is copied back on
+	// demand.
+	Swapped
+	// Released: nothing can ever need the storage again (no references, every
+	// dependent released); it is gone for good.
+	Released
+)
+
+// String names the state.
+func (s State) String() string {
+	switch s {
+	case Resident:
+		return "resident"
+	case Evicted:
+		return "evicted"
+	case Swapped:
+		return "swapped"
+	case Released:
+		return "released"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// OpFlags are properties of an op.
+type OpFlags uint32
+
+// Op flags.
+const (
+	// NoRecompute marks an op that cannot be replayed (RNG, collectives,
+	// in-place on an external buffer): its outputs are never dropped, only
+	// swapped.
+	NoRecompute OpFlags = 1 << iota
+)
+
+// Op is one recorded op.
+type Op struct {
+	// Name is the op's name (for messages).
+	Name string
+	// Inputs are the tensors the op read, in argument order.
+	Inputs []TensorID
+	// Outputs are the tensors the op produced.
+	Outputs []TensorID
+	// Cost is the op's measured cost in nanoseconds (the last measurement).
+	Cost int64
+	// Flags are the op's properties.
+	Flags OpFlags
+}
+
+// Tensor is one value in the lineage graph.
+type Tensor struct {
+	// Op produced the tensor (NoOp for an external tensor).
+	Op OpID
+	// Index is the tensor's output position in Op.
+	Index int32
+	// Alias is -1 when the tensor has storage of its own, otherwise the index
+	// of the input of Op whose storage it shares (a view).
+	Alias int32
+	// Storage is where the tensor's data lives.
+	Storage StorageID
+	// Defined reports whether the tensor's value is available in its storage.
+	// Dropping a storage undefines all its tensors; re-running the root's op
+	// defines the root again, and each view is defined again by re-running
+	// the op that made it.
+	Defined bool
+	// Refs counts the program's references to the tensor.
+	Refs int32
+	// Consumers are the ops that read the tensor.
+	Consumers []OpID
+}
+
+// Storage is a block of memory shared by a root tensor and its views.
+type Storage struct {
+	// Root is the tensor that owns the storage.
+	Root TensorID
+	// Size is the storage's size in bytes.
+	Size uint64
+	// Tensors are the root followed by its views.
+	Tensors []TensorID
+	// State is the storage's residency.
+	State State
+	// Locks counts holders that need the storage resident right now.
+	Locks int32
+	// Pins counts holders that need the storage resident forever.
+	Pins int32
+	// Refs is the sum of Refs over Tensors.
+	Refs int32
+	// LastAccess is the clock value at the storage's last use.
+	LastAccess int64
+	// Compute is the summed cost of the distinct ops that produced Tensors:
+	// what re-running them costs once the inputs are resident.
+	Compute int64
+	// NoRecompute is set when the root cannot be rebuilt by re-running an op
+	// (an external tensor, a NoRecompute op, or a storage overwritten in
+	// place whose value is lost).
+	NoRecompute bool
+	// Parents are the storages read by the ops that produced Tensors
+	// (excluding this storage), once per op.
+	Parents []StorageID
+	// Children are the storages produced by ops that read Tensors (excluding
+	// this storage), once per op. Parents and Children mirror each other.
+	Children []StorageID
+	// LiveChildren counts the entries of Children that are not Released.
+	LiveChildren int32
+
+	stamp uint64 // scratch mark for traversals
+}
+
+// OutSpec describes one output of an op being added.
+type OutSpec struct {
+	// Size is the size in bytes of a fresh output (ignored for a view).
+	Size uint64
+	// Alias is -1 for fresh storage, or the index of the input whose storage
+	// the output shares.
+	Alias int32
+}
+
+// Graph is the lineage graph.
+type Graph struct {
+	tensors  []Tensor
+	storages []Storage
+	ops      []Op
+	epoch    uint64
+	opStamp  []uint64
+}
+
+// ErrUnknownTensor reports a tensor id the graph never issued.
+var ErrUnknownTensor = errors.New("unknown tensor")
+
+// ErrUnknownOp reports an op id the graph never issued.
+var ErrUnknownOp = errors.New("unknown op")
+
+// NewGraph returns an empty graph.
+func NewGraph() *Graph { return &Graph{} }
+
+// NumTensors returns the number of tensors issued.
+func (g *Graph) NumTensors() int { return len(g.tensors) }
+
+// NumStorages returns the number of storages issued.
+func (g *Graph) NumStorages() int { return len(g.storages) }
+
+// NumOps returns the number of ops issued.
+func (g *Graph) NumOps() int { return len(g.ops) }
+
+// Tensor returns tensor t. The pointer is valid until the next call that adds
+// tensors; callers outside this package treat it as read-only except where
+// the evict package documents otherwise.
+func (g *Graph) Tensor(t TensorID) *Tensor { return &g.tensors[t] }
+
+// Storage returns storage s (same validity rules as Tensor).
+func (g *Graph) Storage(s StorageID) *Storage { return &g.storages[s] }
+
+// Op returns op o (same validity rules as Tensor).
+func (g *Graph) Op(o OpID) *Op { return &g.ops[o] }
+
+// StorageOf returns the storage of tensor t.
+func (g *Graph) StorageOf(t TensorID) *Storage { return &g.storages[g.tensors[t].Storage] }
+
+// CheckTensor returns an error unless t was issued by the graph.
+func (g *Graph) CheckTensor(t TensorID) error {
+	if t < 0 || int64(t) >= int64(len(g.tensors)) {
+		return fmt.Errorf("tensor %d: %w (have %d)", t, ErrUnknownTensor, len(g.tensors))
+	}
+	return nil
+}
+
+// CheckOp returns an error unless o was issued by the graph.
+func (g *Graph) CheckOp(o OpID) error {
+	if o < 0 || int64(o) >= int64(len(g.ops)) {
+		return fmt.Errorf("op %d: %w (have %d)", o, ErrUnknownOp, len(g.ops))
+	}
+	return nil
+}
+
+// IsResident reports whether tensor t can be read now: it is defined and its
+// storage is in device memory.
+func (g *Graph) IsResident(t TensorID) bool {
+	x := &g.tensors[t]
+	return x.Defined && g.storages[x.Storage].State == Resident
+}
+
+// AddExternal registers a tensor that no recorded op produced (an input or a
+// parameter), resident in a storage of its own, with one reference.
+func (g *Graph) AddExternal(size uint64, clock int64) TensorID {
+	t := TensorID(len(g.tensors))
+	s := StorageID(len(g.storages))
+	g.storages = append(g.storages, Storage{
+		Root: t, Size: size, Tensors: []TensorID{t}, State: Resident,
+		Refs: 1, LastAccess: clock, NoRecompute: true,
+	})
+	g.tensors = append(g.tensors, Tensor{Op: NoOp, Alias: -1, Storage: s, Defined: true, Refs: 1})
+	return t
+}
+
+// AddOp records an op that ran: it read inputs (which must all be resident)
+// and produced one output per spec, each defined, resident and holding one
+// reference. Fresh outputs get storages of their own; views share the storage
+// of the input they alias. It returns the op's id; the outputs are
+// Op(id).Outputs.
+func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64, flags OpFlags, clock int64) (OpID, error) {
+	if cost < 0 {
+		return 0, fmt.Errorf("op %s: negative cost %d", name, cost)
+	}
+	for i, in := range inputs {
+		if err := g.CheckTensor(in); err != nil {
+			return 0, fmt.Errorf("op %s input %d: %w", name, i, err)
+		}
+		if !g.IsResident(in) {
+			x := &g.tensors[in]
+			return 0, fmt.Errorf("op %s input %d: tensor %d is not resident (storage %s, defined=%v)",
+				name, i, in, g.storages[x.Storage].State, x.Defined)
+		}
+	}
+	for i, o := range outs {
+		if o.Alias < -1 || int(o.Alias) >= len(inputs) {
+			return 0, fmt.Errorf("op %s output %d: alias %d out of range (%d inputs)", name, i, o.Alias, len(inputs))
+		}
+	}
+	id := OpID(len(g.ops))
+	op := Op{Name: name, Inputs: append([]TensorID(nil), inputs...), Cost: cost, Flags: flags}
+	op.Outputs = make([]TensorID, len(outs))
+	g.epoch++
+	for i, o := range outs {
+		t := TensorID(len(g.tensors))
+		op.Outputs[i] = t
+		var sid StorageID
+		if o.Alias < 0 {
+			sid = StorageID(len(g.storages))
+			g.storages = append(g.storages, Storage{
+				Root: t, Size: o.Size, State: Resident, LastAccess: clock,
+				NoRecompute: flags&NoRecompute != 0,
+			})
+		} else {
+			sid = g.tensors[inputs[o.Alias]].Storage
+		}
+		s := &g.storages[sid]
+		s.Tensors = append(s.Tensors, t)
+		s.Refs++
+		if s.stamp != g.epoch {
+			// first output of this op in s: the op's cost is part of
+			// rebuilding s.
+			s.stamp = g.epoch
+			s.Compute += cost
+		}
+		g.tensors = append(g.tensors, Tensor{Op: id, Index: int32(i), Alias: o.Alias, Storage: sid, Defined: true, Refs: 1})
+	}
+	g.ops = append(g.ops, op)
+	g.opStamp = append(g.opStamp, 0)
+	for _, in := range inputs {
+		c := &g.tensors[in].Consumers
+		if n := len(*c); n == 0 || (*c)[n-1] != id {
+			*c = append(*c, id)
+		}
+	}
+	g.link(id)
+	return id, nil
+}
+
+// link adds the storage edges of op id: every distinct input storage is a
+// parent of every distinct output storage (once per op, never a self edge).
+func (g *Graph) link(id OpID) {
+	op := &g.ops[id]
+	var inBuf, outBuf [8]StorageID
+	ins := distinctStorages(g, op.Inputs, inBuf[:0])
+	outs := distinctStorages(g, op.Outputs, outBuf[:0])
+	for _, ps := range ins {
+		for _, cs := range outs {
+			if cs == ps {
+				continue
+			}
+			p, c := &g.storages[ps], &g.storages[cs]
+			p.Children = append(p.Children, cs)
+			p.LiveChildren++
+			c.Parents = append(c.Parents, ps)
+		}
+	}
+}
+
+func distinctStorages(g *Graph, ts []TensorID, buf []StorageID) []StorageID {
+outer:
+	for _, t := range ts {
+		s := g.tensors[t].Storage
+		for _, x := range buf {
+			if x == s {
+				continue outer
+			}
+		}
+		buf = append(buf, s)
+	}
+	return buf
+}
+
+// Drop evicts storage s: it leaves device memory and all its tensors become
+// undefined. The caller accounts for the freed bytes.
+func (g *Graph) Drop(s StorageID) {
+	st := &g.storages[s]
+	st.State = Evicted
+	for _, t := range st.Tensors {
+		g.tensors[t].Defined = false
+	}
+}
+
+// SwapOut moves storage s to host memory; its tensors keep their values.
+func (g *Graph) SwapOut(s StorageID) { g.storages[s].State = Swapped }
+
+// SwapIn brings a swapped storage back into device memory.
+func (g *Graph) SwapIn(s StorageID) { g.storages[s].State = Resident }
+
+// Release marks storage s as gone for good.
+func (g *Graph) Release(s StorageID) {
+	st := &g.storages[s]
+	st.State = Released
+	for _, t := range st.Tensors {
+		g.tensors[t].Defined = false
+	}
+}
+
+// Rerun records that op o ran again. All its inputs must be resident. Every
+// output becomes defined and resident; appendNew receives each storage that
+// was not resident before (so the caller can account for its bytes), dup
+// receives the bytes of fresh outputs that were resident already (the op
+// produced a throw-away copy of them).
+func (g *Graph) Rerun(o OpID, newly []StorageID) (added []StorageID, dup uint64, err error) {
+	if err := g.CheckOp(o); err != nil {
+		return newly, 0, err
+	}
+	op := &g.ops[o]
+	for i, in := range op.Inputs {
+		if !g.IsResident(in) {
+			x := &g.tensors[in]
+			return newly, 0, fmt.Errorf("re-run of op %d (%s): input %d tensor %d is not resident (storage %s, defined=%v)",
+				o, op.Name, i, in, g.storages[x.Storage].State, x.Defined)
+		}
+	}
+	for _, out := range op.Outputs {
+		x := &g.tensors[out]
+		s := &g.storages[x.Storage]
+		if s.State == Released {
+			return newly, 0, fmt.Errorf("re-run of op %d (%s): output tensor %d was released", o, op.Name, out)
+		}
+	}
+	for _, out := range op.Outputs {
+		x := &g.tensors[out]
+		s := &g.storages[x.Storage]
+		if x.Alias < 0 {
+			switch {
+			case s.State == Resident && x.Defined:
+				dup += s.Size
+			case s.State != Resident:
+				s.State = Resident
+				newly = append(newly, x.Storage)
+			}
+		}
+		x.Defined = true
+	}
+	return newly, dup, nil
+}
+
+// FreshSize returns the bytes an op allocates when it runs: the sum of its
+// fresh (non-view) outputs' sizes.
+func (g *Graph) FreshSize(o OpID) uint64 {
+	var n uint64
+	for _, out := range g.ops[o].Outputs {
+		if x := &g.tensors[out]; x.Alias < 0 {
+			n += g.storages[x.Storage].Size
+		}
+	}
+	return n
+}
+
+// Mark starts a new traversal and returns its stamp; Marked and SetMark use
+// it to remember visited storages without allocating.
+func (g *Graph) Mark() uint64 {
+	g.epoch++
+	return g.epoch
+}
+
+// Marked reports whether storage s carries stamp m.
+func (g *Graph) Marked(s StorageID, m uint64) bool { return g.storages[s].stamp == m }
+
+// SetMark stamps storage s with m.
+func (g *Graph) SetMark(s StorageID, m uint64) { g.storages[s].stamp = m }

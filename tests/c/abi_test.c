@@ -1,0 +1,732 @@
+// abi_test.c - drives libmemscale.so through its C ABI the way PyTorch does.
+//
+//   gcc -O2 -Wall -Wextra -I cabi -o build/abi_test tests/c/abi_test.c -ldl -lpthread
+//   build/abi_test build/libmemscale.so
+//
+// The library is loaded with dlopen(RTLD_NOW) (like ctypes.CDLL) and every
+// export is resolved with dlsym. The test runs on the sim backend
+// (MEMSCALE_BACKEND=sim, set before loading), where device memory is host
+// memory the test can write. Exit status 0 only if every check passed; the
+// last line is "N passed, M failed".
+//
+// Set ABI_TEST_SKIP_DTR=1 to skip the check that the memscale_dtr_*
+// engine exports are present.
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "memscale.h"
+
+#define KiB (1024LL)
+#define MiB (1024LL * KiB)
+#define GiB (1024LL * MiB)
+#define PiB (1024LL * 1024LL * GiB)
+
+#define SIM_CAPACITY_TEXT "2GiB"
+#define SIM_CAPACITY (2 * GiB)
+
+// ---- exports ----------------------------------------------------------------
+
+#define FN(name) static __typeof__(&name) p_##name
+FN(memscale_malloc);
+FN(memscale_free);
+FN(memscale_init);
+FN(memscale_empty_cache);
+FN(memscale_set_memory_fraction);
+FN(memscale_record_stream);
+FN(memscale_stats_json);
+FN(memscale_snapshot_json);
+FN(memscale_reset_peak_stats);
+FN(memscale_set_threshold);
+FN(memscale_set_limit);
+FN(memscale_allocated);
+FN(memscale_config_json);
+FN(memscale_last_error);
+FN(memscale_error_count);
+FN(memscale_clear_error);
+FN(memscale_string_free);
+FN(memscale_version);
+
+static const char* dtr_exports[] = {
+    "memscale_dtr_create",   "memscale_dtr_destroy",         "memscale_dtr_set_budget",
+    "memscale_dtr_tensor",   "memscale_dtr_call",            "memscale_dtr_mutate",
+    "memscale_dtr_access",   "memscale_dtr_lock",            "memscale_dtr_unlock",
+    "memscale_dtr_pin",      "memscale_dtr_release",         "memscale_dtr_evict",
+    "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
+    "memscale_dtr_stats_json",
+};
+
+// ---- reporting --------------------------------------------------------------
+
+static int passed, failed;
+
+static void check(int ok, const char* fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	if (ok) {
+		passed++;
+	} else {
+		failed++;
+		fprintf(stderr, "FAIL: ");
+		vfprintf(stderr, fmt, ap);
+		fprintf(stderr, " (last error: %s)\n", p_memscale_last_error ? p_memscale_last_error() : "?");
+	}
+	va_end(ap);
+}
+
+static int contains(const char* s, const char* sub) { return s != NULL && strstr(s, sub) != NULL; }
+
+// expect_error checks that the error count grew by one or more since before
+// and that the last error mentions every one of the NULL-terminated words.
+static void expect_error(int before, const char* what, ...) {
+	const char* e = p_memscale_last_error();
+	check(p_memscale_error_count() > before, "%s: error count did not grow", what);
+	check(e != NULL && e[0] != '\0', "%s: last error is empty", what);
+	va_list ap;
+	va_start(ap, what);
+	for (const char* w = va_arg(ap, const char*); w != NULL; w = va_arg(ap, const char*)) {
+		check(contains(e, w), "%s: last error does not mention \"%s\": %s", what, w, e ? e : "(null)");
+	}
+	va_end(ap);
+}
+
+static void expect_no_error(int before, const char* what) {
+	check(p_memscale_error_count() == before, "%s: unexpected error", what);
+}
+
+// stat_value returns the integer value of "key" in a flat JSON object, or
+// INT64_MIN if absent.
+static int64_t stat_value(const char* json, const char* key) {
+	char pat[256];
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	const char* p = json ? strstr(json, pat) : NULL;
+	if (p == NULL) {
+		return INT64_MIN;
+	}
+	return strtoll(p + strlen(pat), NULL, 10);
+}
+
+static int64_t device_stat(const char* key) {
+	char* js = p_memscale_stats_json(0);
+	int64_t v = stat_value(js, key);
+	p_memscale_string_free(js);
+	return v;
+}
+
+// json_balanced checks that braces and brackets nest properly outside strings.
+static int json_balanced(const char* s) {
+	char stack[256];
+	int depth = 0, in_str = 0;
+	for (; *s; s++) {
+		char c = *s;
+		if (in_str) {
+			if (c == '\\' && s[1]) {
+				s++;
+			} else if (c == '"') {
+				in_str = 0;
+			}
+			continue;
+		}
+		if (c == '"') {
+			in_str = 1;
+		} else if (c == '{' || c == '[') {
+			if (depth == (int)sizeof stack) {
+				return 0;
+			}
+			stack[depth++] = c;
+		} else if (c == '}' || c == ']') {
+			if (depth == 0 || stack[depth - 1] != (c == '}' ? '{' : '[')) {
+				return 0;
+			}
+			depth--;
+		}
+	}
+	return depth == 0 && !in_str;
+}
+
+// ---- tests --------------------------------------------------------------------
+
+static cudaStream_t stream_a = (cudaStream_t)0;
+static cudaStream_t stream_b = (cudaStream_t)(uintptr_t)0x5a5a;
+
+static void test_basics(void) {
+	check(contains(p_memscale_version(), "memscale "), "version: %s", p_memscale_version());
+	check(strcmp(p_memscale_last_error(), "") == 0, "last error is empty at start");
+	check(p_memscale_error_count() == 0, "error count is 0 at start");
+	int before = p_memscale_error_count();
+	p_memscale_init(1);
+	expect_no_error(before, "init");
+	p_memscale_string_free(NULL);
+}
+
+struct alloc {
+	unsigned char* p;
+	int64_t size;
+	cudaStream_t stream;
+	unsigned char tag;
+};
+
+static int cmp_alloc(const void* a, const void* b) {
+	const struct alloc* x = a;
+	const struct alloc* y = b;
+	return (x->p > y->p) - (x->p < y->p);
+}
+
+static void fill(struct alloc* a) {
+	if (a->size <= 64 * KiB) {
+		memset(a->p, a->tag, (size_t)a->size);
+	} else {
+		// Touch the first and last page and a few in between.
+		for (int64_t off = 0; off < a->size; off += a->size / 7 + 1) {
+			a->p[off] = a->tag;
+		}
+		a->p[a->size - 1] = a->tag;
+		a->p[0] = a->tag;
+	}
+}
+
+static int verify(const struct alloc* a) {
+	if (a->size <= 64 * KiB) {
+		for (int64_t i = 0; i < a->size; i++) {
+			if (a->p[i] != a->tag) {
+				return 0;
+			}
+		}
+		return 1;
+	}
+	for (int64_t off = 0; off < a->size; off += a->size / 7 + 1) {
+		if (a->p[off] != a->tag) {
+			return 0;
+		}
+	}
+	return a->p[a->size - 1] == a->tag && a->p[0] == a->tag;
+}
+
+static void test_many_pairs(void) {
+	static const int64_t sizes[] = {1,       7,        511,     512,      513,       4 * KiB,
+	                                64 * KiB, 1 * MiB - 1, 1 * MiB, 1 * MiB + 1, 3 * MiB, 10 * MiB,
+	                                20 * MiB, 33 * MiB, 100 * MiB};
+	const int nsizes = (int)(sizeof sizes / sizeof sizes[0]);
+	enum { LIVE = 60 };
+	struct alloc live[LIVE];
+	int before = p_memscale_error_count();
+	int ok_alloc = 1, ok_data = 1, ok_overlap = 1;
+	unsigned seed = 12345;
+
+	for (int round = 0; round < 20; round++) {
+		int64_t total = 0;
+		for (int i = 0; i < LIVE; i++) {
+			seed = seed * 1103515245u + 12345u;
+			struct alloc* a = &live[i];
+			a->size = sizes[(seed >> 8) % (unsigned)nsizes];
+			a->stream = (i % 2) ? stream_b : stream_a;
+			a->tag = (unsigned char)(i + round * 7 + 1);
+			a->p = p_memscale_malloc(a->size, 0, a->stream);
+			if (a->p == NULL) {
+				ok_alloc = 0;
+				a->size = 0;
+				continue;
+			}
+			fill(a);
+			total += a->size;
+		}
+		int64_t allocated = p_memscale_allocated(0);
+		check(allocated >= total, "round %d: allocated %lld < requested %lld", round, (long long)allocated,
+		      (long long)total);
+		for (int i = 0; i < LIVE; i++) {
+			if (live[i].p && !verify(&live[i])) {
+				ok_data = 0;
+			}
+		}
+		struct alloc sorted[LIVE];
+		memcpy(sorted, live, sizeof sorted);
+		qsort(sorted, LIVE, sizeof sorted[0], cmp_alloc);
+		for (int i = 1; i < LIVE; i++) {
+			if (sorted[i - 1].p && sorted[i - 1].p + sorted[i - 1].size > sorted[i].p) {
+				ok_overlap = 0;
+			}
+		}
+		// Free in a scrambled order, with the size and stream PyTorch passes.
+		for (int k = 0; k < LIVE; k++) {
+			int i = (k * 37 + round) % LIVE;
+			if (live[i].p) {
+				p_memscale_free(live[i].p, live[i].size, 0, live[i].stream);
+			}
+		}
+	}
+	check(ok_alloc, "many pairs: every allocation succeeded");
+	check(ok_data, "many pairs: data written into every allocation reads back");
+	check(ok_overlap, "many pairs: live allocations do not overlap");
+	check(p_memscale_allocated(0) == 0, "many pairs: allocated is 0 after freeing all, got %lld",
+	      (long long)p_memscale_allocated(0));
+	expect_no_error(before, "many pairs");
+}
+
+static void test_record_stream_and_empty_cache(void) {
+	int before = p_memscale_error_count();
+	unsigned char* p = p_memscale_malloc(8 * MiB, 0, stream_a);
+	check(p != NULL, "record_stream: malloc");
+	if (p == NULL) {
+		return;
+	}
+	memset(p, 0xab, 8 * MiB);
+	p_memscale_record_stream(p, stream_b);
+	expect_no_error(before, "record_stream on a live pointer");
+	p_memscale_free(p, 8 * MiB, 0, stream_a);
+	expect_no_error(before, "free after record_stream");
+	check(device_stat("reserved_bytes.all.current") > 0, "reserved memory is cached before empty_cache");
+	p_memscale_empty_cache();
+	expect_no_error(before, "empty_cache");
+	check(device_stat("reserved_bytes.all.current") == 0, "empty_cache releases all cached memory, reserved=%lld",
+	      (long long)device_stat("reserved_bytes.all.current"));
+
+	before = p_memscale_error_count();
+	p_memscale_record_stream((void*)(uintptr_t)0x7777000, stream_b);
+	expect_error(before, "record_stream of an unknown pointer", "memscale_record_stream", "0x7777000", NULL);
+}
+
+static void test_stats(void) {
+	static const char* keys[] = {
+	    "allocated_bytes.all.current", "allocated_bytes.all.peak",   "allocated_bytes.small_pool.current",
+	    "allocated_bytes.large_pool.allocated", "reserved_bytes.all.current", "reserved_bytes.all.peak",
+	    "active_bytes.all.current",    "allocation.all.current",     "segment.all.current",
+	    "requested_bytes.all.current", "inactive_split_bytes.all.current", "num_alloc_retries",
+	    "num_ooms",
+	};
+	int before = p_memscale_error_count();
+	void* p = p_memscale_malloc(3 * MiB, 0, stream_a);
+	char* js = p_memscale_stats_json(0);
+	check(js != NULL && js[0] == '{' && json_balanced(js), "stats JSON is an object");
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		check(stat_value(js, keys[i]) != INT64_MIN, "stats JSON has key %s", keys[i]);
+	}
+	check(stat_value(js, "allocated_bytes.all.current") >= 3 * MiB, "stats: allocated >= 3 MiB while live");
+	check(stat_value(js, "requested_bytes.all.current") == 3 * MiB, "stats: requested == 3 MiB while live");
+	p_memscale_string_free(js);
+	p_memscale_free(p, 3 * MiB, 0, stream_a);
+	check(device_stat("allocated_bytes.all.peak") >= 3 * MiB, "peak kept after free");
+	check(p_memscale_reset_peak_stats(0) == 0, "reset_peak_stats returns 0");
+	check(device_stat("allocated_bytes.all.peak") == device_stat("allocated_bytes.all.current"),
+	      "peak == current after reset_peak_stats");
+	expect_no_error(before, "stats");
+
+	before = p_memscale_error_count();
+	check(p_memscale_stats_json(-1) == NULL, "stats_json(-1) is NULL");
+	expect_error(before, "stats of device -1", "memscale_stats_json", "device -1", NULL);
+	before = p_memscale_error_count();
+	check(p_memscale_reset_peak_stats(1000) == -1, "reset_peak_stats(1000) is -1");
+	expect_error(before, "reset_peak_stats of device 1000", "device 1000", NULL);
+}
+
+static void test_snapshot_and_config(void) {
+	int before = p_memscale_error_count();
+	void* p = p_memscale_malloc(5 * MiB, 0, stream_b);
+	char* snap = p_memscale_snapshot_json();
+	check(snap != NULL && snap[0] == '{', "snapshot JSON is an object");
+	check(json_balanced(snap), "snapshot JSON brackets balance");
+	check(contains(snap, "\"segments\":["), "snapshot has segments");
+	check(contains(snap, "\"device_traces\":["), "snapshot has device_traces");
+	check(contains(snap, "\"blocks\""), "snapshot segments have blocks");
+	check(contains(snap, "active_allocated"), "snapshot shows the live block as active_allocated");
+	p_memscale_string_free(snap);
+	p_memscale_free(p, 5 * MiB, 0, stream_b);
+
+	char* cfg = p_memscale_config_json();
+	check(cfg != NULL && json_balanced(cfg), "config JSON");
+	check(contains(cfg, "\"backend\":\"sim\""), "config JSON names the sim backend: %s", cfg ? cfg : "");
+	check(contains(cfg, "\"sim_capacity\":2147483648"), "config JSON has the sim capacity");
+	check(contains(cfg, "\"devices\":[{\"ordinal\":0"), "config JSON lists device 0");
+	check(contains(cfg, "\"version\":\"memscale "), "config JSON has the version");
+	p_memscale_string_free(cfg);
+	expect_no_error(before, "snapshot and config");
+}
+
+static void test_limits(void) {
+	int before = p_memscale_error_count();
+	// A quarter of the 2 GiB card: 1 GiB does not fit, 256 MiB does.
+	p_memscale_set_memory_fraction(0.25, 0);
+	expect_no_error(before, "set_memory_fraction(0.25)");
+	void* p = p_memscale_malloc(1 * GiB, 0, stream_a);
+	check(p == NULL, "1 GiB fails under a 0.25 fraction");
+	expect_error(before, "1 GiB under fraction 0.25", "memscale_malloc", "out of memory", NULL);
+	p = p_memscale_malloc(256 * MiB, 0, stream_a);
+	check(p != NULL, "256 MiB fits under a 0.25 fraction");
+	p_memscale_free(p, 256 * MiB, 0, stream_a);
+	p_memscale_set_memory_fraction(1.0, 0);
+	before = p_memscale_error_count();
+	p = p_memscale_malloc(1 * GiB, 0, stream_a);
+	check(p != NULL, "1 GiB fits with fraction 1.0");
+	p_memscale_free(p, 1 * GiB, 0, stream_a);
+	expect_no_error(before, "fraction 1.0");
+
+	before = p_memscale_error_count();
+	p_memscale_set_memory_fraction(1.5, 0);
+	expect_error(before, "fraction 1.5", "memscale_set_memory_fraction", "1.5", NULL);
+	before = p_memscale_error_count();
+	p_memscale_set_memory_fraction(NAN, 0);
+	expect_error(before, "fraction NaN", "NaN", NULL);
+	before = p_memscale_error_count();
+	p_memscale_set_memory_fraction(0.5, -3);
+	expect_error(before, "fraction on device -3", "device -3", NULL);
+
+	before = p_memscale_error_count();
+	check(p_memscale_set_limit(0, 512 * MiB) == 0, "set_limit(512 MiB)");
+	p = p_memscale_malloc(600 * MiB, 0, stream_a);
+	check(p == NULL, "600 MiB fails under a 512 MiB limit");
+	expect_error(before, "600 MiB under a 512 MiB limit", "out of memory", NULL);
+	check(p_memscale_set_limit(0, 0) == 0, "set_limit(0) restores the capacity");
+	before = p_memscale_error_count();
+	p = p_memscale_malloc(600 * MiB, 0, stream_a);
+	check(p != NULL, "600 MiB fits after the limit is lifted");
+	p_memscale_free(p, 600 * MiB, 0, stream_a);
+	expect_no_error(before, "limit lifted");
+	check(p_memscale_set_limit(0, -1) == -1, "set_limit(-1) is -1");
+	expect_error(before, "negative limit", "memscale_set_limit", "negative", NULL);
+	before = p_memscale_error_count();
+	check(p_memscale_set_limit(0, 64 * GiB) == -1, "set_limit above the device is -1");
+	expect_error(before, "limit above the device", "memscale_set_limit", NULL);
+
+	before = p_memscale_error_count();
+	check(p_memscale_set_threshold(0, 1 * GiB) == 0, "set_threshold(1 GiB)");
+	check(p_memscale_set_threshold(0, 0) == 0, "set_threshold(0)");
+	expect_no_error(before, "set_threshold");
+	check(p_memscale_set_threshold(0, -5) == -1, "set_threshold(-5) is -1");
+	expect_error(before, "negative threshold", "memscale_set_threshold", "negative", NULL);
+	p_memscale_empty_cache();
+}
+
+static void test_bad_inputs(void) {
+	int before;
+
+	before = p_memscale_error_count();
+	p_memscale_free((void*)(uintptr_t)0xdead0000, 64, 0, stream_a);
+	expect_error(before, "free of an unknown pointer", "memscale_free", "0xdead0000", "not allocated", NULL);
+
+	before = p_memscale_error_count();
+	void* p = p_memscale_malloc(4096, 0, stream_a);
+	check(p != NULL, "malloc for double free");
+	p_memscale_free(p, 4096, 0, stream_a);
+	expect_no_error(before, "first free");
+	p_memscale_free(p, 4096, 0, stream_a);
+	expect_error(before, "double free", "memscale_free", "double free", NULL);
+
+	before = p_memscale_error_count();
+	void* z1 = p_memscale_malloc(0, 0, stream_a);
+	void* z2 = p_memscale_malloc(0, 0, stream_a);
+	check(z1 != NULL && z2 != NULL && z1 != z2, "size 0 gives unique non-NULL pointers (%p, %p)", z1, z2);
+	p_memscale_free(z1, 0, 0, stream_a);
+	p_memscale_free(z2, 0, 0, stream_a);
+	expect_no_error(before, "size 0 malloc/free");
+
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(-5, 0, stream_a) == NULL, "negative size gives NULL");
+	expect_error(before, "negative size", "memscale_malloc", "-5", "negative", NULL);
+
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(PiB, 0, stream_a) == NULL, "1 PiB gives NULL");
+	expect_error(before, "1 PiB", "memscale_malloc", "1125899906842624", NULL);
+
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(INT64_MAX, 0, stream_a) == NULL, "INT64_MAX bytes gives NULL");
+	expect_error(before, "INT64_MAX bytes", "memscale_malloc", NULL);
+
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(64, -1, stream_a) == NULL, "device -1 gives NULL");
+	expect_error(before, "device -1", "memscale_malloc", "device -1", NULL);
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(64, 5000, stream_a) == NULL, "device 5000 gives NULL");
+	expect_error(before, "device 5000", "device 5000", NULL);
+
+	// Size mismatch: reported, and the block is still freed.
+	before = p_memscale_error_count();
+	int64_t base = p_memscale_allocated(0);
+	p = p_memscale_malloc(10000, 0, stream_a);
+	check(p != NULL, "malloc for the size mismatch");
+	p_memscale_free(p, 20000, 0, stream_a);
+	expect_error(before, "free with the wrong size", "memscale_free", "20000", "10000", NULL);
+	check(p_memscale_allocated(0) == base, "the block was freed despite the size mismatch");
+
+	// free(NULL) is a no-op, like free(3).
+	before = p_memscale_error_count();
+	p_memscale_free(NULL, 0, 0, stream_a);
+	expect_no_error(before, "free(NULL)");
+
+	// The process lives on and the allocator still works.
+	before = p_memscale_error_count();
+	p = p_memscale_malloc(1 * MiB, 0, stream_a);
+	check(p != NULL, "malloc after the bad inputs");
+	p_memscale_free(p, 1 * MiB, 0, stream_a);
+	expect_no_error(before, "after the bad inputs");
+}
+
+static void test_last_error_storage(void) {
+	int before = p_memscale_error_count();
+	p_memscale_free((void*)(uintptr_t)0xabc000, 1, 0, stream_a);
+	const char* first = p_memscale_last_error();
+	char copy[4096];
+	snprintf(copy, sizeof copy, "%s", first);
+	check(contains(first, "0xabc000"), "first error names its pointer");
+	// A few more errors must not change the string the caller holds.
+	for (int i = 0; i < 5; i++) {
+		p_memscale_free((void*)(uintptr_t)(0xdef000 + 0x1000 * i), 1, 0, stream_a);
+	}
+	check(strcmp(first, copy) == 0, "a returned last_error string is stable across later errors");
+	check(p_memscale_error_count() == before + 6, "error count counts each error");
+	int count = p_memscale_error_count();
+	p_memscale_clear_error();
+	check(strcmp(p_memscale_last_error(), "") == 0, "clear_error empties last_error");
+	check(p_memscale_error_count() == count, "clear_error keeps the count");
+}
+
+// ---- threads and fork ---------------------------------------------------------
+
+static volatile int stop_worker;
+static volatile long worker_iters;
+static volatile int worker_bad;
+
+static void* worker(void* arg) {
+	uintptr_t id = (uintptr_t)arg;
+	cudaStream_t s = (cudaStream_t)(0x1000 + id);
+	long n = 0;
+	while (!stop_worker) {
+		int64_t size = (int64_t)(512 << (n % 12)); // 512 B .. 1 MiB
+		unsigned char* p = p_memscale_malloc(size, 0, s);
+		if (p == NULL) {
+			worker_bad = 1;
+			break;
+		}
+		p[0] = (unsigned char)n;
+		p[size - 1] = (unsigned char)n;
+		if (p[0] != (unsigned char)n) {
+			worker_bad = 1;
+		}
+		p_memscale_free(p, size, 0, s);
+		n++;
+	}
+	__atomic_fetch_add(&worker_iters, n, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static void test_threads(void) {
+	int before = p_memscale_error_count();
+	pthread_t th[4];
+	stop_worker = 0;
+	worker_iters = 0;
+	worker_bad = 0;
+	for (uintptr_t i = 0; i < 4; i++) {
+		pthread_create(&th[i], NULL, worker, (void*)i);
+	}
+	usleep(300 * 1000);
+	stop_worker = 1;
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+	}
+	check(!worker_bad, "threads: every malloc succeeded and memory was writable");
+	check(worker_iters > 1000, "threads: %ld malloc/free pairs in 0.3 s", worker_iters);
+	expect_no_error(before, "threads");
+	check(p_memscale_allocated(0) == 0, "threads: nothing left allocated");
+}
+
+// child_after_fork runs in the forked child: nothing may hang (alarm kills a
+// hung child with SIGALRM, which the parent reports).
+static int child_after_fork(void* inherited) {
+	alarm(5);
+	int bad = 0;
+	p_memscale_free(inherited, 4096, 0, stream_a); // no-op in the child
+	if (p_memscale_malloc(4096, 0, stream_a) != NULL) bad |= 1;
+	if (!contains(p_memscale_last_error(), "fork")) bad |= 2;
+	if (p_memscale_stats_json(0) != NULL) bad |= 4;
+	if (p_memscale_snapshot_json() != NULL) bad |= 8;
+	if (p_memscale_config_json() != NULL) bad |= 16;
+	if (p_memscale_allocated(0) != -1) bad |= 32;
+	if (p_memscale_set_limit(0, 0) != -1) bad |= 64;
+	if (p_memscale_set_threshold(0, 0) != -1) bad |= 128;
+	if (p_memscale_reset_peak_stats(0) != -1) bad |= 256;
+	p_memscale_empty_cache();
+	p_memscale_record_stream(inherited, stream_b);
+	p_memscale_set_memory_fraction(0.5, 0);
+	p_memscale_init(1);
+	p_memscale_clear_error();
+	p_memscale_string_free(NULL);
+	if (!contains(p_memscale_version(), "memscale")) bad |= 512;
+	(void)p_memscale_error_count();
+	// The inherited memory itself is still readable in the child (sim).
+	if (((volatile unsigned char*)inherited)[0] != 0x42) bad |= 1024;
+	return bad;
+}
+
+static void test_fork(void) {
+	unsigned char* inherited = p_memscale_malloc(4096, 0, stream_a);
+	check(inherited != NULL, "fork: malloc before fork");
+	if (inherited == NULL) {
+		return;
+	}
+	inherited[0] = 0x42;
+	pthread_t th[2];
+	stop_worker = 0;
+	worker_iters = 0;
+	worker_bad = 0;
+	for (uintptr_t i = 0; i < 2; i++) {
+		pthread_create(&th[i], NULL, worker, (void*)(10 + i));
+	}
+	usleep(20 * 1000);
+	int children_ok = 1;
+	for (int k = 0; k < 20; k++) {
+		fflush(NULL);
+		pid_t pid = fork();
+		if (pid < 0) {
+			check(0, "fork: %s", strerror(errno));
+			break;
+		}
+		if (pid == 0) {
+			_exit(child_after_fork(inherited));
+		}
+		int status = 0;
+		while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+		}
+		if (WIFSIGNALED(status)) {
+			children_ok = 0;
+			fprintf(stderr, "fork child %d killed by signal %d%s\n", k, WTERMSIG(status),
+			        WTERMSIG(status) == SIGALRM ? " (hung: watchdog fired)" : "");
+		} else if (WEXITSTATUS(status) != 0) {
+			children_ok = 0;
+			fprintf(stderr, "fork child %d failed checks, mask %#x\n", k, WEXITSTATUS(status));
+		}
+		usleep(2000);
+	}
+	stop_worker = 1;
+	for (int i = 0; i < 2; i++) {
+		pthread_join(th[i], NULL);
+	}
+	check(children_ok, "fork: 20 children forked during a malloc/free loop neither hung nor entered Go");
+	check(!worker_bad, "fork: the parent's workers kept working");
+	int before = p_memscale_error_count();
+	p_memscale_free(inherited, 4096, 0, stream_a);
+	void* p = p_memscale_malloc(4096, 0, stream_a);
+	check(p != NULL, "fork: the parent still allocates");
+	p_memscale_free(p, 4096, 0, stream_a);
+	expect_no_error(before, "fork: parent after the children");
+	check(p_memscale_last_error()[0] == '\0' || !contains(p_memscale_last_error(), "fork"),
+	      "fork: the parent's last error is not the child's message");
+}
+
+// ---- bad configuration (runs in a fresh process) ------------------------------
+
+static int bad_config_main(void) {
+	int bad = 0;
+	if (p_memscale_malloc(4096, 0, stream_a) != NULL) bad |= 1;
+	const char* e = p_memscale_last_error();
+	if (!contains(e, "MEMSCALE_EVICTION_THRESHOLD") || !contains(e, "banana")) bad |= 2;
+	if (!contains(e, "GiB") || !contains(e, "%")) bad |= 4; // says what is accepted
+	if (p_memscale_config_json() != NULL) bad |= 8;
+	if (p_memscale_allocated(0) != -1) bad |= 16;
+	if (p_memscale_malloc(4096, 0, stream_a) != NULL) bad |= 32; // every malloc fails
+	if (p_memscale_error_count() < 4) bad |= 64;
+	if (bad) {
+		fprintf(stderr, "bad-config child: mask %#x, last error: %s\n", bad, e);
+	}
+	return bad;
+}
+
+static void test_bad_config(const char* self, const char* lib) {
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		setenv("MEMSCALE_EVICTION_THRESHOLD", "banana", 1);
+		execl("/proc/self/exe", self, lib, "--bad-config", (char*)NULL);
+		_exit(127);
+	}
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+	}
+	check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "bad MEMSCALE_EVICTION_THRESHOLD: malloc returns NULL with the variable named (status %#x)", status);
+}
+
+// ---- main ---------------------------------------------------------------------------
+
+static void* must_sym(void* h, const char* name) {
+	void* f = dlsym(h, name);
+	check(f != NULL, "dlsym(%s): %s", name, f ? "" : dlerror());
+	return f;
+}
+
+#define LOAD(name) p_##name = (__typeof__(p_##name))must_sym(h, #name)
+
+int main(int argc, char** argv) {
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s path/to/libmemscale.so\n", argv[0]);
+		return 2;
+	}
+	int bad_config = argc > 2 && strcmp(argv[2], "--bad-config") == 0;
+	setenv("MEMSCALE_BACKEND", "sim", 1);
+	setenv("MEMSCALE_SIM_CAPACITY", SIM_CAPACITY_TEXT, 1);
+	if (!getenv("MEMSCALE_LOG_LEVEL")) {
+		setenv("MEMSCALE_LOG_LEVEL", "error", 1); // the bad inputs would log warnings
+	}
+
+	void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		fprintf(stderr, "dlopen(%s, RTLD_NOW): %s\n", argv[1], dlerror());
+		printf("0 passed, 1 failed\n");
+		return 1;
+	}
+	LOAD(memscale_malloc);
+	LOAD(memscale_free);
+	LOAD(memscale_init);
+	LOAD(memscale_empty_cache);
+	LOAD(memscale_set_memory_fraction);
+	LOAD(memscale_record_stream);
+	LOAD(memscale_stats_json);
+	LOAD(memscale_snapshot_json);
+	LOAD(memscale_reset_peak_stats);
+	LOAD(memscale_set_threshold);
+	LOAD(memscale_set_limit);
+	LOAD(memscale_allocated);
+	LOAD(memscale_config_json);
+	LOAD(memscale_last_error);
+	LOAD(memscale_error_count);
+	LOAD(memscale_clear_error);
+	LOAD(memscale_string_free);
+	LOAD(memscale_version);
+	if (failed) {
+		printf("%d passed, %d failed\n", passed, failed);
+		return 1;
+	}
+	if (bad_config) {
+		return bad_config_main();
+	}
+	const char* skip_dtr = getenv("ABI_TEST_SKIP_DTR");
+	if (skip_dtr == NULL || strcmp(skip_dtr, "1") != 0) {
+		for (size_t i = 0; i < sizeof dtr_exports / sizeof dtr_exports[0]; i++) {
+			must_sym(h, dtr_exports[i]);
+		}
+	}
+
+	test_basics();
+	test_many_pairs();
+	test_record_stream_and_empty_cache();
+	test_stats();
+	test_snapshot_and_config();
+	test_limits();
+	test_bad_inputs();
+	test_last_error_storage();
+	test_threads();
+	test_fork();
+	test_bad_config(argv[0], argv[1]);
+
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
