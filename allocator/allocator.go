@@ -48,7 +48,8 @@ type Config struct {
 // request cannot be met even after cached memory was released. need is the
 // number of bytes missing. It frees memory (typically by evicting tensors
 // and calling Free) and returns how many bytes it freed; 0 means it cannot
-// help, and Malloc then fails with an *OOMError.
+// help, and Malloc then fails with an *OOMError. Malloc calls from several
+// goroutines may call it concurrently.
 type Reclaimer func(need uint64) uint64
 
 const (

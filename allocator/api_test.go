@@ -535,3 +535,72 @@ func TestFallbackSegments(t *testing.T) {
 	require.Zero(t, a.Stats()["segment.all.current"])
 	require.Zero(t, d.Mapped())
 }
+
+// TestSegmentSiblings forces small address ranges so that one (pool, stream)
+// needs several expandable segments, and checks that they fill, are reused,
+// and are returned when empty.
+func TestSegmentSiblings(t *testing.T) {
+	a, d := newTestAllocator(t, Config{})
+	a.vaSize = 64 << 20
+	var ptrs []device.Ptr
+	for i := 0; i < 5; i++ {
+		p, err := a.Malloc(40<<20, 1)
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+		require.NoError(t, a.checkInvariants())
+	}
+	p, err := a.Malloc(100<<20, 1) // larger than a default range: a range of its own size
+	require.NoError(t, err)
+	ptrs = append(ptrs, p)
+	st := a.Stats()
+	require.Equal(t, int64(6), st["segment.large_pool.current"])
+	// Free two, then allocate two of 20 MiB: they fit the freed blocks.
+	require.NoError(t, a.Free(ptrs[1]))
+	require.NoError(t, a.Free(ptrs[3]))
+	n := d.counts()
+	for i := 0; i < 2; i++ {
+		q, err := a.Malloc(20<<20, 1)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, n, d.counts(), "served from the cache")
+	for i, q := range ptrs {
+		if i != 1 && i != 3 {
+			require.NoError(t, a.Free(q))
+		}
+	}
+	require.Zero(t, a.Allocated())
+	require.NoError(t, a.checkInvariants())
+	require.NoError(t, a.EmptyCache())
+	st = a.Stats()
+	require.Zero(t, st["segment.all.current"])
+	require.Zero(t, st["virtual_bytes"])
+	require.Empty(t, d.ranges)
+}
+
+func TestSetLimitReleasesCache(t *testing.T) {
+	a, d := newTestAllocator(t, Config{})
+	var ptrs []device.Ptr
+	for i := 0; i < 10; i++ {
+		p, err := a.Malloc(50<<20, device.Stream(1+i%2))
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+	}
+	keep := ptrs[0]
+	for _, p := range ptrs[1:] {
+		require.NoError(t, a.Free(p))
+	}
+	require.Equal(t, uint64(500<<20), d.Mapped())
+	require.NoError(t, a.SetLimit(128<<20))
+	require.LessOrEqual(t, d.Mapped(), uint64(128<<20), "cached memory above the new limit was released")
+	require.GreaterOrEqual(t, d.Mapped(), uint64(50<<20), "live memory stays")
+	_, err := a.Malloc(100<<20, 1)
+	var oom *OOMError
+	require.ErrorAs(t, err, &oom, "50 MiB live + 100 MiB > 128 MiB")
+	require.Equal(t, uint64(128<<20), oom.Limit)
+	p, err := a.Malloc(70<<20, 2)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Free(keep))
+	require.NoError(t, a.checkInvariants())
+}

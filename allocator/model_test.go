@@ -188,7 +188,7 @@ func logUniform(r source, max uint64) uint64 {
 // sequence and checks the invariants after every step.
 func runProperty(t *testing.T, pc propConfig) {
 	t.Helper()
-	if testing.Short() && pc.steps > 500 {
+	if (testing.Short() || raceEnabled) && pc.steps > 500 {
 		pc.steps = 500
 	}
 	d := pc.newDev()

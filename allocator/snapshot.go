@@ -21,16 +21,26 @@ type Snapshot struct {
 
 // SegmentSnapshot is one entry of Snapshot.Segments.
 type SegmentSnapshot struct {
-	Device        int             `json:"device"`
-	Address       uint64          `json:"address"`
-	TotalSize     uint64          `json:"total_size"`
-	AllocatedSize uint64          `json:"allocated_size"`
-	ActiveSize    uint64          `json:"active_size"`
-	RequestedSize uint64          `json:"requested_size"`
-	Stream        uint64          `json:"stream"`
-	SegmentType   string          `json:"segment_type"` // "small" or "large"
-	IsExpandable  bool            `json:"is_expandable"`
-	Blocks        []BlockSnapshot `json:"blocks"`
+	// Device is the device ordinal.
+	Device int `json:"device"`
+	// Address is the first byte of the segment (or of the mapped run).
+	Address uint64 `json:"address"`
+	// TotalSize is the bytes it spans, the sum of its blocks.
+	TotalSize uint64 `json:"total_size"`
+	// AllocatedSize is the bytes in allocated blocks.
+	AllocatedSize uint64 `json:"allocated_size"`
+	// ActiveSize is the bytes in allocated and pending-free blocks.
+	ActiveSize uint64 `json:"active_size"`
+	// RequestedSize is the bytes requested by the active blocks.
+	RequestedSize uint64 `json:"requested_size"`
+	// Stream is the stream the segment serves.
+	Stream uint64 `json:"stream"`
+	// SegmentType is "small" or "large" (the pool).
+	SegmentType string `json:"segment_type"`
+	// IsExpandable is true for VMM-backed segments.
+	IsExpandable bool `json:"is_expandable"`
+	// Blocks are the segment's blocks in address order.
+	Blocks []BlockSnapshot `json:"blocks"`
 }
 
 // Block states in snapshots, as PyTorch names them.
@@ -42,10 +52,14 @@ const (
 
 // BlockSnapshot is one block of a segment, in address order.
 type BlockSnapshot struct {
-	Address       uint64 `json:"address"`
-	Size          uint64 `json:"size"`
+	// Address is the block's first byte.
+	Address uint64 `json:"address"`
+	// Size is the block's size in bytes.
+	Size uint64 `json:"size"`
+	// RequestedSize is what the allocation asked for (0 for free blocks).
 	RequestedSize uint64 `json:"requested_size"`
-	State         string `json:"state"`
+	// State is StateActiveAllocated, StateActivePendingFree or StateInactive.
+	State string `json:"state"`
 }
 
 // Trace actions, as PyTorch names them.
@@ -63,11 +77,16 @@ const (
 // TraceEntry is one recorded event. For "oom", Size is the block size that
 // could not be allocated and Addr is 0.
 type TraceEntry struct {
+	// Action is one of the Action constants.
 	Action string `json:"action"`
-	Addr   uint64 `json:"addr"`
-	Size   uint64 `json:"size"`
+	// Addr is the block's or the mapped range's address.
+	Addr uint64 `json:"addr"`
+	// Size is its size in bytes.
+	Size uint64 `json:"size"`
+	// Stream is the stream of the block or segment.
 	Stream uint64 `json:"stream"`
-	TimeUS int64  `json:"time_us"`
+	// TimeUS is the wall-clock time in microseconds since the Unix epoch.
+	TimeUS int64 `json:"time_us"`
 }
 
 type traceAction uint8

@@ -62,8 +62,18 @@ func (s *stat) add(d int64) {
 type statTable [numStatKinds][3]stat
 
 func (t *statTable) add(k statKind, p poolKind, d int64) {
-	t[k][0].add(d)
-	t[k][1+p].add(d)
+	all, pool := &t[k][0], &t[k][1+p]
+	all.cur += d
+	pool.cur += d
+	if d >= 0 {
+		all.alloc += d
+		pool.alloc += d
+		all.peak = max(all.peak, all.cur)
+		pool.peak = max(pool.peak, pool.cur)
+	} else {
+		all.freed -= d
+		pool.freed -= d
+	}
 }
 
 func (t *statTable) cur(k statKind) int64 { return t[k][0].cur }

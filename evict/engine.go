@@ -198,7 +198,7 @@ func New(cfg Config) (*Engine, error) {
 	switch e.h {
 	case DTR:
 		e.tr = newRegionTracker(e.g, true)
-	case MSPS, XMSPSStale:
+	case MSPS:
 		e.tr = newRegionTracker(e.g, false)
 	case DTREq:
 		e.tr = newEqTracker(e.g, false)
@@ -494,7 +494,11 @@ func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	if st.State == rc.Released || st.Locks > 0 {
 		return
 	}
-	if e.cfg.SimulatorCompat && !released {
+	if !released {
+		// rebuilt only to recompute something else: it stays resident
+		// as a candidate (evicted before any referenced storage, see
+		// key)
+		e.sel.lowered(s)
 		return
 	}
 	switch {
@@ -586,7 +590,7 @@ func (e *Engine) refresh(s rc.StorageID) {
 // key returns s's current (true) key.
 func (e *Engine) key(s rc.StorageID) key {
 	st := e.g.Storage(s)
-	k := key{l: st.LastAccess, id: int32(s)}
+	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat}
 	m := float64(st.Size)
 	if e.mf != 1 {
 		m = math.Pow(m, e.mf)
@@ -649,11 +653,9 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 {
 				break
 			}
-			e.debugOOM()
 			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%d storages locked or pinned)",
 				u, extra, e.cfg.Budget, ErrNoEvictable, e.g.NumStorages()-e.sel.len())
 		}
-		e.debugEvict(int(e.g.Storage(s).Root), extra)
 		out[n] = e.evictStorage(s)
 		if e.cfg.OnEvict != nil {
 			e.cfg.OnEvict(out[n], ReasonBudget)

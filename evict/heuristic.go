@@ -36,8 +36,6 @@ const (
 	// it back), with staleness. Combined with banishing it keeps the
 	// neighbourhood cost an honest estimate of the rematerialization cost.
 	DTREqAnc
-	// XMSPSStale is experimental: h_MSPS with staleness.
-	XMSPSStale
 	numHeuristics
 )
 
@@ -45,15 +43,14 @@ const (
 const DefaultHeuristic = DTREqAnc
 
 var heuristicNames = [numHeuristics]string{
-	Default:    "default",
-	DTR:        "dtr",
-	DTREq:      "dtr-eq",
-	DTRLocal:   "dtr-local",
-	MSPS:       "msps",
-	LRU:        "lru",
-	Size:       "size",
-	DTREqAnc:   "dtr-eq-anc",
-	XMSPSStale: "x-msps-stale",
+	Default:  "default",
+	DTR:      "dtr",
+	DTREq:    "dtr-eq",
+	DTRLocal: "dtr-local",
+	MSPS:     "msps",
+	LRU:      "lru",
+	Size:     "size",
+	DTREqAnc: "dtr-eq-anc",
 }
 
 // String returns the heuristic's configuration name.
@@ -112,14 +109,18 @@ func ParseHeuristic(s string) (Heuristic, error) {
 // storage that became a candidate last goes first, as in the DTR authors'
 // simulator, whose candidate pool is a list scanned with "<=".
 type key struct {
-	a   float64
-	l   int64
-	seq uint64
-	id  int32
+	a    float64
+	l    int64
+	seq  uint64
+	id   int32
+	dead bool
 }
 
 // before reports whether x is evicted before y at clock now.
 func before(x, y key, now int64, stale bool) bool {
+	if x.dead != y.dead {
+		return x.dead
+	}
 	var c int
 	if stale {
 		c = cmpScore(x.a, uint64(now-x.l), y.a, uint64(now-y.l))

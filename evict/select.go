@@ -27,7 +27,6 @@ type scanSelector struct {
 	pos     []int32  // per storage: index in members, -1 if absent
 	seqs    []uint64 // per storage: when it last became a candidate
 	seq     uint64
-	picks   int
 }
 
 func newScanSelector(e *Engine) *scanSelector { return &scanSelector{e: e} }
@@ -75,8 +74,5 @@ func (s *scanSelector) pick(now int64) (rc.StorageID, bool) {
 			best = k
 		}
 	}
-	s.debugDump(int(s.e.g.Storage(rc.StorageID(best.id)).Root))
 	return rc.StorageID(best.id), true
 }
-
-func newIndexSelector(e *Engine) selector { return newScanSelector(e) }

@@ -3,6 +3,7 @@ package replay
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,6 +15,8 @@ func TestExpSweep(t *testing.T) {
 	hs := strings.Split(os.Getenv("EXP_H"), ",")
 	keep := os.Getenv("EXP_KEEP") == "1"
 	only := os.Getenv("EXP_TRACE")
+	tf, _ := strconv.ParseFloat(os.Getenv("EXP_TF"), 64)
+	mf, _ := strconv.ParseFloat(os.Getenv("EXP_MF"), 64)
 	ratios := []float64{0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9}
 	for _, tc := range sharedtraces.ForTest(t) {
 		if only != "" && !strings.Contains(tc.Name, only) {
@@ -31,7 +34,7 @@ func TestExpSweep(t *testing.T) {
 			}
 			line := fmt.Sprintf("%-15s %-10s", tc.Name, hn)
 			for _, r := range ratios {
-				res, err := Run(tr, Options{Budget: uint64(float64(base.Peak) * r), Engine: evict.Config{Heuristic: h, SimulatorCompat: keep}, Check: os.Getenv("EXP_CHECK") == "1"})
+				res, err := Run(tr, Options{Budget: uint64(float64(base.Peak) * r), Engine: evict.Config{Heuristic: h, SimulatorCompat: keep, RecompTimeFactor: tf, RecompMemoryFactor: mf}, Check: os.Getenv("EXP_CHECK") == "1"})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -217,7 +217,14 @@ class _Engine:
             if best is None:
                 if out:
                     break
-                raise ValueError(f"usage {self.usage} > budget {self.budget}: nothing evictable")
+                res = [st for st in self.s if st.state == RESIDENT]
+                locked = sum(st.size for st in res if st.locks)
+                pinned = sum(st.size for st in res if st.pins)
+                norec = sum(st.size for st in res if st.norecompute and not st.pins)
+                small = sum(st.size for st in res if st.size < self.min_size)
+                raise ValueError(
+                    f"usage {self.usage} > budget {self.budget}: nothing evictable "
+                    f"(locked {locked}, pinned {pinned}, not recomputable {norec}, small {small})")
             st = self.s[best[1]]
             if self.swap_bw > 0 and (st.norecompute or 2 * st.size / self.swap_bw * 1e9 < st.compute):
                 st.state = SWAPPED
@@ -282,7 +289,7 @@ class _Engine:
                     st.state = RESIDENT
                     added += st.size
             tx.defined = True
-        for x in op.inputs:
+        for x in op.inputs + op.outputs:
             self.s[self.t[x].storage].last = self.clock
         if cost < 0:
             cost = op.cost

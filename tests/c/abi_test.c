@@ -1,6 +1,6 @@
 // abi_test.c - drives libmemscale.so through its C ABI the way PyTorch does.
 //
-//   gcc -O2 -Wall -Wextra -I cabi -o build/abi_test tests/c/abi_test.c -ldl -lpthread
+//   gcc -O2 -Wall -Wextra -o build/abi_test tests/c/abi_test.c -ldl -lpthread
 //   build/abi_test build/libmemscale.so
 //
 // The library is loaded with dlopen(RTLD_NOW) (like ctypes.CDLL) and every
@@ -27,7 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "memscale.h"
+#include "../../cabi/memscale.h" /* the public header, relative to this file */
 
 #define KiB (1024LL)
 #define MiB (1024LL * KiB)

@@ -2,7 +2,7 @@
 // libmemscale.so, exactly as PyTorch calls it (same signatures, through
 // function pointers obtained with dlsym).
 //
-//   gcc -O2 -Wall -Wextra -I cabi -o build/bench_driver tests/c/bench_driver.c -ldl
+//   gcc -O2 -Wall -Wextra -o build/bench_driver tests/c/bench_driver.c -ldl
 //   build/bench_driver build/libmemscale.so [samples] [min_ms_per_sample]
 //
 // For each size the pair is warmed up (so the block is cached), then timed in
@@ -23,7 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "memscale.h"
+#include "../../cabi/memscale.h" /* the public header, relative to this file */
 
 static __typeof__(&memscale_malloc) p_malloc;
 static __typeof__(&memscale_free) p_free;

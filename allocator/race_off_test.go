@@ -1,0 +1,5 @@
+//go:build !race
+
+package allocator
+
+const raceEnabled = false

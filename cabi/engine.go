@@ -1,0 +1,469 @@
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/memscale/memscale/evict"
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// allocatorUsage returns the allocated bytes of the allocator of a device.
+// The engine uses it for engines created with "usage": "allocator". It is
+// assigned by the allocator side of package main (state.go); while it is nil
+// such engines cannot be created.
+var allocatorUsage func(device int) (uint64, error)
+
+// dtrHandle is one engine created by memscale_dtr_create. Calls on one
+// handle are serialized by mu; different handles run in parallel.
+type dtrHandle struct {
+	mu  sync.Mutex
+	eng *evict.Engine
+	buf []evict.Victim
+	pl  []rc.Step
+}
+
+// dtrEngines maps handles (> 0) to engines.
+var dtrEngines = struct {
+	sync.Mutex
+	m    map[int64]*dtrHandle
+	next int64
+}{m: map[int64]*dtrHandle{}}
+
+var errNilArray = errors.New("NULL array with a positive length")
+
+func dtrLookup(h C.int64_t) (*dtrHandle, error) {
+	dtrEngines.Lock()
+	defer dtrEngines.Unlock()
+	d, ok := dtrEngines.m[int64(h)]
+	if !ok {
+		return nil, fmt.Errorf("unknown engine handle %d", int64(h))
+	}
+	return d, nil
+}
+
+// withEngine runs fn on handle h under its lock, inside guard.
+func withEngine(name string, h C.int64_t, fn func(d *dtrHandle) error) (failed bool) {
+	return guard(name, func() error {
+		d, err := dtrLookup(h)
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return fn(d)
+	})
+}
+
+// int64s views a C int64_t array of n elements.
+func int64s(p *C.int64_t, n C.int32_t, what string) ([]C.int64_t, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("%s: negative length %d", what, int32(n))
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, fmt.Errorf("%s: %w (%d)", what, errNilArray, int32(n))
+	}
+	return unsafe.Slice(p, int(n)), nil
+}
+
+// int32s views a C int32_t array of n elements.
+func int32s(p *C.int32_t, n C.int32_t, what string) ([]C.int32_t, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("%s: negative length %d", what, int32(n))
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, fmt.Errorf("%s: %w (%d)", what, errNilArray, int32(n))
+	}
+	return unsafe.Slice(p, int(n)), nil
+}
+
+func tensorIDs(p *C.int64_t, n C.int32_t) ([]rc.TensorID, error) {
+	xs, err := int64s(p, n, "inputs")
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]rc.TensorID, len(xs))
+	for i, x := range xs {
+		ids[i] = rc.TensorID(x)
+	}
+	return ids, nil
+}
+
+func opFlags(f C.int32_t) (rc.OpFlags, error) {
+	if f&^1 != 0 {
+		return 0, fmt.Errorf("flags %#x: unknown bits (bit 0 = NO_RECOMPUTE is the only flag)", int32(f))
+	}
+	var out rc.OpFlags
+	if f&1 != 0 {
+		out |= rc.NoRecompute
+	}
+	return out, nil
+}
+
+func opName(name *C.char) string {
+	if name == nil {
+		return "op"
+	}
+	return C.GoString(name)
+}
+
+// dtrDefaults returns the engine defaults from the environment
+// (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR, MEMSCALE_EVICTEE_MIN_SIZE).
+func dtrDefaults() (evict.Config, error) {
+	pc, err := processConfig()
+	if err != nil {
+		return evict.Config{}, err
+	}
+	h, err := evict.ParseHeuristic(string(pc.Heuristic))
+	if err != nil {
+		return evict.Config{}, fmt.Errorf("MEMSCALE_HEURISTIC: %w", err)
+	}
+	return evict.Config{
+		Heuristic:          h,
+		RecompTimeFactor:   pc.RecompTimeFactor,
+		RecompMemoryFactor: pc.RecompMemoryFactor,
+		EvicteeMinSize:     pc.EvicteeMinSize,
+	}, nil
+}
+
+//export memscale_dtr_create
+func memscale_dtr_create(configJSON *C.char) C.int64_t {
+	h := int64(-1)
+	guard("memscale_dtr_create", func() error {
+		base, err := dtrDefaults()
+		if err != nil {
+			return err
+		}
+		var data []byte
+		if configJSON != nil {
+			data = []byte(C.GoString(configJSON))
+		}
+		cfg, src, err := evict.DecodeConfig(data, base)
+		if err != nil {
+			return err
+		}
+		if src.Allocator {
+			usage := allocatorUsage
+			if usage == nil {
+				return errors.New(`"usage": "allocator": the allocator usage source is not available in this build`)
+			}
+			dev := src.Device
+			if _, err := usage(dev); err != nil {
+				return fmt.Errorf(`"usage": "allocator", device %d: %w`, dev, err)
+			}
+			var last uint64
+			cfg.Usage = func() uint64 {
+				// The device was opened above; an error now leaves the
+				// last known value.
+				if u, err := usage(dev); err == nil {
+					last = u
+				}
+				return last
+			}
+		}
+		eng, err := evict.New(cfg)
+		if err != nil {
+			return err
+		}
+		dtrEngines.Lock()
+		dtrEngines.next++
+		h = dtrEngines.next
+		dtrEngines.m[h] = &dtrHandle{eng: eng}
+		dtrEngines.Unlock()
+		return nil
+	})
+	return C.int64_t(h)
+}
+
+//export memscale_dtr_destroy
+func memscale_dtr_destroy(h C.int64_t) C.int {
+	if guard("memscale_dtr_destroy", func() error {
+		dtrEngines.Lock()
+		defer dtrEngines.Unlock()
+		if _, ok := dtrEngines.m[int64(h)]; !ok {
+			return fmt.Errorf("unknown engine handle %d", int64(h))
+		}
+		delete(dtrEngines.m, int64(h))
+		return nil
+	}) {
+		return -1
+	}
+	return 0
+}
+
+//export memscale_dtr_set_budget
+func memscale_dtr_set_budget(h C.int64_t, bytes C.int64_t) C.int {
+	if withEngine("memscale_dtr_set_budget", h, func(d *dtrHandle) error {
+		if bytes < 0 {
+			return fmt.Errorf("budget %d: want bytes >= 0 (0 = unlimited)", int64(bytes))
+		}
+		d.eng.SetBudget(uint64(bytes))
+		return nil
+	}) {
+		return -1
+	}
+	return 0
+}
+
+//export memscale_dtr_tensor
+func memscale_dtr_tensor(h C.int64_t, nbytes C.int64_t, pinned C.int32_t) C.int64_t {
+	id := int64(-1)
+	withEngine("memscale_dtr_tensor", h, func(d *dtrHandle) error {
+		if nbytes < 0 {
+			return fmt.Errorf("nbytes %d: want >= 0", int64(nbytes))
+		}
+		id = int64(d.eng.NewTensor(uint64(nbytes), pinned != 0))
+		return nil
+	})
+	return C.int64_t(id)
+}
+
+//export memscale_dtr_call
+func memscale_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
+	outSizes *C.int64_t, outAlias *C.int32_t, nOut C.int32_t,
+	costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
+	op := int64(-1)
+	withEngine("memscale_dtr_call", h, func(d *dtrHandle) error {
+		ins, err := tensorIDs(inputs, nIn)
+		if err != nil {
+			return err
+		}
+		sizes, err := int64s(outSizes, nOut, "out_sizes")
+		if err != nil {
+			return err
+		}
+		alias, err := int32s(outAlias, nOut, "out_alias")
+		if err != nil {
+			return err
+		}
+		dst, err := int64s(outIDs, nOut, "out_ids")
+		if err != nil {
+			return err
+		}
+		f, err := opFlags(flags)
+		if err != nil {
+			return err
+		}
+		if costNS < 0 {
+			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
+		}
+		outs := make([]evict.Output, nOut)
+		for i := range outs {
+			if sizes[i] < 0 {
+				return fmt.Errorf("out_sizes[%d] = %d: want >= 0", i, int64(sizes[i]))
+			}
+			outs[i] = evict.Output{Size: uint64(sizes[i]), Alias: int32(alias[i])}
+		}
+		for _, in := range ins {
+			if err := d.eng.Access(in); err != nil {
+				return err
+			}
+		}
+		id, ids, err := d.eng.Call(opName(name), ins, outs, int64(costNS), f)
+		if err != nil {
+			return err
+		}
+		for i, t := range ids {
+			dst[i] = C.int64_t(t)
+		}
+		op = int64(id)
+		return nil
+	})
+	return C.int64_t(op)
+}
+
+//export memscale_dtr_mutate
+func memscale_dtr_mutate(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
+	mutated *C.int32_t, nMut C.int32_t, costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
+	op := int64(-1)
+	withEngine("memscale_dtr_mutate", h, func(d *dtrHandle) error {
+		ins, err := tensorIDs(inputs, nIn)
+		if err != nil {
+			return err
+		}
+		muts, err := int32s(mutated, nMut, "mutated")
+		if err != nil {
+			return err
+		}
+		dst, err := int64s(outIDs, nMut, "out_ids")
+		if err != nil {
+			return err
+		}
+		f, err := opFlags(flags)
+		if err != nil {
+			return err
+		}
+		if costNS < 0 {
+			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
+		}
+		idx := make([]int, len(muts))
+		for i, m := range muts {
+			idx[i] = int(m)
+		}
+		for _, in := range ins {
+			if err := d.eng.Access(in); err != nil {
+				return err
+			}
+		}
+		id, ids, err := d.eng.Mutate(opName(name), ins, idx, int64(costNS), f)
+		if err != nil {
+			return err
+		}
+		for i, t := range ids {
+			dst[i] = C.int64_t(t)
+		}
+		op = int64(id)
+		return nil
+	})
+	return C.int64_t(op)
+}
+
+// tensorCall wraps the int-returning per-tensor calls.
+func tensorCall(name string, h, t C.int64_t, fn func(e *evict.Engine, t rc.TensorID) error) C.int {
+	if withEngine(name, h, func(d *dtrHandle) error { return fn(d.eng, rc.TensorID(t)) }) {
+		return -1
+	}
+	return 0
+}
+
+//export memscale_dtr_access
+func memscale_dtr_access(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_access", h, t, (*evict.Engine).Access)
+}
+
+//export memscale_dtr_lock
+func memscale_dtr_lock(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_lock", h, t, (*evict.Engine).Lock)
+}
+
+//export memscale_dtr_unlock
+func memscale_dtr_unlock(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_unlock", h, t, (*evict.Engine).Unlock)
+}
+
+//export memscale_dtr_pin
+func memscale_dtr_pin(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_pin", h, t, (*evict.Engine).Pin)
+}
+
+//export memscale_dtr_release
+func memscale_dtr_release(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_release", h, t, (*evict.Engine).Release)
+}
+
+//export memscale_dtr_swapped_in
+func memscale_dtr_swapped_in(h, t C.int64_t) C.int {
+	return tensorCall("memscale_dtr_swapped_in", h, t, (*evict.Engine).SwappedIn)
+}
+
+//export memscale_dtr_evict
+func memscale_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+	n := int32(-1)
+	withEngine("memscale_dtr_evict", h, func(d *dtrHandle) error {
+		if capacity <= 0 {
+			return fmt.Errorf("cap %d: want > 0", int32(capacity))
+		}
+		outIDs, err := int64s(ids, capacity, "ids")
+		if err != nil {
+			return err
+		}
+		outActs, err := int32s(actions, capacity, "actions")
+		if err != nil {
+			return err
+		}
+		if cap(d.buf) < int(capacity) {
+			d.buf = make([]evict.Victim, capacity)
+		}
+		buf := d.buf[:capacity]
+		k, err := d.eng.Evict(0, buf)
+		if err != nil {
+			return err
+		}
+		for i, v := range buf[:k] {
+			outIDs[i] = C.int64_t(v.Tensor)
+			outActs[i] = C.int32_t(v.Action)
+		}
+		n = int32(k)
+		return nil
+	})
+	return C.int32_t(n)
+}
+
+//export memscale_dtr_plan
+func memscale_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int64_t, capacity C.int32_t) C.int32_t {
+	n := int32(-1)
+	withEngine("memscale_dtr_plan", h, func(d *dtrHandle) error {
+		steps, err := d.eng.Plan(rc.TensorID(t), d.pl[:0])
+		d.pl = steps[:0]
+		if err != nil {
+			return err
+		}
+		if len(steps) > int(capacity) {
+			return fmt.Errorf("tensor %d: the plan has %d steps but cap is %d: call again with cap >= %d",
+				int64(t), len(steps), int32(capacity), len(steps))
+		}
+		outKinds, err := int32s(kinds, C.int32_t(len(steps)), "kinds")
+		if err != nil {
+			return err
+		}
+		outIDs, err := int64s(ids, C.int32_t(len(steps)), "ids")
+		if err != nil {
+			return err
+		}
+		if err := d.eng.HoldPlan(steps); err != nil {
+			return err
+		}
+		for i, st := range steps {
+			outKinds[i] = C.int32_t(st.Kind)
+			if st.Kind == rc.StepRerun {
+				outIDs[i] = C.int64_t(st.Op)
+			} else {
+				outIDs[i] = C.int64_t(st.Tensor)
+			}
+		}
+		n = int32(len(steps))
+		return nil
+	})
+	return C.int32_t(n)
+}
+
+//export memscale_dtr_rematerialized
+func memscale_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.int {
+	if withEngine("memscale_dtr_rematerialized", h, func(d *dtrHandle) error {
+		if costNS < 0 {
+			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
+		}
+		return d.eng.Rematerialized(rc.OpID(op), int64(costNS))
+	}) {
+		return -1
+	}
+	return 0
+}
+
+//export memscale_dtr_stats_json
+func memscale_dtr_stats_json(h C.int64_t) *C.char {
+	var out *C.char
+	withEngine("memscale_dtr_stats_json", h, func(d *dtrHandle) error {
+		b, err := json.Marshal(d.eng.Stats())
+		if err != nil {
+			return fmt.Errorf("encoding stats: %w", err)
+		}
+		out = cString(string(b))
+		return nil
+	})
+	return out
+}

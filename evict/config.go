@@ -1,0 +1,130 @@
+package evict
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// UsageSource says where an engine created from JSON reads its memory usage.
+type UsageSource struct {
+	// Allocator is true for "usage": "allocator": the allocated bytes of the
+	// allocator of Device. False means the engine counts resident bytes.
+	Allocator bool
+	// Device is the allocator's device ordinal.
+	Device int
+}
+
+// configKeys are the keys DecodeConfig accepts.
+var configKeys = []string{
+	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
+	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
+}
+
+// DecodeConfig parses the JSON configuration of memscale_dtr_create on top
+// of base (the defaults, e.g. from the environment):
+//
+//	{"budget": bytes (0 = unlimited), "heuristic": name (see ParseHeuristic),
+//	 "recomp_time_factor": f, "recomp_memory_factor": f,
+//	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
+//	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
+//	 "simulator_compat": bool}
+//
+// Every key is optional; an empty input or "{}" gives base. An unknown key,
+// a value of the wrong type or out of range is an error naming the key, the
+// value and what is accepted.
+func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
+	cfg, src := base, UsageSource{}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return cfg, src, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return cfg, src, fmt.Errorf("dtr config: not a JSON object: %w", err)
+	}
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := raw[k]
+		var err error
+		switch k {
+		case "budget":
+			cfg.Budget, err = jsonBytes(k, v)
+		case "evictee_min_size":
+			cfg.EvicteeMinSize, err = jsonBytes(k, v)
+		case "recomp_time_factor":
+			cfg.RecompTimeFactor, err = jsonFloat(k, v)
+		case "recomp_memory_factor":
+			cfg.RecompMemoryFactor, err = jsonFloat(k, v)
+		case "swap_bandwidth":
+			cfg.SwapBandwidth, err = jsonFloat(k, v)
+		case "heuristic":
+			var s string
+			if err = json.Unmarshal(v, &s); err != nil {
+				err = fmt.Errorf("dtr config: heuristic %s: want a string", v)
+				break
+			}
+			if cfg.Heuristic, err = ParseHeuristic(s); err != nil {
+				err = fmt.Errorf("dtr config: %w", err)
+			}
+		case "usage":
+			var s string
+			if json.Unmarshal(v, &s) != nil || (s != "engine" && s != "allocator") {
+				err = fmt.Errorf(`dtr config: usage %s: accepted "engine" (sum of resident registered bytes) or "allocator" (the allocator's allocated bytes)`, v)
+				break
+			}
+			src.Allocator = s == "allocator"
+		case "device":
+			var d int
+			if json.Unmarshal(v, &d) != nil || d < 0 {
+				err = fmt.Errorf("dtr config: device %s: want a device ordinal >= 0", v)
+				break
+			}
+			src.Device = d
+		case "simulator_compat":
+			if json.Unmarshal(v, &cfg.SimulatorCompat) != nil {
+				err = fmt.Errorf("dtr config: simulator_compat %s: want true or false", v)
+			}
+		default:
+			err = fmt.Errorf("dtr config: unknown key %q (accepted: %s)", k, strings.Join(configKeys, ", "))
+		}
+		if err != nil {
+			return base, UsageSource{}, err
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return base, UsageSource{}, err
+	}
+	return cfg, src, nil
+}
+
+// jsonBytes reads a non-negative integer byte count.
+func jsonBytes(key string, v json.RawMessage) (uint64, error) {
+	var n json.Number
+	if err := json.Unmarshal(v, &n); err != nil {
+		return 0, fmt.Errorf("dtr config: %s %s: want a number of bytes >= 0", key, v)
+	}
+	if u, err := n.Int64(); err == nil && u >= 0 {
+		return uint64(u), nil
+	}
+	f, err := n.Float64()
+	if err != nil || f < 0 || f != math.Trunc(f) || f > math.MaxInt64 {
+		return 0, fmt.Errorf("dtr config: %s %s: want a whole number of bytes >= 0", key, v)
+	}
+	return uint64(f), nil
+}
+
+// jsonFloat reads a finite non-negative number.
+func jsonFloat(key string, v json.RawMessage) (float64, error) {
+	var f float64
+	if err := json.Unmarshal(v, &f); err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, fmt.Errorf("dtr config: %s %s: want a finite number >= 0", key, v)
+	}
+	return f, nil
+}

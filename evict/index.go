@@ -1,0 +1,283 @@
+package evict
+
+import (
+	"math"
+
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// never is the melt time of a comparison that never changes.
+const never = math.MaxInt64
+
+// indexSelector is the candidate index: a kinetic tournament tree over the
+// candidates' keys. Every internal node holds the winner of its subtree (the
+// storage evicted first) at the current clock and the earliest clock at
+// which that could change (its "melt" time): a staleness score a/(T-L) is a
+// hyperbola in T, and two of them cross at most once, so each comparison is
+// valid until a computable instant. Picking the victim is reading the root
+// after refreshing the nodes whose melt time has passed; inserting, removing
+// or re-keying a candidate recomputes one leaf-to-root path.
+//
+// Keys are allowed to be stale in one direction only: a stored key may
+// understate the true score (the neighbourhood cost grew, the storage was
+// accessed again) but never overstate it. Increases are therefore applied
+// lazily: the root's stored key is compared with the true one, and if it
+// understates it the leaf is re-keyed and the root read again. When the
+// root's key is exact it is the true minimum, because every other stored key
+// is at most its true score. Whatever can lower a score (a neighbour
+// brought back, a storage released) re-keys the affected storages eagerly.
+// The result is the victim an exact scan over all candidates returns, which
+// the property test in index_test.go checks over random engine histories.
+type indexSelector struct {
+	e     *Engine
+	stale bool
+
+	slotOf []int32        // per storage: leaf slot, -1 if not a candidate
+	owner  []rc.StorageID // per slot: the storage in it
+	keys   []key          // per slot: stored key
+	free   []int32        // unused slots
+	win    []int32        // per node (1..2n-1): winning slot, -1 if empty
+	melt   []int64        // per node: clock at which win may change
+	n      int            // number of leaves (power of two)
+	count  int
+	seq    uint64
+	now    int64 // clock the tree is valid at
+}
+
+func newIndexSelector(e *Engine) selector {
+	x := &indexSelector{e: e, stale: e.stale}
+	x.grow(64)
+	return x
+}
+
+// grow doubles the leaves until there are at least n, rebuilding the tree.
+func (x *indexSelector) grow(n int) {
+	size := 1
+	for size < n {
+		size *= 2
+	}
+	old := x.n
+	x.n = size
+	x.win = make([]int32, 2*size)
+	x.melt = make([]int64, 2*size)
+	keys := make([]key, size)
+	owner := make([]rc.StorageID, size)
+	copy(keys, x.keys)
+	copy(owner, x.owner)
+	x.keys, x.owner = keys, owner
+	for i := range x.win {
+		x.win[i] = -1
+		x.melt[i] = never
+	}
+	for s := range x.slotOf {
+		if sl := x.slotOf[s]; sl >= 0 {
+			x.win[size+int(sl)] = sl
+		}
+	}
+	for sl := size - 1; sl >= old; sl-- {
+		x.free = append(x.free, int32(sl))
+	}
+	for i := size - 1; i >= 1; i-- {
+		x.recompute(i)
+	}
+}
+
+func (x *indexSelector) len() int { return x.count }
+
+func (x *indexSelector) slot(s rc.StorageID) int32 {
+	if int(s) < len(x.slotOf) {
+		return x.slotOf[s]
+	}
+	return -1
+}
+
+func (x *indexSelector) add(s rc.StorageID) {
+	if x.slot(s) >= 0 {
+		return
+	}
+	for int(s) >= len(x.slotOf) {
+		x.slotOf = append(x.slotOf, -1)
+	}
+	x.advance(x.e.clock)
+	if len(x.free) == 0 {
+		x.grow(2 * x.n)
+	}
+	sl := x.free[len(x.free)-1]
+	x.free = x.free[:len(x.free)-1]
+	x.slotOf[s] = sl
+	x.owner[sl] = s
+	x.seq++
+	k := x.e.key(s)
+	k.seq = x.seq
+	x.keys[sl] = k
+	x.count++
+	x.win[x.n+int(sl)] = sl
+	x.fix(sl)
+}
+
+func (x *indexSelector) remove(s rc.StorageID) {
+	sl := x.slot(s)
+	if sl < 0 {
+		return
+	}
+	x.advance(x.e.clock)
+	x.slotOf[s] = -1
+	x.free = append(x.free, sl)
+	x.count--
+	x.win[x.n+int(sl)] = -1
+	x.fix(sl)
+}
+
+func (x *indexSelector) lowered(s rc.StorageID) {
+	sl := x.slot(s)
+	if sl < 0 {
+		return
+	}
+	x.advance(x.e.clock)
+	x.rekey(sl)
+}
+
+// rekey stores the current true key of the storage in slot sl.
+func (x *indexSelector) rekey(sl int32) {
+	k := x.e.key(x.owner[sl])
+	k.seq = x.keys[sl].seq
+	x.keys[sl] = k
+	x.fix(sl)
+}
+
+func (x *indexSelector) pick(now int64) (rc.StorageID, bool) {
+	x.advance(now)
+	for {
+		w := x.win[1]
+		if w < 0 {
+			return 0, false
+		}
+		k := x.e.key(x.owner[w])
+		st := x.keys[w]
+		if k.a == st.a && k.dead == st.dead && (k.l == st.l || !x.stale) {
+			return x.owner[w], true
+		}
+		// The stored key understated the score: store the true one and
+		// look again.
+		k.seq = st.seq
+		x.keys[w] = k
+		x.fix(w)
+	}
+}
+
+// fix recomputes the path from leaf slot sl to the root.
+func (x *indexSelector) fix(sl int32) {
+	for i := (x.n + int(sl)) / 2; i >= 1; i /= 2 {
+		x.recompute(i)
+	}
+}
+
+// advance brings every node whose melt time has passed up to date for
+// clock now.
+func (x *indexSelector) advance(now int64) {
+	x.now = now
+	if x.melt[1] <= now {
+		x.refresh(1)
+	}
+}
+
+// refresh recomputes the stale nodes below and at i (depth is log2 of the
+// number of candidates).
+func (x *indexSelector) refresh(i int) {
+	if i >= x.n || x.melt[i] > x.now {
+		return
+	}
+	x.refresh(2 * i)
+	x.refresh(2*i + 1)
+	x.recompute(i)
+}
+
+// recompute sets node i from its children, which must be valid at x.now.
+func (x *indexSelector) recompute(i int) {
+	l, r := 2*i, 2*i+1
+	a, b := x.win[l], x.win[r]
+	switch {
+	case a < 0:
+		x.win[i], x.melt[i] = b, x.melt[r]
+		return
+	case b < 0:
+		x.win[i], x.melt[i] = a, x.melt[l]
+		return
+	}
+	ka, kb := &x.keys[a], &x.keys[b]
+	first := before(*ka, *kb, x.now, x.stale)
+	m := min(x.melt[l], x.melt[r])
+	if x.stale {
+		m = min(m, flipTime(*ka, *kb, x.now, first))
+	}
+	if first {
+		x.win[i] = a
+	} else {
+		x.win[i] = b
+	}
+	x.melt[i] = m
+}
+
+// flipTime returns the first clock after now at which before(x, y, t)
+// differs from cur = before(x, y, now), or never. The score a/(T-L) of each
+// key is a hyperbola in T; x goes first while a_x*(T-L_y) < a_y*(T-L_x), a
+// condition linear in T, so the outcome changes at most once. Its float
+// estimate is checked and corrected with the exact comparison.
+func flipTime(x, y key, now int64, cur bool) int64 {
+	if x.dead != y.dead {
+		return never
+	}
+	if x.l >= now || y.l >= now {
+		// a staleness of zero scores +Inf: the next tick is finite
+		return now + 1
+	}
+	if x.a == y.a {
+		// same numerator: the older one stays first (or a tie, broken
+		// by seq, forever)
+		return never
+	}
+	// As T grows the smaller numerator wins; if it already does, nothing
+	// changes any more.
+	if (x.a < y.a) == cur {
+		return never
+	}
+	at := func(t int64) bool { return before(x, y, t, true) }
+	est := (x.a*float64(y.l) - y.a*float64(x.l)) / (x.a - y.a)
+	lo, hi := now, int64(never)
+	if est > float64(now) && est < 9e18 {
+		c := int64(est)
+		// bracket [c-2, c+2] around the estimate
+		if c-2 > now && at(c-2) == cur {
+			lo = c - 2
+		}
+		if at(c+2) != cur {
+			hi = c + 2
+		}
+	}
+	if hi == never {
+		// exponential search upwards from lo
+		step := int64(1)
+		for {
+			t := lo + step
+			if t < lo || t >= never/2 {
+				return never
+			}
+			if at(t) != cur {
+				hi = t
+				break
+			}
+			lo = t
+			step *= 2
+		}
+	}
+	// smallest t in (lo, hi] with at(t) != cur
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if at(mid) == cur {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
+}

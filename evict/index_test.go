@@ -1,0 +1,222 @@
+package evict
+
+import (
+	"fmt"
+	"math/rand"
+	"testing"
+
+	rc "github.com/memscale/memscale/recompute"
+	"github.com/stretchr/testify/require"
+)
+
+// twin drives an engine using the index and one using the exact scan through
+// the same random history and fails as soon as they choose different
+// victims.
+type twin struct {
+	t    *testing.T
+	rng  *rand.Rand
+	idx  *Engine
+	scan *Engine
+	live []rc.TensorID // tensors holding references (one entry per reference)
+	log  []string
+}
+
+func newTwin(t *testing.T, seed int64) *twin {
+	rng := rand.New(rand.NewSource(seed))
+	hs := Heuristics()
+	cfg := Config{
+		Heuristic:       hs[rng.Intn(len(hs))],
+		Budget:          uint64(2000 + rng.Intn(6000)),
+		SimulatorCompat: rng.Intn(3) == 0,
+	}
+	if rng.Intn(4) == 0 {
+		cfg.RecompTimeFactor = 0.5 + rng.Float64()*2
+		cfg.RecompMemoryFactor = 0.5 + rng.Float64()*2
+	}
+	if rng.Intn(4) == 0 {
+		cfg.EvicteeMinSize = uint64(rng.Intn(200))
+	}
+	a, err := New(cfg)
+	require.NoError(t, err)
+	cfg.ExactScan = true
+	b, err := New(cfg)
+	require.NoError(t, err)
+	return &twin{t: t, rng: rng, idx: a, scan: b}
+}
+
+func (w *twin) fail(format string, args ...any) {
+	w.t.Helper()
+	n := len(w.log)
+	start := max(0, n-30)
+	w.t.Fatalf("%s\nheuristic %s compat %v; last operations:\n%v", fmt.Sprintf(format, args...),
+		w.idx.Heuristic(), w.idx.cfg.SimulatorCompat, w.log[start:])
+}
+
+// both applies f to both engines and checks they agree on the error.
+func (w *twin) both(what string, f func(e *Engine) error) {
+	w.t.Helper()
+	w.log = append(w.log, what)
+	ea, eb := f(w.idx), f(w.scan)
+	if (ea == nil) != (eb == nil) {
+		w.fail("%s: index engine err=%v, scan engine err=%v", what, ea, eb)
+	}
+}
+
+func (w *twin) evict(extra uint64) bool {
+	var va, vb [4]Victim
+	for {
+		na, ea := w.idx.Evict(extra, va[:])
+		nb, eb := w.scan.Evict(extra, vb[:])
+		w.log = append(w.log, fmt.Sprintf("evict(%d) -> %v %v", extra, va[:max(na, 0)], ea))
+		if (ea == nil) != (eb == nil) || na != nb {
+			w.fail("evict(%d): index %v (%v), scan %v (%v)", extra, va[:max(na, 0)], ea, vb[:max(nb, 0)], eb)
+		}
+		if ea != nil {
+			return false
+		}
+		for i := 0; i < na; i++ {
+			if va[i] != vb[i] {
+				w.fail("evict(%d): victim %d differs: index %+v, scan %+v (clock %d)", extra, i, va[i], vb[i], w.idx.Clock())
+			}
+		}
+		if na < len(va) {
+			return true
+		}
+	}
+}
+
+// resident makes t resident through the plan API, as the C ABI does.
+func (w *twin) resident(t rc.TensorID) bool {
+	steps, err := w.idx.Plan(t, nil)
+	steps2, err2 := w.scan.Plan(t, nil)
+	require.Equal(w.t, err == nil, err2 == nil)
+	require.Equal(w.t, steps, steps2)
+	if err != nil {
+		return false
+	}
+	w.both("hold", func(e *Engine) error { return e.HoldPlan(steps) })
+	for _, st := range steps {
+		g := w.idx.Graph()
+		var need uint64
+		if st.Kind == rc.StepRerun {
+			need = g.FreshSize(st.Op)
+		} else {
+			need = g.StorageOf(st.Tensor).Size
+		}
+		if !w.evict(need) {
+			return false
+		}
+		if st.Kind == rc.StepRerun {
+			w.both(fmt.Sprintf("remat op %d", st.Op), func(e *Engine) error { return e.Rematerialized(st.Op, -1) })
+		} else {
+			w.both(fmt.Sprintf("swapin %d", st.Tensor), func(e *Engine) error { return e.SwappedIn(st.Tensor) })
+		}
+	}
+	return true
+}
+
+func (w *twin) step() bool {
+	rng := w.rng
+	switch op := rng.Intn(10); {
+	case op == 0 || len(w.live) < 2:
+		size := uint64(rng.Intn(400))
+		pinned := rng.Intn(3) == 0
+		if !w.evict(size) {
+			return false
+		}
+		var id rc.TensorID
+		w.both("new", func(e *Engine) error { id = e.NewTensor(size, pinned); return nil })
+		w.live = append(w.live, id)
+	case op <= 4:
+		// an op on 1-3 live inputs
+		n := 1 + rng.Intn(3)
+		ins := make([]rc.TensorID, n)
+		for i := range ins {
+			ins[i] = w.live[rng.Intn(len(w.live))]
+		}
+		for _, in := range ins {
+			w.both("access", func(e *Engine) error { return e.Access(in) })
+		}
+		for _, in := range ins {
+			if !w.idx.Graph().IsResident(in) && !w.resident(in) {
+				return false
+			}
+			w.both("lock", func(e *Engine) error { return e.Lock(in) })
+		}
+		outs := make([]Output, 1+rng.Intn(3))
+		var fresh uint64
+		for i := range outs {
+			outs[i] = Output{Size: uint64(rng.Intn(500)), Alias: -1}
+			if rng.Intn(4) == 0 {
+				outs[i].Alias = int32(rng.Intn(n))
+			} else {
+				fresh += outs[i].Size
+			}
+		}
+		if !w.evict(fresh) {
+			return false
+		}
+		cost := int64(1 + rng.Intn(1000))
+		var ids []rc.TensorID
+		w.both("call", func(e *Engine) error {
+			var err error
+			_, ids, err = e.Call("op", ins, outs, cost, 0)
+			return err
+		})
+		w.live = append(w.live, ids...)
+		for _, in := range ins {
+			w.both("unlock", func(e *Engine) error { return e.Unlock(in) })
+		}
+	case op <= 6:
+		i := rng.Intn(len(w.live))
+		t := w.live[i]
+		w.live[i] = w.live[len(w.live)-1]
+		w.live = w.live[:len(w.live)-1]
+		w.both(fmt.Sprintf("release %d", t), func(e *Engine) error { return e.Release(t) })
+		if !w.evict(0) {
+			return false
+		}
+	case op == 7:
+		t := w.live[rng.Intn(len(w.live))]
+		w.both("retain", func(e *Engine) error { return e.Retain(t) })
+		w.live = append(w.live, t)
+	case op == 8:
+		t := w.live[rng.Intn(len(w.live))]
+		w.both("access", func(e *Engine) error { return e.Access(t) })
+	default:
+		// bring something back and tighten the budget a little
+		t := w.live[rng.Intn(len(w.live))]
+		if !w.idx.Graph().IsResident(t) && !w.resident(t) {
+			return false
+		}
+		if !w.evict(uint64(rng.Intn(300))) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestIndexMatchesExactScan is the property test: over random engine
+// histories (ops, views, releases, references, plans, every heuristic, both
+// modes, random exponents and minimum sizes) the index returns the same
+// victim as an exact scan at every eviction.
+func TestIndexMatchesExactScan(t *testing.T) {
+	seeds := 300
+	if testing.Short() {
+		seeds = 50
+	}
+	picks := 0
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		w := newTwin(t, seed)
+		for i := 0; i < 400; i++ {
+			if !w.step() {
+				break // out of memory: both agreed
+			}
+		}
+		picks += int(w.idx.Stats().VictimSearches)
+		require.Equal(t, w.idx.Stats().Evictions, w.scan.Stats().Evictions)
+		require.Equal(t, w.idx.Clock(), w.scan.Clock())
+	}
+	t.Logf("%d histories, %d victim selections compared", seeds, picks)
+	require.Greater(t, picks, 1000)
+}
