@@ -189,3 +189,7 @@ func deviceAllocated(d int) (uint64, error) {
 	}
 	return a.Allocated(), nil
 }
+
+// init connects the engine (engine.go) to the allocators: engines created with
+// "usage": "allocator" read a device's allocated bytes through it.
+func init() { allocatorUsage = deviceAllocated }

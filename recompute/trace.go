@@ -238,7 +238,7 @@ func (p *parser) errf(format string, args ...any) error {
 
 func (p *parser) run(r io.Reader, fn func(Instr) error) error {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), p.opt.MaxLineBytes)
+	sc.Buffer(make([]byte, min(64<<10, p.opt.MaxLineBytes)), p.opt.MaxLineBytes)
 	for sc.Scan() {
 		p.line++
 		b := bytes.TrimSpace(sc.Bytes())

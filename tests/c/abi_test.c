@@ -9,8 +9,8 @@
 // memory the test can write. Exit status 0 only if every check passed; the
 // last line is "N passed, M failed".
 //
-// Set ABI_TEST_SKIP_DTR=1 to skip the check that the memscale_dtr_*
-// engine exports are present.
+// Set ABI_TEST_SKIP_DTR=1 to skip the memscale_dtr_* engine exports (their
+// presence, and the engine's "usage": "allocator" link to the allocators).
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -490,6 +490,38 @@ static void test_last_error_storage(void) {
 	check(p_memscale_error_count() == count, "clear_error keeps the count");
 }
 
+// test_dtr_allocator_usage checks the link between the engine and the
+// allocators: an engine created with "usage": "allocator" sees the
+// allocator's allocated bytes of its device.
+static void test_dtr_allocator_usage(void* h) {
+	__typeof__(&memscale_dtr_create) create = (__typeof__(create))dlsym(h, "memscale_dtr_create");
+	__typeof__(&memscale_dtr_destroy) destroy = (__typeof__(destroy))dlsym(h, "memscale_dtr_destroy");
+	__typeof__(&memscale_dtr_stats_json) stats = (__typeof__(stats))dlsym(h, "memscale_dtr_stats_json");
+	if (!create || !destroy || !stats) {
+		check(0, "dtr exports for the allocator-usage test");
+		return;
+	}
+	int before = p_memscale_error_count();
+	int64_t e = create("{\"usage\": \"allocator\", \"device\": 0}");
+	check(e > 0, "dtr_create with usage allocator on device 0 returns a handle (%lld)", (long long)e);
+	void* p = p_memscale_malloc(3 * MiB, 0, stream_a);
+	check(p != NULL, "dtr usage: malloc");
+	char* js = e > 0 ? stats(e) : NULL;
+	int64_t usage = stat_value(js, "usage");
+	check(usage >= 3 * MiB && usage == p_memscale_allocated(0),
+	      "dtr usage allocator: engine usage %lld == allocated %lld", (long long)usage,
+	      (long long)p_memscale_allocated(0));
+	p_memscale_string_free(js);
+	p_memscale_free(p, 3 * MiB, 0, stream_a);
+	check(e <= 0 || destroy(e) == 0, "dtr_destroy");
+	expect_no_error(before, "dtr with allocator usage");
+
+	before = p_memscale_error_count();
+	check(create("{\"usage\": \"allocator\", \"device\": 1}") == -1,
+	      "dtr_create with usage allocator on a device the sim lacks fails");
+	expect_error(before, "dtr usage allocator on device 1", "memscale_dtr_create", "device 1", NULL);
+}
+
 // ---- threads and fork ---------------------------------------------------------
 
 static volatile int stop_worker;
@@ -708,8 +740,9 @@ int main(int argc, char** argv) {
 	if (bad_config) {
 		return bad_config_main();
 	}
-	const char* skip_dtr = getenv("ABI_TEST_SKIP_DTR");
-	if (skip_dtr == NULL || strcmp(skip_dtr, "1") != 0) {
+	const char* skip_env = getenv("ABI_TEST_SKIP_DTR");
+	int skip_dtr = skip_env != NULL && strcmp(skip_env, "1") == 0;
+	if (!skip_dtr) {
 		for (size_t i = 0; i < sizeof dtr_exports / sizeof dtr_exports[0]; i++) {
 			must_sym(h, dtr_exports[i]);
 		}
@@ -723,6 +756,9 @@ int main(int argc, char** argv) {
 	test_limits();
 	test_bad_inputs();
 	test_last_error_storage();
+	if (!skip_dtr) {
+		test_dtr_allocator_usage(h);
+	}
 	test_threads();
 	test_fork();
 	test_bad_config(argv[0], argv[1]);
