@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -33,8 +34,9 @@ const AcceptedLevels = "debug, info, warn, error"
 const AcceptedFormats = "console, json"
 
 // ParseLevel parses a MEMSCALE_LOG_LEVEL value ("" means DefaultLevel).
+// Letter case is ignored, as internal/config does.
 func ParseLevel(s string) (zapcore.Level, error) {
-	switch s {
+	switch strings.ToLower(s) {
 	case "":
 		return zapcore.WarnLevel, nil
 	case "debug":
@@ -51,11 +53,11 @@ func ParseLevel(s string) (zapcore.Level, error) {
 
 // parseFormat checks a MEMSCALE_LOG_FORMAT value ("" means DefaultFormat).
 func parseFormat(s string) (string, error) {
-	switch s {
+	switch f := strings.ToLower(s); f {
 	case "":
 		return DefaultFormat, nil
 	case "console", "json":
-		return s, nil
+		return f, nil
 	}
 	return "", fmt.Errorf("%s=%q: unknown log format; accepted values: %s", EnvFormat, s, AcceptedFormats)
 }
