@@ -198,7 +198,7 @@ func New(cfg Config) (*Engine, error) {
 	switch e.h {
 	case DTR:
 		e.tr = newRegionTracker(e.g, true)
-	case MSPS:
+	case MSPS, AncSqrt:
 		e.tr = newRegionTracker(e.g, false)
 	case DTREq:
 		e.tr = newEqTracker(e.g, false)
@@ -351,6 +351,10 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 		// (NoRecompute), planning for it fails and says so.
 		if os.State == rc.Resident {
 			e.dropStorage(old)
+		} else {
+			// an earlier mutated input shared the storage and dropped
+			// it already; this version reuses the same memory too
+			e.usage -= ns.Size
 		}
 		e.refresh(nw)
 	}
@@ -446,15 +450,16 @@ func (e *Engine) Unpin(t rc.TensorID) error {
 	return nil
 }
 
-// Retain adds a reference to t (the program made another name for it).
+// Retain adds a reference to t (the program made another name for it). t
+// must hold a reference already.
 func (e *Engine) Retain(t rc.TensorID) error {
 	x, err := e.tensor(t)
 	if err != nil {
 		return fmt.Errorf("evict: retain: %w", err)
 	}
 	st := e.g.Storage(x.Storage)
-	if st.State == rc.Released {
-		return fmt.Errorf("evict: retain: tensor %d was released", t)
+	if x.Refs <= 0 {
+		return fmt.Errorf("evict: retain: tensor %d has no references left (it was released)", t)
 	}
 	x.Refs++
 	st.Refs++
@@ -606,6 +611,10 @@ func (e *Engine) key(s rc.StorageID) key {
 			c = math.Pow(c, e.tf)
 		}
 		k.a = c / m
+		if e.h == AncSqrt {
+			// a/sqrt(s) orders like a^2/s: keep the exact comparator
+			k.a *= k.a
+		}
 	}
 	return k
 }
@@ -617,7 +626,11 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("evict: score: %w", err)
 	}
-	return e.key(x.Storage).score(e.clock, e.stale), nil
+	sc := e.key(x.Storage).score(e.clock, e.stale)
+	if e.h == AncSqrt {
+		sc = math.Sqrt(sc)
+	}
+	return sc, nil
 }
 
 // Candidates returns the number of storages that can be evicted now.

@@ -30,17 +30,22 @@ const (
 	LRU
 	// Size evicts the largest storage first: 1 / m^M.
 	Size
-	// DTREqAnc is memscale's heuristic: h_DTR^eq restricted to ancestors
-	// (the cost of the distinct union-find classes of evicted storages the
-	// storage was computed from, i.e. what actually has to be re-run to bring
-	// it back), with staleness. Combined with banishing it keeps the
-	// neighbourhood cost an honest estimate of the rematerialization cost.
+	// DTREqAnc is h_DTR^eq restricted to ancestors: the cost of the distinct
+	// union-find classes of evicted parents, i.e. roughly what has to be
+	// re-run first to bring the storage back, over (m^M * s).
 	DTREqAnc
+	// AncSqrt is memscale's heuristic: (c + cost of the evicted-ancestor
+	// closure)^T / (m^M * sqrt(s)). The numerator is what recomputing the
+	// storage actually costs (h_MSPS's); the score is the geometric mean of
+	// h_MSPS (no staleness) and h_DTR with that same cost (staleness to the
+	// first power), because neither recency signal alone predicts reuse
+	// well across models.
+	AncSqrt
 	numHeuristics
 )
 
 // DefaultHeuristic is what Default resolves to.
-const DefaultHeuristic = DTREqAnc
+const DefaultHeuristic = AncSqrt
 
 var heuristicNames = [numHeuristics]string{
 	Default:  "default",
@@ -51,6 +56,7 @@ var heuristicNames = [numHeuristics]string{
 	LRU:      "lru",
 	Size:     "size",
 	DTREqAnc: "dtr-eq-anc",
+	AncSqrt:  "anc-sqrt",
 }
 
 // String returns the heuristic's configuration name.
@@ -88,8 +94,8 @@ func Heuristics() []Heuristic {
 }
 
 // ParseHeuristic parses a heuristic name ("dtr", "dtr-eq", "dtr-local",
-// "msps", "lru", "size", "dtr-eq-anc", "default"; case-insensitive, "_"
-// accepted for "-", "" means default).
+// "msps", "lru", "size", "dtr-eq-anc", "anc-sqrt", "default";
+// case-insensitive, "_" accepted for "-", "" means default).
 func ParseHeuristic(s string) (Heuristic, error) {
 	n := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")
 	if n == "" {

@@ -7,22 +7,29 @@ import (
 // region is the evicted neighbourhood of a material storage in one
 // direction: the evicted storages reachable from it through evicted storages
 // only (interior), the material storages where that walk stops (frontier),
-// and the summed cost of the interior.
+// and the summed cost of the interior. When only the frontier is needed
+// (the descendant side of an ancestors-only cost) interior is nil.
 type region struct {
 	interior map[rc.StorageID]struct{}
 	frontier map[rc.StorageID]struct{}
 	compute  int64
 }
 
-func newRegion() *region {
-	return &region{interior: map[rc.StorageID]struct{}{}, frontier: map[rc.StorageID]struct{}{}}
+func newRegion(interior bool) *region {
+	r := &region{frontier: map[rc.StorageID]struct{}{}}
+	if interior {
+		r.interior = map[rc.StorageID]struct{}{}
+	}
+	return r
 }
 
 // regionTracker keeps, for every material storage, its evicted neighbourhood
 // in both directions, incrementally as in the DTR authors' simulator: when a
 // storage is evicted, the regions on its frontier absorb it; when storages
 // come back, their regions and the regions on their frontiers are rebuilt.
-// It serves h_DTR (e*, both directions) and h_MSPS (ancestors only).
+// It serves h_DTR (e*, both directions) and the ancestors-only costs (h_MSPS,
+// anc-sqrt), for which the descendant side keeps only its frontier (needed to
+// find the ancestor regions an eviction grows) and no interior.
 type regionTracker struct {
 	g        *rc.Graph
 	fwd, rev []*region // indexed by storage; nil unless material
@@ -55,7 +62,7 @@ func (t *regionTracker) ensure(s rc.StorageID) {
 		t.rev = append(t.rev, nil)
 	}
 	if t.fwd[s] == nil {
-		t.fwd[s], t.rev[s] = newRegion(), newRegion()
+		t.fwd[s], t.rev[s] = newRegion(t.useFwd), newRegion(true)
 	}
 }
 
@@ -105,6 +112,9 @@ func (t *regionTracker) absorb(base rc.StorageID, r *region, s rc.StorageID, sre
 		if x != base {
 			r.frontier[x] = struct{}{}
 		}
+	}
+	if r.interior == nil {
+		return
 	}
 	for x := range sreg.interior {
 		if _, ok := r.interior[x]; !ok {
@@ -158,10 +168,14 @@ func (t *regionTracker) resident(ss []rc.StorageID) {
 // rebuild recomputes r, the region of base in direction fwd, by a walk on an
 // explicit stack.
 func (t *regionTracker) rebuild(base rc.StorageID, r *region, fwd bool) {
-	clear(r.interior)
 	clear(r.frontier)
 	r.compute = 0
 	g := t.g
+	if r.interior == nil {
+		t.rebuildFrontier(base, r, fwd)
+		return
+	}
+	clear(r.interior)
 	stack := append(t.stack[:0], base)
 	for len(stack) > 0 {
 		x := stack[len(stack)-1]
@@ -184,6 +198,38 @@ func (t *regionTracker) rebuild(base rc.StorageID, r *region, fwd bool) {
 					r.compute += us.Compute
 					stack = append(stack, u)
 				}
+			}
+		}
+	}
+	t.stack = stack
+}
+
+// rebuildFrontier is rebuild for a frontier-only region: visited evicted
+// storages are remembered with graph marks instead of an interior set.
+func (t *regionTracker) rebuildFrontier(base rc.StorageID, r *region, fwd bool) {
+	g := t.g
+	mark := g.Mark()
+	g.SetMark(base, mark)
+	stack := append(t.stack[:0], base)
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		xs := g.Storage(x)
+		next := xs.Parents
+		if fwd {
+			next = xs.Children
+		}
+		for _, u := range next {
+			if g.Marked(u, mark) {
+				continue
+			}
+			g.SetMark(u, mark)
+			us := g.Storage(u)
+			switch {
+			case isMaterial(us):
+				r.frontier[u] = struct{}{}
+			case isEvicted(us):
+				stack = append(stack, u)
 			}
 		}
 	}

@@ -51,50 +51,98 @@ func (Counting) Free(Block) error { return nil }
 // Peak implements MemoryModel (the engine reports the peak).
 func (Counting) Peak() uint64 { return 0 }
 
-// placed gives the storage rooted at t a block (non-counting models).
-func (r *runner) placed(t rc.TensorID, size uint64) error {
-	if r.counter {
-		return nil
+// reserve places one block per size (non-counting models), before the
+// storages they are for exist in the engine, so that the victims evicted to
+// make them fit cannot be those storages. A block that does not fit makes
+// the engine evict one more victim. The blocks are left in r.reserved.
+func (r *runner) reserve(sizes ...uint64) error {
+	r.reserved = r.reserved[:0]
+	for _, size := range sizes {
+		for {
+			b, err := r.mem.Alloc(size)
+			if err == nil {
+				r.reserved = append(r.reserved, b)
+				break
+			}
+			if !errors.Is(err, ErrNoRoom) {
+				return fmt.Errorf("placing %d bytes: %w", size, err)
+			}
+			v, eerr := r.eng.EvictOne()
+			if eerr != nil {
+				return &errStop{status: OOM, err: fmt.Errorf("placing %d bytes: %w; %w", size, err, eerr)}
+			}
+			if err := r.freeVictims([]evict.Victim{v}); err != nil {
+				return err
+			}
+		}
 	}
+	return nil
+}
+
+// assign records that the storage rooted at t lives in block b.
+func (r *runner) assign(t rc.TensorID, b Block) {
 	for int(t) >= len(r.blocks) {
 		r.blocks = append(r.blocks, 0)
 	}
-	for {
-		b, err := r.mem.Alloc(size)
-		if err == nil {
-			r.blocks[t] = b + 1 // 0 = no block
-			return nil
-		}
-		if !errors.Is(err, ErrNoRoom) {
-			return fmt.Errorf("placing %d bytes: %w", size, err)
-		}
-		v, eerr := r.eng.EvictOne()
-		if eerr != nil {
-			return &errStop{status: OOM, err: fmt.Errorf("placing %d bytes: %w; %w", size, err, eerr)}
-		}
-		if err := r.freeVictims([]evict.Victim{v}); err != nil {
-			return err
-		}
-	}
+	r.blocks[t] = b + 1 // 0 = no block
 }
 
-// placeOutputs gives blocks to the storages a re-run brought back.
-func (r *runner) placeOutputs(op rc.OpID) error {
+// rerunPlaced runs an engine re-run of op (target: the output it is for, or
+// -1) with its outputs placed first: storages coming back get blocks, and
+// outputs that are resident already get a block for the op's throw-away
+// copy, freed right after.
+func (r *runner) rerunPlaced(op rc.OpID, target rc.TensorID) error {
+	if r.counter {
+		return r.eng.RematerializedFor(op, target, -1)
+	}
 	g := r.eng.Graph()
+	var sizes []uint64
+	var roots []rc.TensorID // -1 for a throw-away copy
 	for _, out := range g.Op(op).Outputs {
 		x := g.Tensor(out)
 		if x.Alias >= 0 {
 			continue
 		}
-		root := g.Storage(x.Storage).Root
-		if int(root) < len(r.blocks) && r.blocks[root] != 0 {
-			continue // was resident: the re-run's copy is thrown away
-		}
-		if err := r.placed(root, g.Storage(x.Storage).Size); err != nil {
-			return err
+		st := g.Storage(x.Storage)
+		sizes = append(sizes, st.Size)
+		if st.State == rc.Resident && x.Defined {
+			roots = append(roots, -1)
+		} else {
+			roots = append(roots, st.Root)
 		}
 	}
+	if err := r.reserve(sizes...); err != nil {
+		return err
+	}
+	blocks := append([]Block(nil), r.reserved...)
+	if err := r.eng.RematerializedFor(op, target, -1); err != nil {
+		return err
+	}
+	for i, root := range roots {
+		if root < 0 {
+			if err := r.mem.Free(blocks[i]); err != nil {
+				return fmt.Errorf("freeing a re-run's duplicate output: %w", err)
+			}
+			continue
+		}
+		r.assign(root, blocks[i])
+	}
 	return nil
+}
+
+// freeAll gives back every block still placed when the run ends, so a
+// memory model can be reused or closed cleanly.
+func (r *runner) freeAll() error {
+	var errs []error
+	for t, b := range r.blocks {
+		if b != 0 {
+			r.blocks[t] = 0
+			if err := r.mem.Free(b - 1); err != nil {
+				errs = append(errs, fmt.Errorf("freeing the storage of tensor %d: %w", t, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (r *runner) freeVictims(vs []evict.Victim) error {

@@ -123,6 +123,10 @@ type errStop struct {
 func (e *errStop) Error() string { return e.err.Error() }
 func (e *errStop) Unwrap() error { return e.err }
 
+// Budget is the budget for a ratio of a baseline peak, rounded down as the
+// DTR authors' evaluation does (int(peak * ratio)).
+func Budget(ratio float64, peak uint64) uint64 { return uint64(float64(peak) * ratio) }
+
 // BaseCompute returns the sum of the trace's op times in ns.
 func BaseCompute(tr *rc.Trace) int64 {
 	var n int64
@@ -135,21 +139,22 @@ func BaseCompute(tr *rc.Trace) int64 {
 }
 
 type runner struct {
-	tr      *rc.Trace
-	opt     Options
-	eng     *evict.Engine
-	mem     MemoryModel
-	counter bool // mem is Counting: no placement work
-	ids     []rc.TensorID
-	blocks  []Block // per engine tensor (storage roots) when placing
-	buf     []evict.Victim
-	steps   []rc.Step
-	args    []rc.TensorID
-	missing []int
-	frames  []lazyFrame
-	outs    []evict.Output
-	limit   int64 // remat compute allowed; <0 = none
-	res     Result
+	tr       *rc.Trace
+	opt      Options
+	eng      *evict.Engine
+	mem      MemoryModel
+	counter  bool // mem is Counting: no placement work
+	ids      []rc.TensorID
+	blocks   []Block // per engine tensor (storage roots) when placing: block+1
+	reserved []Block // blocks placed by the last reserve
+	buf      []evict.Victim
+	steps    []rc.Step
+	args     []rc.TensorID
+	missing  []int
+	frames   []lazyFrame
+	outs     []evict.Output
+	limit    int64 // remat compute allowed; <0 = none
+	res      Result
 }
 
 // Run replays tr under opt. Running out of memory and passing the overhead
@@ -183,6 +188,9 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 		r.limit = int64(float64(base) * (lim - 1))
 	}
 	err = r.run()
+	if ferr := r.freeAll(); ferr != nil && err == nil {
+		err = fmt.Errorf("replay: %w", ferr)
+	}
 	var stop *errStop
 	if errors.As(err, &stop) {
 		r.res.Status, r.res.Reason, err = stop.status, stop.err.Error(), nil
@@ -242,9 +250,17 @@ func (r *runner) step(in *rc.Instr) error {
 		if err := r.allocate(in.Size); err != nil {
 			return err
 		}
+		if !r.counter {
+			if err := r.reserve(in.Size); err != nil {
+				return err
+			}
+		}
 		id := r.eng.NewTensor(in.Size, true)
 		r.ids[in.T] = id
-		return r.placed(id, in.Size)
+		if !r.counter {
+			r.assign(id, r.reserved[0])
+		}
+		return nil
 	case rc.KindCall, rc.KindMutate:
 		return r.call(in)
 	case rc.KindCopy:
@@ -326,16 +342,27 @@ func (r *runner) call(in *rc.Instr) error {
 			}
 		}
 	}
+	if !r.counter {
+		var sizes []uint64
+		for _, o := range in.Outs {
+			if o.Alias < 0 {
+				sizes = append(sizes, o.Size)
+			}
+		}
+		if err := r.reserve(sizes...); err != nil {
+			return err
+		}
+	}
 	_, ids, err := r.eng.Call(in.Op, args, outs, in.Time, 0)
 	if err != nil {
 		return err
 	}
+	k := 0
 	for i, o := range in.Outs {
 		r.ids[o.T] = ids[i]
-		if o.Alias < 0 {
-			if err := r.placed(ids[i], o.Size); err != nil {
-				return err
-			}
+		if o.Alias < 0 && !r.counter {
+			r.assign(ids[i], r.reserved[k])
+			k++
 		}
 	}
 	for _, a := range args {
@@ -430,13 +457,8 @@ func (r *runner) materializeLazy(t rc.TensorID) error {
 		if err := r.allocate(g.FreshSize(f.op)); err != nil {
 			return err
 		}
-		if err := r.eng.RematerializedFor(f.op, f.t, -1); err != nil {
+		if err := r.rerunPlaced(f.op, f.t); err != nil {
 			return err
-		}
-		if !r.counter {
-			if err := r.placeOutputs(f.op); err != nil {
-				return err
-			}
 		}
 		// The frame below waits for this tensor: lock it before the
 		// inputs go, or an unreferenced view could leave with its base.
@@ -468,10 +490,18 @@ func (r *runner) swapIn(root rc.TensorID) error {
 	if err := r.allocate(size); err != nil {
 		return err
 	}
+	if !r.counter {
+		if err := r.reserve(size); err != nil {
+			return err
+		}
+	}
 	if err := r.eng.SwappedIn(root); err != nil {
 		return err
 	}
-	return r.placed(root, size)
+	if !r.counter {
+		r.assign(root, r.reserved[0])
+	}
+	return nil
 }
 
 func (r *runner) overLimit() error {
@@ -505,13 +535,8 @@ func (r *runner) materializePlan(t rc.TensorID) error {
 			if err := r.allocate(g.FreshSize(st.Op)); err != nil {
 				return err
 			}
-			if err := r.eng.Rematerialized(st.Op, -1); err != nil {
+			if err := r.rerunPlaced(st.Op, -1); err != nil {
 				return err
-			}
-			if !r.counter {
-				if err := r.placeOutputs(st.Op); err != nil {
-					return err
-				}
 			}
 		case rc.StepSwapIn:
 			if err := r.swapIn(st.Tensor); err != nil {

@@ -67,10 +67,6 @@ type replayOptions struct {
 	quiet           bool
 }
 
-// errAllocatorUnavailable is returned for --memory allocator until package
-// replay provides an allocator-backed MemoryModel.
-var errAllocatorUnavailable = errors.New("allocator memory model not available: package replay has no allocator-backed MemoryModel yet (use --memory count)")
-
 // memoryModel returns the factory for a --memory value (nil = the
 // byte-counting model).
 func memoryModel(name string) (sweep.MemoryFactory, error) {
@@ -78,7 +74,11 @@ func memoryModel(name string) (sweep.MemoryFactory, error) {
 	case "count", "counting":
 		return nil, nil
 	case "allocator":
-		return nil, errAllocatorUnavailable
+		// Each budgeted run gets a simulated card and a caching allocator
+		// whose hard limit is the budget.
+		return func(budget uint64) (replay.MemoryModel, error) {
+			return replay.NewSimAllocatorModel(budget)
+		}, nil
 	}
 	return nil, fmt.Errorf("unknown memory model %q (accepted: count, allocator)", name)
 }
@@ -132,7 +132,7 @@ func parseReplayArgs(args []string, stdout io.Writer) (replayOptions, error) {
 		return opt, usagef("--heuristic: %v", err)
 	}
 	opt.memory = strings.ToLower(strings.TrimSpace(*memory))
-	if _, err := memoryModel(opt.memory); err != nil && !errors.Is(err, errAllocatorUnavailable) {
+	if _, err := memoryModel(opt.memory); err != nil {
 		return opt, usagef("--memory: %v", err)
 	}
 	if opt.overheadLimit, err = parseOverheadLimit(*limit); err != nil {
@@ -169,11 +169,7 @@ func parseOverheadLimit(s string) (float64, error) {
 
 // heuristicNames lists the heuristic names for the help text.
 func heuristicNames() string {
-	var names []string
-	for _, h := range evict.Heuristics() {
-		names = append(names, h.String())
-	}
-	return strings.Join(names, ", ") + "; default = " + evict.Default.Resolve().String()
+	return strings.Join(heuristicOrder(), ", ") + "; default = " + evict.Default.Resolve().String()
 }
 
 // replayCommand runs `memscale replay`.
@@ -219,7 +215,7 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		Engine:        evict.Config{SimulatorCompat: opt.simulatorCompat},
 		OverheadLimit: opt.overheadLimit,
 		Memory:        memory,
-		MemoryName:    opt.memory,
+		MemoryName:    memoryName(opt.memory),
 		Check:         opt.check,
 		Workers:       opt.jobs,
 		TraceDone: func(t *sweep.TraceReport) {
@@ -261,6 +257,9 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	if err := writeReplayOutputs(rep, outs); err != nil {
 		return err
 	}
+	if n, first := rep.CloseErrors(); n > 0 {
+		fmt.Fprintf(stderr, "memscale replay: warning: the memory model of %d run(s) reported an error when closed (results stand; close_error in --csv/--json); first: %s\n", n, first)
+	}
 	var problems []string
 	if n := rep.Violations(); n > 0 {
 		problems = append(problems, fmt.Sprintf("%d run(s) exceeded their budget (peak > budget)", n))
@@ -279,6 +278,14 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// memoryName is the report's name of a --memory value.
+func memoryName(flag string) string {
+	if flag == "allocator" {
+		return "allocator"
+	}
+	return replay.Counting{}.Name()
 }
 
 // limitOrDefault is the overhead limit to show in tables.
@@ -334,15 +341,30 @@ func writeOverheadPlot(w io.Writer, rep *sweep.Report) error {
 		}
 		panels = append(panels, p)
 	}
+	lo, hi := 1.0, 0.0
+	for _, r := range rep.Ratios {
+		lo, hi = min(lo, r), max(hi, r)
+	}
 	opt := plot.Options{
 		XLabel: "budget / baseline peak", YLabel: "overhead (compute / baseline)",
-		XMin: 0, XMax: 1, YMin: 1, FixYMin: true,
+		XMin: max(0, lo-0.05), XMax: hi + 0.05, YMin: 1, FixYMin: true,
 		MissingLabel: "infeasible (OOM, limit)",
+		Palette:      heuristicOrder(),
 	}
 	if rep.OverheadLimit > 0 {
 		opt.Ceiling = rep.OverheadLimit
 	}
 	return plot.WritePNG(w, panels, opt)
+}
+
+// heuristicOrder lists every heuristic name, so that a heuristic has the
+// same colour in every plot.
+func heuristicOrder() []string {
+	var names []string
+	for _, h := range evict.Heuristics() {
+		names = append(names, h.String())
+	}
+	return names
 }
 
 // progressLine is a status line rewritten in place with \r.

@@ -11,6 +11,7 @@ import (
 	"image/color"
 	"io"
 	"math"
+	"sort"
 
 	gplot "gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -59,6 +60,11 @@ type Options struct {
 	Ceiling float64
 	// MissingLabel names the missing-point marker in the legend.
 	MissingLabel string
+	// Palette lists series names in the order that picks their colour and
+	// glyph, so that a name looks the same in every image; names not in it
+	// come after, in order of appearance. Only the names present are in
+	// the legend.
+	Palette []string
 	// Columns is the number of panels per row (0 = up to 3).
 	Columns int
 	// PanelWidth and PanelHeight are each panel's size in pixels (0 = 560
@@ -116,25 +122,7 @@ func WritePNG(w io.Writer, panels []Panel, opt Options) error {
 		lw = 230
 	}
 
-	// One style per series name, in order of first appearance.
-	styles := map[string]*style{}
-	var names []string
-	for _, p := range panels {
-		for _, s := range p.Series {
-			if _, ok := styles[s.Name]; ok {
-				continue
-			}
-			i := len(names)
-			col := palette[i%len(palette)]
-			styles[s.Name] = &style{
-				line:  draw.LineStyle{Color: col, Width: vg.Points(1.5)},
-				glyph: draw.GlyphStyle{Color: col, Radius: vg.Points(3), Shape: glyphs[i%len(glyphs)]},
-				miss:  draw.GlyphStyle{Color: col, Radius: vg.Points(3), Shape: draw.CrossGlyph{}},
-				row:   i,
-			}
-			names = append(names, s.Name)
-		}
-	}
+	styles, names := styleSet(panels, opt.Palette)
 
 	grid := make([][]*gplot.Plot, rows)
 	for r := range grid {
@@ -180,6 +168,48 @@ func WritePNG(w io.Writer, panels []Panel, opt Options) error {
 		return fmt.Errorf("plot: writing PNG: %w", err)
 	}
 	return nil
+}
+
+// styleSet gives every series name a style: the names of order first (by
+// position), then the others by first appearance. It returns the styles and
+// the names present, in legend order.
+func styleSet(panels []Panel, order []string) (map[string]*style, []string) {
+	// One style per series name: the palette order first, then the order
+	// of first appearance.
+	slot := map[string]int{}
+	for _, n := range order {
+		if _, ok := slot[n]; !ok {
+			slot[n] = len(slot)
+		}
+	}
+	styles := map[string]*style{}
+	var names []string
+	for _, p := range panels {
+		for _, s := range p.Series {
+			if _, ok := styles[s.Name]; ok {
+				continue
+			}
+			i, ok := slot[s.Name]
+			if !ok {
+				i = len(slot)
+				slot[s.Name] = i
+			}
+			col := palette[i%len(palette)]
+			styles[s.Name] = &style{
+				line:  draw.LineStyle{Color: col, Width: vg.Points(1.5)},
+				glyph: draw.GlyphStyle{Color: col, Radius: vg.Points(3), Shape: glyphs[i%len(glyphs)]},
+				miss:  draw.GlyphStyle{Color: col, Radius: vg.Points(3), Shape: draw.CrossGlyph{}},
+			}
+			names = append(names, s.Name)
+		}
+	}
+	// The strip rows of missing points follow the legend order.
+	sort.SliceStable(names, func(a, b int) bool { return slot[names[a]] < slot[names[b]] })
+	for i, n := range names {
+		styles[n].row = i
+	}
+
+	return styles, names
 }
 
 // panelPlot builds one panel; it reports whether any point was missing.

@@ -101,3 +101,23 @@ func TestWritePNGErrors(t *testing.T) {
 type failWriter struct{}
 
 func (failWriter) Write([]byte) (int, error) { return 0, io.ErrClosedPipe }
+
+func TestStyleSet(t *testing.T) {
+	panels := []Panel{
+		{Series: []Series{{Name: "msps"}, {Name: "zeta"}}},
+		{Series: []Series{{Name: "dtr"}, {Name: "msps"}, {Name: "omega"}}},
+	}
+	styles, names := styleSet(panels, []string{"dtr", "dtr-eq", "msps"})
+	assert.Equal(t, []string{"dtr", "msps", "zeta", "omega"}, names, "palette order, then appearance")
+	assert.Equal(t, palette[0], styles["dtr"].line.Color)
+	assert.Equal(t, palette[2], styles["msps"].line.Color, "msps keeps its palette slot although dtr-eq is absent")
+	assert.Equal(t, palette[3], styles["zeta"].line.Color)
+	assert.Equal(t, palette[4], styles["omega"].line.Color)
+	for i, n := range names {
+		assert.Equal(t, i, styles[n].row, "strip rows follow the legend")
+	}
+
+	styles, names = styleSet(panels, nil)
+	assert.Equal(t, []string{"msps", "zeta", "dtr", "omega"}, names)
+	assert.Equal(t, palette[0], styles["msps"].line.Color)
+}

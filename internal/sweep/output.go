@@ -139,7 +139,7 @@ var csvHeader = []string{
 	"trace", "path", "baseline_peak_bytes", "baseline_compute_ns", "heuristic", "ratio", "budget_bytes", "memory",
 	"status", "reason", "overhead", "compute_ns", "evictions", "eager_evictions", "banished", "rematerializations",
 	"swaps_out", "swaps_in", "peak_bytes", "victim_searches", "victim_search_ns", "victim_search_mean_ns",
-	"instructions", "wall_ns", "budget_violated", "pareto",
+	"instructions", "wall_ns", "budget_violated", "pareto", "close_error",
 }
 
 // WriteCSV writes every run of the report, one row each, with a header.
@@ -160,6 +160,7 @@ func WriteCSV(w io.Writer, rep *Report) error {
 				i64(r.Banished), i64(r.Rematerializations), i64(r.SwapsOut), i64(r.SwapsIn), u64(r.Peak),
 				i64(r.VictimSearches), i64(int64(r.VictimSearchTime)), i64(int64(r.VictimSearchMean)),
 				strconv.Itoa(r.Instructions), i64(int64(r.Wall)), strconv.FormatBool(r.BudgetViolated), strconv.FormatBool(r.Pareto),
+				r.CloseError,
 			}
 			if err := cw.Write(rec); err != nil {
 				return fmt.Errorf("writing CSV: %w", err)

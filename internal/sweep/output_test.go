@@ -86,7 +86,8 @@ func TestWriteCSV(t *testing.T) {
 	assert.Equal(t, "true", row["pareto"])
 	assert.Equal(t, "8589934592", row["baseline_peak_bytes"])
 	assert.Equal(t, "nothing evictable", recs[1][9])
-	assert.Equal(t, "true", recs[4][len(csvHeader)-2], "budget_violated")
+	assert.Equal(t, "true", recs[4][len(csvHeader)-3], "budget_violated")
+	assert.Equal(t, "close_error", csvHeader[len(csvHeader)-1])
 	assert.Error(t, WriteCSV(failWriter{}, rep))
 }
 
@@ -110,14 +111,16 @@ func TestWriteMarkdown(t *testing.T) {
 	require.NoError(t, WriteMarkdown(&b, rep, DTRReference()))
 	out := b.String()
 	t.Log("\n" + out)
-	assert.Contains(t, out, "### unet\n")
+	assert.True(t, strings.HasPrefix(out, "Memory model: counting; engine: memscale default; overhead limit: 2x.\n\n### unet\n"))
 	assert.Contains(t, out, "| ratio | dtr | dtr (ref) | msps | msps (ref) |\n|---|---|---|---|---|\n")
 	assert.Contains(t, out, "| 0.30 | OOM | OOM | >2x | 1.585 |\n")
 	assert.Contains(t, out, "| 0.50 | **1.159** | 1.159 | 1.132 | 1.132 |\n")
 
 	b.Reset()
+	rep.SimulatorCompat, rep.OverheadLimit = true, -1
 	require.NoError(t, WriteMarkdown(&b, rep, nil))
 	assert.Contains(t, b.String(), "| ratio | dtr | msps |\n")
+	assert.Contains(t, b.String(), "engine: simulator-compatible; overhead limit: none.")
 	assert.Error(t, WriteMarkdown(failWriter{}, rep, nil))
 }
 

@@ -86,6 +86,15 @@ func DTRReference() Reference {
 // reference has no number for that ratio). ref may be nil.
 func WriteMarkdown(w io.Writer, rep *Report, ref Reference) error {
 	ew := &errWriter{w: w}
+	engine := "memscale default"
+	if rep.SimulatorCompat {
+		engine = "simulator-compatible"
+	}
+	limit := "none"
+	if rep.OverheadLimit > 0 {
+		limit = strconv.FormatFloat(rep.OverheadLimit, 'g', -1, 64) + "x"
+	}
+	ew.printf("Memory model: %s; engine: %s; overhead limit: %s.\n\n", rep.Memory, engine, limit)
 	for _, t := range rep.Traces {
 		ew.printf("### %s\n\n", t.Name)
 		ew.printf("Baseline: peak %s (%d B), compute %.3f ms. Cells: overhead (compute / baseline compute); "+

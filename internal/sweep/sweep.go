@@ -129,6 +129,10 @@ type RunResult struct {
 	Instructions int `json:"instructions"`
 	// Wall is the run's wall time.
 	Wall time.Duration `json:"wall_ns"`
+	// CloseError is what closing the run's memory model reported (e.g.
+	// allocations still live when the replay ended). The run's results
+	// stand; callers show it as a warning.
+	CloseError string `json:"close_error,omitempty"`
 	// BudgetViolated is set when Peak > Budget: a bug, never expected.
 	BudgetViolated bool `json:"budget_violated"`
 	// Pareto is set when the run is on its trace's Pareto frontier.
@@ -185,6 +189,23 @@ func (r *Report) Errors() int {
 		}
 	}
 	return n
+}
+
+// CloseErrors counts the runs whose memory model reported an error when
+// closed, and returns the first such error.
+func (r *Report) CloseErrors() (int, string) {
+	n, first := 0, ""
+	for _, t := range r.Traces {
+		for i := range t.Runs {
+			if e := t.Runs[i].CloseError; e != "" {
+				if n == 0 {
+					first = fmt.Sprintf("%s %s %s: %s", t.Runs[i].Trace, t.Runs[i].Heuristic, FormatRatio(t.Runs[i].Ratio), e)
+				}
+				n++
+			}
+		}
+	}
+	return n, first
 }
 
 // Violations counts the runs whose peak exceeded the budget.
@@ -421,8 +442,8 @@ func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio f
 		opt.Memory = m
 		if c, ok := m.(io.Closer); ok {
 			defer func() {
-				if err := c.Close(); err != nil && out.Status != StatusError {
-					out.Status, out.Reason = StatusError, fmt.Sprintf("closing the memory model: %v", err)
+				if err := c.Close(); err != nil {
+					out.CloseError = err.Error()
 				}
 			}()
 		}

@@ -216,10 +216,16 @@ func TestRunCancelled(t *testing.T) {
 type closingModel struct {
 	replay.Counting
 	closed *atomic.Int32
+	fail   bool // the first Close fails
 }
 
 func (m closingModel) Name() string { return "test-model" }
-func (m closingModel) Close() error { m.closed.Add(1); return nil }
+func (m closingModel) Close() error {
+	if m.closed.Add(1) == 1 && m.fail {
+		return errors.New("2 allocations still live")
+	}
+	return nil
+}
 
 func TestRunMemoryFactory(t *testing.T) {
 	in := chainInputs(t)[:1]
@@ -235,9 +241,24 @@ func TestRunMemoryFactory(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "test", rep.Memory)
 	assert.Equal(t, int32(2), closed.Load(), "each run's model is closed")
+	n, first := rep.CloseErrors()
+	assert.Zero(t, n)
+	assert.Empty(t, first)
 	for _, r := range rep.Traces[0].Runs {
 		assert.Equal(t, "test-model", r.Memory)
 	}
+
+	// A failing Close is a warning: the results stand.
+	closed.Store(0)
+	cfg.Workers = 1
+	cfg.Memory = func(uint64) (replay.MemoryModel, error) { return closingModel{closed: &closed, fail: true}, nil }
+	rep, err = Run(context.Background(), in, cfg)
+	require.NoError(t, err)
+	assert.Zero(t, rep.Errors())
+	n, first = rep.CloseErrors()
+	assert.Equal(t, 1, n)
+	assert.Equal(t, "chain8 dtr 0.50: 2 allocations still live", first)
+	assert.Equal(t, "ok", rep.Traces[0].Runs[0].Status)
 
 	cfg.Memory = func(uint64) (replay.MemoryModel, error) { return nil, errors.New("no device") }
 	rep, err = Run(context.Background(), in, cfg)

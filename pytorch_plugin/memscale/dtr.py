@@ -68,6 +68,7 @@ region can no longer be rebuilt if it was evicted (the engine reports it).
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import deque
@@ -88,6 +89,11 @@ _Tensor = torch.Tensor
 _mk_wrapper = torch.Tensor._make_wrapper_subclass
 _perf_ns = time.perf_counter_ns
 _aten = torch.ops.aten
+
+#: Storages smaller than this are never evicted unless ``evictee_min_size`` or
+#: ``MEMSCALE_EVICTEE_MIN_SIZE`` says otherwise: evicting a scalar (a loss) saves
+#: nothing and can cost a re-run of everything it was computed from.
+DEFAULT_EVICTEE_MIN_SIZE: Final[int] = 1024
 
 #: Kinds of recorded ops (how a replay runs them).
 _K_CALL: Final[int] = 0  # re-run func; outputs map to the op's output cells
@@ -553,11 +559,14 @@ class _Entry:
         self.ext: dict[int, _Cell] = {}  # id(plain tensor) -> current cell
         self.ext_storage: dict[int, _Cell] = {}  # storage data_ptr -> external root cell
         self.leaves: list[_Tensor] = []  # externals that are autograd leaves
+        self.hooks: list[Any] = []  # their post-accumulate-grad hook handles
+        self.pinned: set[_Cell] = set()  # gradients pinned by the hook
         self.live: set[_WRef] = set()
         self.pending: list[_Cell] = []
         self.bytes_evicted = 0
         self.dirty = False
         self.fresh = 0
+        self.ext_new = 0  # externals registered under a budget (residency re-check)
         self.budget = int(config.get("budget") or 0)
         self.cuda_timer: _CudaTimer | None = None
         cap = 64
@@ -658,6 +667,11 @@ class _Entry:
             if self.sink is not None:
                 self.sink.call(b"alias", [root], [c], [t.nbytes], [0], 0)
         else:
+            if self.budgeted and nbytes:
+                # Room first, so registering never takes usage over budget
+                # (the caller re-checks the residency of the op's other inputs).
+                self.reserve(nbytes, b"an external tensor")
+                self.ext_new += 1
             tid = self.f_tensor(self.h, nbytes, 1)
             if tid < 0:
                 raise self._fail(f"registering an external tensor of {nbytes} bytes")
@@ -670,7 +684,32 @@ class _Entry:
         self.ext[id(t)] = c
         if t.requires_grad and t.is_leaf:
             self.leaves.append(t)
+            self.hooks.append(t.register_post_accumulate_grad_hook(self._grad_hook))
         return c
+
+    def _grad_hook(self, p: _Tensor) -> None:
+        """A parameter's ``.grad`` was accumulated: pin it for this entry.
+
+        Gradients outlive the step and are read by the optimizer; evicting one
+        would mean re-running the backward pass that produced it.
+        """
+        g = p.grad
+        if type(g) is not DTRTensor or self.closed:
+            return
+        c = g._c
+        if c.e is not self or c in self.pinned:
+            return
+        if c.t is None:
+            self.materialize(c)
+            try:
+                rc = self.f_pin(self.h, c.tid)
+            finally:
+                self.unlock_cell(c)
+        else:
+            rc = self.f_pin(self.h, c.tid)
+        if rc < 0:
+            raise self._fail(f"pin of gradient tensor {c.tid}")
+        self.pinned.add(c)
 
     # ---------------------------------------------------------------- inputs
 
@@ -864,7 +903,10 @@ class _Entry:
             info = self.infos[func] = _Info(func, self.recompute)
         if info.mutable:
             return self._dispatch_mutating(func, info, args, kwargs)
+        n_ext = self.ext_new
         ins, rargs, targs, rkw, tkw, _keys, missing = self._collect(info, args, kwargs)
+        if n_ext != self.ext_new and not missing:
+            missing = any(c.t is None for c in ins)
         locked = None
         if missing:
             locked = self._make_resident(ins)
@@ -1003,7 +1045,10 @@ class _Entry:
     # -------------------------------------------------------------- in-place
 
     def _dispatch_mutating(self, func: Any, info: _Info, args: Any, kwargs: dict[str, Any]) -> Any:
+        n_ext = self.ext_new
         ins, rargs, targs, rkw, tkw, keys, missing = self._collect(info, args, kwargs)
+        if n_ext != self.ext_new and not missing:
+            missing = any(c.t is None for c in ins)
         mutpos = info.mutpos
         mut = [j for j, key in enumerate(keys) if key in mutpos]
         if info.inplace_view:
@@ -1442,9 +1487,11 @@ class _Entry:
                         c.t = None
                     g.host = None
                     g.geo = None
-                self.bytes_evicted += g.nbytes
-            if n < cap:
-                return
+                if g.live > 0:  # not a released storage the engine freed
+                    self.bytes_evicted += g.nbytes
+            # A partial answer (the engine ran out of candidates after taking
+            # some) is not an error yet: ask again until it returns 0 (done)
+            # or -1 (over budget with nothing evictable).
 
     def _swap_out(self, g: _Group) -> None:
         geo = {}
@@ -1516,6 +1563,10 @@ class _Entry:
                     c.tid = -1
                 wr.cell = None
             self.live.clear()
+            for hk in self.hooks:
+                hk.remove()
+            self.hooks.clear()
+            self.pinned.clear()
             for c in self.ext.values():
                 c.e = None
             self.ops.clear()
@@ -1710,12 +1761,15 @@ class DTRRegion:
             usage = "allocator" if (torch.cuda.is_available() and _allocator_installed()) else "engine"
         if usage == "allocator":
             device = torch.cuda.current_device()
+        min_size = self._evictee_min_size
+        if min_size is None and "MEMSCALE_EVICTEE_MIN_SIZE" not in os.environ:
+            min_size = DEFAULT_EVICTEE_MIN_SIZE
         cfg: dict[str, Any] = {
             "budget": self._budget,
             "heuristic": self._heuristic,
             "recomp_time_factor": self._recomp_time_factor,
             "recomp_memory_factor": self._recomp_memory_factor,
-            "evictee_min_size": self._evictee_min_size,
+            "evictee_min_size": min_size,
             "swap_bandwidth": _host_bandwidth() if self._swap else 0,
             "usage": usage,
         }

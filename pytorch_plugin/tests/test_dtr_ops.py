@@ -1,0 +1,447 @@
+"""The DTR region's mechanics, op by op, on the CPU against the real engine.
+
+Each test forces evictions with a budget of a few tensors and the ``lru``
+heuristic (so the oldest tensor goes first), then reads the evicted tensors and
+compares them bitwise with the same computation done eagerly: views and
+aliasing, in-place ops (also through views, and the old version of a mutated
+tensor), ops with several outputs, RNG ops, tensors escaping the region,
+parameters updated after it, swapping, bad budgets and bad arguments.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from memscale import ConfigError, MemscaleError
+
+torch = pytest.importorskip("torch")
+
+try:
+    from memscale import _engine
+    from memscale.dtr import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
+
+    _engine.dtr_lib()
+except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
+    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+MB = 1 << 20
+N = 256 * 1024  # floats per 1 MiB tensor
+
+
+@pytest.fixture(autouse=True)
+def _deadline() -> Iterator[None]:
+    """No test may hang: fail after 2 minutes."""
+
+    def boom(signum: int, frame: Any) -> None:
+        raise TimeoutError("test exceeded 120 s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+    assert _get_current_dispatch_mode() is None, "a region left its dispatch mode behind"
+
+
+def _resident(t: Any) -> bool:
+    assert type(t) is DTRTensor
+    return t._c.t is not None
+
+
+def _x(seed: int = 0) -> Any:
+    return torch.randn(256, 1024, generator=torch.Generator().manual_seed(seed))
+
+
+def _fill(base: Any, n: int = 6) -> list[Any]:
+    """``n`` fresh 1 MiB tensors: pushes the older ones out under a small budget."""
+    return [base * float(i + 2) for i in range(n)]
+
+
+def _region(budget_mb: float = 4.5, **kw: Any) -> DTRRegion:
+    kw.setdefault("heuristic", "lru")
+    return dtr(int(budget_mb * MB), **kw)
+
+
+def _check_peak(region: DTRRegion) -> None:
+    s = region.summary()
+    assert 0 < s["peak_usage"] <= s["budget"], s
+
+
+# ------------------------------------------------------------------ basics
+
+
+def test_outputs_are_wrappers_inside_and_plain_results_outside() -> None:
+    x = _x()
+    region = dtr(None)
+    with region:
+        y = x * 2
+        z = y.sum(dim=0)
+        assert type(y) is DTRTensor and type(z) is DTRTensor
+    assert type(y + 1) is torch.Tensor  # a detached wrapper computes plainly
+    assert torch.equal(y + 1, x * 2 + 1)
+    assert type(region.unwrap(z)) is torch.Tensor
+    assert torch.equal(unwrap(z), (x * 2).sum(dim=0))
+    assert "DTRTensor(" in repr(y)
+    s = region.summary()
+    assert s["entries"] == 1 and s["evictions"] == 0 and s["peak_usage"] >= 2 * MB
+
+
+def test_evicted_tensors_are_rebuilt_bitwise() -> None:
+    x = _x()
+    ref = torch.tanh(x * 3) + 1
+    region = _region()
+    with region:
+        a = x * 3
+        b = torch.tanh(a) + 1
+        keep = _fill(x)
+        assert not _resident(a) and not _resident(b)
+        assert torch.equal(unwrap(b), ref)
+        assert torch.equal(unwrap(a), x * 3)
+        del keep
+    s = region.summary()
+    assert s["evictions"] > 0 and s["rematerializations"] > 0
+    assert s["bytes_evicted"] >= MB
+    _check_peak(region)
+
+
+# ------------------------------------------------------------------- views
+
+
+def test_views_share_the_storage_and_come_back_with_it() -> None:
+    x = _x()
+    region = _region()
+    with region:
+        y = x * 2
+        t = y.t()
+        sl = y[10:20]
+        fl = y.view(-1)
+        keep = _fill(x)
+        assert not _resident(y) and not _resident(t) and not _resident(sl)
+        assert torch.equal(unwrap(t), (x * 2).t())
+        assert torch.equal(unwrap(sl), (x * 2)[10:20])
+        assert torch.equal(unwrap(fl), (x * 2).view(-1))
+        # every view of a rebuilt storage shares it
+        assert unwrap(sl).untyped_storage().data_ptr() == unwrap(y).untyped_storage().data_ptr()
+        del keep
+    _check_peak(region)
+
+
+def test_views_take_no_memory() -> None:
+    x = _x()
+    region = dtr(None)
+    with region:
+        y = x * 2
+        views = [y.t(), y[1:], y.view(-1), y.unsqueeze(0), y.detach(), y.reshape(1024, 256)]
+        usage = region.summary()  # running entry
+    engine = region.last_summary()["engine"]
+    assert engine["usage"] <= 2 * MB + 64, engine  # x and y, no view counted
+    assert usage["peak_usage"] <= 2 * MB + 64
+    del views
+
+
+# ---------------------------------------------------------------- in-place
+
+
+def test_inplace_ops_create_new_versions() -> None:
+    x = _x()
+    region = _region()
+    with region:
+        y = x * 2
+        c = y * 3  # reads the old version of y
+        y.add_(1)
+        y.relu_()
+        keep = _fill(x)
+        assert not _resident(y) and not _resident(c)
+        assert torch.equal(unwrap(y), torch.relu(x * 2 + 1))
+        assert torch.equal(unwrap(c), x * 2 * 3)  # old version rebuilt from its lineage
+        del keep
+    assert region.summary()["rematerializations"] > 0
+    _check_peak(region)
+
+
+def test_inplace_through_a_view_is_seen_by_the_base_and_other_views() -> None:
+    x = _x()
+    expect = x * 2
+    expect[:8].mul_(3)
+    expect_t = expect.t().clone()
+    region = _region()
+    with region:
+        y = x * 2
+        t = y.t()
+        v = y[:8]
+        v.mul_(3)
+        assert torch.equal(unwrap(y), expect)
+        assert torch.equal(unwrap(t), expect_t)
+        keep = _fill(x)
+        assert not _resident(y)
+        assert torch.equal(unwrap(t), expect_t)
+        assert torch.equal(unwrap(y), expect)
+        assert torch.equal(unwrap(v), expect[:8])
+        del keep
+    _check_peak(region)
+
+
+def test_inplace_on_external_tensors_and_out_variants() -> None:
+    x = _x()
+    acc = torch.zeros(256, 1024)
+    region = dtr(None)
+    with region:
+        y = x * 2
+        acc.add_(y)  # external mutated in place: the user's tensor changes
+        out = torch.empty(256, 1024)
+        r = torch.add(y, 1, out=out)
+        assert r is out
+    assert torch.equal(acc, x * 2)
+    assert torch.equal(out, x * 2 + 1)
+
+
+def test_inplace_view_ops_are_refused_clearly() -> None:
+    x = _x()
+    region = dtr(None)
+    with pytest.raises(MemscaleError, match="in-place view op"):
+        with region:
+            y = x * 2
+            y.t_()
+
+
+# ---------------------------------------------------------- several outputs
+
+
+def test_ops_with_several_outputs() -> None:
+    x = _x()
+    region = _region(6.5)
+    with region:
+        y = x * 2
+        vals, idx = y.topk(5, dim=1)
+        m, am = torch.max(y, dim=1)
+        parts = y.split(256, dim=1)
+        mean, std = torch.std_mean(y, dim=0)
+        keep = _fill(x, 8)
+        assert not _resident(y)
+        ev, ei = (x * 2).topk(5, dim=1)
+        em, eam = torch.max(x * 2, dim=1)
+        assert torch.equal(unwrap(vals), ev) and torch.equal(unwrap(idx), ei)
+        assert torch.equal(unwrap(m), em) and torch.equal(unwrap(am), eam)
+        for p, q in zip(parts, (x * 2).split(256, dim=1), strict=True):
+            assert torch.equal(unwrap(p), q)
+        es, em2 = torch.std_mean(x * 2, dim=0)
+        assert torch.equal(unwrap(mean), em2) and torch.equal(unwrap(std), es)
+        del keep
+    _check_peak(region)
+
+
+# --------------------------------------------------------------------- RNG
+
+
+def test_rng_ops_replay_bitwise() -> None:
+    x = _x()
+    torch.manual_seed(7)
+    e_drop = torch.nn.functional.dropout(x * 2, 0.5, training=True)
+    e_rand = torch.rand(256, 1024)
+    e_norm = torch.randn_like(x)
+    e_after = torch.rand(3)
+    region = _region(6.5)
+    torch.manual_seed(7)
+    with region:
+        y = x * 2
+        d = torch.nn.functional.dropout(y, 0.5, training=True)
+        r = torch.rand(256, 1024)
+        n = torch.randn_like(x)
+        keep = _fill(x, 8)
+        assert not _resident(d) and not _resident(r)
+        assert torch.equal(unwrap(d), e_drop)
+        assert torch.equal(unwrap(r), e_rand)
+        assert torch.equal(unwrap(n), e_norm)
+        del keep
+        after = torch.rand(3)  # replays left the generator where it was
+    assert torch.equal(unwrap(after), e_after)
+    assert region.summary()["rematerializations"] > 0
+
+
+# ------------------------------------------------------------ autograd/escape
+
+
+def test_escaping_tensors_are_materialized_at_exit() -> None:
+    x = _x()
+    region = _region()
+    with region:
+        a = x * 5
+        keep = _fill(x)
+        assert not _resident(a)
+    # a left the region evicted; it was rebuilt at exit and is a plain value now
+    assert a._c.t is not None
+    assert torch.equal(a * 1, x * 5)
+    assert type(a * 1) is torch.Tensor
+    assert all(torch.equal(k * 1, x * float(i + 2)) for i, k in enumerate(keep))
+
+
+def test_gradients_and_a_parameter_update_after_the_region() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024))
+    ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024))
+    ref.load_state_dict(lin.state_dict())
+    x = _x()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    region = dtr(16 * MB, heuristic="lru")
+    for _ in range(2):
+        ref_opt.zero_grad()
+        ref(x).square().mean().backward()
+        ref_opt.step()
+        opt.zero_grad()
+        with region:
+            loss = lin(x).square().mean()
+            loss.backward()
+        for p in lin.parameters():
+            assert type(p.grad) is torch.Tensor
+        opt.step()
+    for p, q in zip(lin.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+    _check_peak(region)
+
+
+def test_backward_outside_the_region_uses_materialized_saved_tensors() -> None:
+    w = torch.nn.Parameter(torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1)) / 32)
+    x = _x()
+    (torch.tanh(x @ w) * 2).sum().backward()
+    ref = w.grad.clone()
+    w.grad = None
+    region = dtr(None)
+    with region:
+        out = (torch.tanh(x @ w) * 2).sum()
+    out.backward()  # autograd's saved tensors were made plain-usable at exit
+    assert torch.equal(w.grad, ref)
+
+
+def test_reentering_accumulates_the_summary() -> None:
+    x = _x()
+    region = _region()
+    for _ in range(3):
+        with region:
+            a = x * 2
+            keep = _fill(x)
+            assert torch.equal(unwrap(a), x * 2)
+            del keep
+    s = region.summary()
+    assert s["entries"] == 3
+    assert s["evictions"] >= 3 and s["rematerializations"] >= 3
+    assert s["overhead"] >= 1.0
+    assert region.last_summary()["evictions"] >= 1
+
+
+# ---------------------------------------------------------------------- swap
+
+
+def test_swap_instead_of_recompute() -> None:
+    x = _x()
+    region = _region(recompute=False, swap=True)
+    with region:
+        a = x * 3
+        b = a + 1
+        keep = _fill(x)
+        assert not _resident(a)
+        assert torch.equal(unwrap(b), x * 3 + 1)
+        assert torch.equal(unwrap(a), x * 3)
+        del keep
+    s = region.summary()
+    assert s["swaps_out"] > 0 and s["swaps_in"] > 0
+    assert s["rematerializations"] == 0
+    _check_peak(region)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_budget_below_the_largest_op_is_a_clear_error() -> None:
+    x = _x()
+    region = dtr(int(1.5 * MB))
+    with pytest.raises(MemscaleError, match="budget"):
+        with region:
+            y = x * 2  # x (1 MiB, pinned) + y (1 MiB) do not fit
+            y.sum()
+    assert region._entry is None  # left cleanly
+    assert _get_current_dispatch_mode() is None
+    region.budget = 8 * MB  # and usable again
+    with region:
+        y = x * 2
+    assert torch.equal(y * 1, x * 2)
+
+
+def test_budget_error_mid_backward_leaves_no_state_behind() -> None:
+    lin = torch.nn.Linear(1024, 1024)
+    x = _x()
+    # Forward fits (weight 4 MiB + x + two activations); backward also needs the
+    # weight's 4 MiB gradient, which does not.
+    region = dtr(8 * MB)
+    with pytest.raises(MemscaleError, match="budget"):
+        with region:
+            loss = lin(x).square().sum()
+            loss.backward()
+    assert region._entry is None
+    assert lin.weight.grad is None or type(lin.weight.grad) is torch.Tensor
+    lin.zero_grad(set_to_none=True)
+    with dtr(None):
+        lin(x).sum().backward()
+    ref = torch.nn.Linear(1024, 1024)
+    ref.load_state_dict(lin.state_dict())
+    ref(x).sum().backward()
+    assert torch.equal(lin.weight.grad, ref.weight.grad)
+
+
+def test_evicted_tensor_after_a_failed_region_raises_clearly() -> None:
+    x = _x()
+    region = _region()
+    with pytest.raises(RuntimeError, match="boom"):
+        with region:
+            a = x * 2
+            keep = _fill(x)
+            assert not _resident(a)
+            raise RuntimeError("boom")
+    with pytest.raises(EvictedTensorError, match="exited with an error"):
+        a + 1
+    del keep
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget": "50%"}, "percentage"),
+        ({"budget": 0}, "positive"),
+        ({"budget": "lots"}, "budget"),
+        ({"heuristic": "best"}, "heuristic"),
+        ({"recompute": False}, "nothing could ever be evicted"),
+        ({"recomp_time_factor": -1.0}, "recomp_time_factor"),
+        ({"offload_limit": "1GiB"}, "only meaningful with swap"),
+        ({"usage": "gpu"}, "usage"),
+    ],
+)
+def test_bad_arguments_name_what_is_wrong(kwargs: dict[str, Any], match: str) -> None:
+    budget = kwargs.pop("budget", None)
+    with pytest.raises(ConfigError, match=match):
+        dtr(budget, **kwargs)
+
+
+def test_engine_rejections_surface_at_entry() -> None:
+    region = dtr(MB, swap=True, offload_limit="1GiB")
+    with pytest.raises(MemscaleError, match="offload_limit"):
+        with region:
+            pass
+    assert _get_current_dispatch_mode() is None
+
+
+def test_wrap_registers_a_plain_tensor() -> None:
+    x = _x()
+    region = dtr(None)
+    with pytest.raises(MemscaleError, match="not entered"):
+        region.wrap(x)
+    with region:
+        w = region.wrap(x)
+        assert type(w) is DTRTensor
+        assert torch.equal(unwrap(w * 2), x * 2)
+    assert torch.equal(region.unwrap(w), x)
