@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -62,7 +61,3 @@ func writeFile(t testing.TB, dir, name, content string, gz bool) string {
 	}
 	return p
 }
-
-func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
-
-func timeDur(n int64) time.Duration { return time.Duration(n) }

@@ -3,9 +3,10 @@ package sweep
 import (
 	"context"
 	"errors"
-	"sync"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,8 +31,9 @@ func TestRunSweep(t *testing.T) {
 	inputs := chainInputs(t)
 	heur := []evict.Heuristic{evict.DTR, evict.MSPS, evict.LRU}
 	ratios := []float64{0.1, 0.3, 0.5, 0.7, 1}
+	// Progress and TraceDone are called from Run's goroutine only: no
+	// locking here (the race detector checks it).
 	var (
-		mu        sync.Mutex
 		started   int
 		finished  []int
 		traceDone []string
@@ -39,8 +41,6 @@ func TestRunSweep(t *testing.T) {
 	cfg := Config{
 		Ratios: ratios, Heuristics: heur, Workers: 4, Check: true,
 		Progress: func(p Progress) {
-			mu.Lock() // must not be needed: called from Run's goroutine only
-			defer mu.Unlock()
 			if p.Result == nil {
 				started++
 				return
@@ -86,7 +86,7 @@ func TestRunSweep(t *testing.T) {
 					assert.GreaterOrEqual(t, run.Overhead, 1.0)
 				}
 				if run.VictimSearches > 0 {
-					assert.Equal(t, run.VictimSearchTime/timeDur(run.VictimSearches), run.VictimSearchMean)
+					assert.Equal(t, run.VictimSearchTime/time.Duration(run.VictimSearches), run.VictimSearchMean)
 				}
 			}
 		}
@@ -132,7 +132,7 @@ func contains(xs []int, x int) bool {
 // (run with -race): replay.Run must only read it, and the results must not
 // depend on the number of workers.
 func TestRunSharesParsedTrace(t *testing.T) {
-	tr, err := Read(stringsReader(chainTrace(12, 256)))
+	tr, err := Read(strings.NewReader(chainTrace(12, 256)))
 	require.NoError(t, err)
 	snapshot := cloneTrace(tr)
 	in := []Input{{Name: "a", Path: "mem", Trace: tr}, {Name: "b", Path: "mem", Trace: tr}}

@@ -340,8 +340,13 @@ def _plain_of(x: DTRTensor) -> _Tensor:
     if t is None:
         e = c.e
         if e is not None and not e.closed:
-            e.materialize(c)
-            e.unlock_cell(c)
+            # Called from user code while the region's mode may be active:
+            # replays must reach the kernels, not the region.
+            with _disable_current_modes():
+                e.materialize(c)
+                e.unlock_cell(c)
+                if e.dirty:
+                    e.evict()
             t = c.t
         if t is None:
             raise EvictedTensorError(
@@ -700,11 +705,12 @@ class _Entry:
         if c.e is not self or c in self.pinned:
             return
         if c.t is None:
-            self.materialize(c)
-            try:
-                rc = self.f_pin(self.h, c.tid)
-            finally:
-                self.unlock_cell(c)
+            with _disable_current_modes():
+                self.materialize(c)
+                try:
+                    rc = self.f_pin(self.h, c.tid)
+                finally:
+                    self.unlock_cell(c)
         else:
             rc = self.f_pin(self.h, c.tid)
         if rc < 0:
