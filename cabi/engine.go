@@ -63,22 +63,8 @@ func withEngine(name string, h C.int64_t, fn func(d *dtrHandle) error) (failed b
 	})
 }
 
-// int64s views a C int64_t array of n elements.
-func int64s(p *C.int64_t, n C.int32_t, what string) ([]C.int64_t, error) {
-	if n < 0 {
-		return nil, fmt.Errorf("%s: negative length %d", what, int32(n))
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	if p == nil {
-		return nil, fmt.Errorf("%s: %w (%d)", what, errNilArray, int32(n))
-	}
-	return unsafe.Slice(p, int(n)), nil
-}
-
-// int32s views a C int32_t array of n elements.
-func int32s(p *C.int32_t, n C.int32_t, what string) ([]C.int32_t, error) {
+// cArray views a C array of n elements (nil for n == 0).
+func cArray[T any](p *T, n C.int32_t, what string) ([]T, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%s: negative length %d", what, int32(n))
 	}
@@ -92,7 +78,7 @@ func int32s(p *C.int32_t, n C.int32_t, what string) ([]C.int32_t, error) {
 }
 
 func tensorIDs(p *C.int64_t, n C.int32_t) ([]rc.TensorID, error) {
-	xs, err := int64s(p, n, "inputs")
+	xs, err := cArray(p, n, "inputs")
 	if err != nil {
 		return nil, err
 	}
@@ -232,34 +218,69 @@ func memscale_dtr_tensor(h C.int64_t, nbytes C.int64_t, pinned C.int32_t) C.int6
 	return C.int64_t(id)
 }
 
+// opCall holds what memscale_dtr_call and memscale_dtr_mutate share: the
+// inputs, the flags, the cost and the out_ids array of n entries.
+type opCall struct {
+	ins   []rc.TensorID
+	flags rc.OpFlags
+	cost  int64
+	dst   []C.int64_t
+}
+
+func newOpCall(inputs *C.int64_t, nIn C.int32_t, costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t, n C.int32_t) (opCall, error) {
+	var c opCall
+	var err error
+	if c.ins, err = tensorIDs(inputs, nIn); err != nil {
+		return c, err
+	}
+	if c.dst, err = cArray(outIDs, n, "out_ids"); err != nil {
+		return c, err
+	}
+	if c.flags, err = opFlags(flags); err != nil {
+		return c, err
+	}
+	if costNS < 0 {
+		return c, fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
+	}
+	c.cost = int64(costNS)
+	return c, nil
+}
+
+// run marks the inputs read, runs record (Call or Mutate) and writes the
+// new tensor ids to out_ids.
+func (c opCall) run(e *evict.Engine, record func() (rc.OpID, []rc.TensorID, error)) (int64, error) {
+	for _, in := range c.ins {
+		if err := e.Access(in); err != nil {
+			return -1, err
+		}
+	}
+	id, ids, err := record()
+	if err != nil {
+		return -1, err
+	}
+	for i, t := range ids {
+		c.dst[i] = C.int64_t(t)
+	}
+	return int64(id), nil
+}
+
 //export memscale_dtr_call
 func memscale_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
 	outSizes *C.int64_t, outAlias *C.int32_t, nOut C.int32_t,
 	costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
 	op := int64(-1)
 	withEngine("memscale_dtr_call", h, func(d *dtrHandle) error {
-		ins, err := tensorIDs(inputs, nIn)
+		c, err := newOpCall(inputs, nIn, costNS, flags, outIDs, nOut)
 		if err != nil {
 			return err
 		}
-		sizes, err := int64s(outSizes, nOut, "out_sizes")
+		sizes, err := cArray(outSizes, nOut, "out_sizes")
 		if err != nil {
 			return err
 		}
-		alias, err := int32s(outAlias, nOut, "out_alias")
+		alias, err := cArray(outAlias, nOut, "out_alias")
 		if err != nil {
 			return err
-		}
-		dst, err := int64s(outIDs, nOut, "out_ids")
-		if err != nil {
-			return err
-		}
-		f, err := opFlags(flags)
-		if err != nil {
-			return err
-		}
-		if costNS < 0 {
-			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
 		}
 		outs := make([]evict.Output, nOut)
 		for i := range outs {
@@ -268,20 +289,10 @@ func memscale_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32
 			}
 			outs[i] = evict.Output{Size: uint64(sizes[i]), Alias: int32(alias[i])}
 		}
-		for _, in := range ins {
-			if err := d.eng.Access(in); err != nil {
-				return err
-			}
-		}
-		id, ids, err := d.eng.Call(opName(name), ins, outs, int64(costNS), f)
-		if err != nil {
-			return err
-		}
-		for i, t := range ids {
-			dst[i] = C.int64_t(t)
-		}
-		op = int64(id)
-		return nil
+		op, err = c.run(d.eng, func() (rc.OpID, []rc.TensorID, error) {
+			return d.eng.Call(opName(name), c.ins, outs, c.cost, c.flags)
+		})
+		return err
 	})
 	return C.int64_t(op)
 }
@@ -291,43 +302,22 @@ func memscale_dtr_mutate(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int
 	mutated *C.int32_t, nMut C.int32_t, costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
 	op := int64(-1)
 	withEngine("memscale_dtr_mutate", h, func(d *dtrHandle) error {
-		ins, err := tensorIDs(inputs, nIn)
+		c, err := newOpCall(inputs, nIn, costNS, flags, outIDs, nMut)
 		if err != nil {
 			return err
 		}
-		muts, err := int32s(mutated, nMut, "mutated")
+		muts, err := cArray(mutated, nMut, "mutated")
 		if err != nil {
 			return err
-		}
-		dst, err := int64s(outIDs, nMut, "out_ids")
-		if err != nil {
-			return err
-		}
-		f, err := opFlags(flags)
-		if err != nil {
-			return err
-		}
-		if costNS < 0 {
-			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
 		}
 		idx := make([]int, len(muts))
 		for i, m := range muts {
 			idx[i] = int(m)
 		}
-		for _, in := range ins {
-			if err := d.eng.Access(in); err != nil {
-				return err
-			}
-		}
-		id, ids, err := d.eng.Mutate(opName(name), ins, idx, int64(costNS), f)
-		if err != nil {
-			return err
-		}
-		for i, t := range ids {
-			dst[i] = C.int64_t(t)
-		}
-		op = int64(id)
-		return nil
+		op, err = c.run(d.eng, func() (rc.OpID, []rc.TensorID, error) {
+			return d.eng.Mutate(opName(name), c.ins, idx, c.cost, c.flags)
+		})
+		return err
 	})
 	return C.int64_t(op)
 }
@@ -377,11 +367,11 @@ func memscale_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacit
 		if capacity <= 0 {
 			return fmt.Errorf("cap %d: want > 0", int32(capacity))
 		}
-		outIDs, err := int64s(ids, capacity, "ids")
+		outIDs, err := cArray(ids, capacity, "ids")
 		if err != nil {
 			return err
 		}
-		outActs, err := int32s(actions, capacity, "actions")
+		outActs, err := cArray(actions, capacity, "actions")
 		if err != nil {
 			return err
 		}
@@ -416,11 +406,11 @@ func memscale_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int64_
 			return fmt.Errorf("tensor %d: the plan has %d steps but cap is %d: call again with cap >= %d",
 				int64(t), len(steps), int32(capacity), len(steps))
 		}
-		outKinds, err := int32s(kinds, C.int32_t(len(steps)), "kinds")
+		outKinds, err := cArray(kinds, C.int32_t(len(steps)), "kinds")
 		if err != nil {
 			return err
 		}
-		outIDs, err := int64s(ids, C.int32_t(len(steps)), "ids")
+		outIDs, err := cArray(ids, C.int32_t(len(steps)), "ids")
 		if err != nil {
 			return err
 		}

@@ -60,6 +60,7 @@ func BenchmarkVictimSelection(b *testing.B) {
 		scan bool
 	}{
 		{"default", Default, false},
+		{"dtr-eq-anc", DTREqAnc, false},
 		{"dtr-eq", DTREq, false},
 		{"dtr", DTR, false},
 		{"msps", MSPS, false},

@@ -306,9 +306,7 @@ func (e *Engine) Call(name string, inputs []rc.TensorID, outs []Output, cost int
 	// The simulator appends new candidates siblings first, then the first
 	// output; keep that order (it breaks ties).
 	for i := 1; i <= len(o.Outputs); i++ {
-		s := e.g.Tensor(o.Outputs[i%len(o.Outputs)]).Storage
-		e.refresh(s)
-		e.sel.lowered(s)
+		e.refresh(e.g.Tensor(o.Outputs[i%len(o.Outputs)]).Storage)
 	}
 	return op, o.Outputs, nil
 }
@@ -487,38 +485,41 @@ func (e *Engine) Release(t rc.TensorID) error {
 	return nil
 }
 
-// unreferenced handles a storage that has no references (left by Release,
-// or by Unlock of a storage that was rebuilt only to recompute something
-// else). A locked storage is handled when its last lock goes. An
-// unreferenced resident storage is dropped at once (eager eviction): it is
-// only kept for recomputing its dependents, and stays recomputable. In
-// simulator mode a storage that was only rebuilt stays resident as an
-// ordinary candidate, as in the simulator.
+// unreferenced handles a storage that has no references: left by Release
+// (released), or by Unlock of a storage that was rebuilt only to recompute
+// something else, or released while locked. A locked storage is handled when
+// its last lock goes. In default mode a storage nothing can need any more
+// (no live dependents) is banished, and with an unlimited budget every
+// unreferenced storage is freed. Otherwise a storage whose last reference
+// was just released is dropped at once if it is resident and recomputable
+// (eager eviction; it stays recomputable for its dependents), and one that
+// was only rebuilt stays resident as a candidate that goes before any
+// referenced storage (see key); in simulator mode as an ordinary candidate.
 func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	st := e.g.Storage(s)
 	if st.State == rc.Released || st.Locks > 0 {
 		return
 	}
-	if !released {
-		// rebuilt only to recompute something else: it stays resident
-		// as a candidate (evicted before any referenced storage, see
-		// key)
-		e.sel.lowered(s)
-		return
+	if !e.cfg.SimulatorCompat {
+		switch {
+		case e.cfg.Budget == 0:
+			// Nothing will be evicted, so nothing needs the lineage of
+			// an unreferenced storage: free it now. Its dependents lose
+			// the ability to be recomputed, should a budget be set later.
+			e.detach(s)
+			return
+		case st.LiveChildren == 0:
+			e.banish(s)
+			return
+		}
 	}
-	switch {
-	case e.cfg.Budget == 0 && !e.cfg.SimulatorCompat:
-		// Unlimited budget: nothing will be evicted, so nothing needs the
-		// lineage of an unreferenced storage; free it now. Its dependents
-		// lose the ability to be recomputed, should a budget be set later.
-		e.detach(s)
-	case !e.cfg.SimulatorCompat && st.LiveChildren == 0:
-		e.banish(s)
-	case st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute:
+	if released && st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute {
 		e.dropStorage(s)
 		e.stats.EagerEvictions++
 		e.queue(Victim{Tensor: st.Root, Action: Drop, Size: st.Size}, ReasonEager)
+		return
 	}
+	e.sel.lowered(s) // its key now sorts it first
 }
 
 func (e *Engine) queue(v Victim, why EvictReason) {

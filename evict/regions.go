@@ -207,10 +207,17 @@ func (t *regionTracker) rebuild(base rc.StorageID, r *region, fwd bool) {
 // rebuildFrontier is rebuild for a frontier-only region: visited evicted
 // storages are remembered with graph marks instead of an interior set.
 func (t *regionTracker) rebuildFrontier(base rc.StorageID, r *region, fwd bool) {
+	t.walkFrontier(base, fwd, r.frontier)
+}
+
+// walkFrontier adds to out the material storages reached from start (whose
+// own state does not matter) through evicted storages only, following
+// children (fwd) or parents.
+func (t *regionTracker) walkFrontier(start rc.StorageID, fwd bool, out map[rc.StorageID]struct{}) {
 	g := t.g
 	mark := g.Mark()
-	g.SetMark(base, mark)
-	stack := append(t.stack[:0], base)
+	g.SetMark(start, mark)
+	stack := append(t.stack[:0], start)
 	for len(stack) > 0 {
 		x := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -227,7 +234,7 @@ func (t *regionTracker) rebuildFrontier(base rc.StorageID, r *region, fwd bool) 
 			us := g.Storage(u)
 			switch {
 			case isMaterial(us):
-				r.frontier[u] = struct{}{}
+				out[u] = struct{}{}
 			case isEvicted(us):
 				stack = append(stack, u)
 			}
@@ -240,7 +247,6 @@ func (t *regionTracker) rebuildFrontier(base rc.StorageID, r *region, fwd bool) 
 // frontiers; an evicted one sits inside the regions of the material storages
 // around its evicted component, which are rebuilt.
 func (t *regionTracker) released(s rc.StorageID, prev rc.State) {
-	g := t.g
 	if prev != rc.Evicted {
 		if int(s) < len(t.fwd) && t.fwd[s] != nil {
 			for f := range t.rev[s].frontier {
@@ -257,45 +263,19 @@ func (t *regionTracker) released(s rc.StorageID, prev rc.State) {
 		}
 		return
 	}
-	// Find the material storages whose regions contain s: walk from s
-	// through evicted storages in each direction.
+	// The material storages whose regions contain s are found by walking
+	// from s through evicted storages: backwards for the forward regions
+	// that hold s, forwards for the backward ones.
 	for _, fwd := range []bool{false, true} {
 		clear(t.affected)
-		mark := g.Mark()
-		g.SetMark(s, mark)
-		stack := append(t.stack[:0], s)
-		for len(stack) > 0 {
-			x := stack[len(stack)-1]
-			stack = stack[:len(stack)-1]
-			xs := g.Storage(x)
-			next := xs.Children
-			if !fwd {
-				next = xs.Parents
-			}
-			for _, u := range next {
-				if g.Marked(u, mark) {
-					continue
-				}
-				g.SetMark(u, mark)
-				us := g.Storage(u)
-				switch {
-				case isMaterial(us):
-					t.affected[u] = struct{}{}
-				case isEvicted(us):
-					stack = append(stack, u)
-				}
-			}
-		}
-		t.stack = stack
-		// Walking backwards from s finds storages whose forward regions
-		// hold s, and the other way round.
+		t.walkFrontier(s, fwd, t.affected)
 		for f := range t.affected {
+			r := t.fwd[f]
 			if fwd {
-				if r := t.rev[f]; r != nil {
-					t.rebuild(f, r, false)
-				}
-			} else if r := t.fwd[f]; r != nil {
-				t.rebuild(f, r, true)
+				r = t.rev[f]
+			}
+			if r != nil {
+				t.rebuild(f, r, !fwd)
 			}
 			t.lowered(f)
 		}

@@ -217,7 +217,8 @@ func (r *runner) run() error {
 		if err := r.step(in); err != nil {
 			var stop *errStop
 			if errors.As(err, &stop) {
-				return err
+				stop.err = fmt.Errorf("%s at trace line %d: %w", in.Kind, in.Line, stop.err)
+				return stop
 			}
 			return fmt.Errorf("replay: %s at trace line %d: %w", in.Kind, in.Line, err)
 		}
@@ -232,7 +233,12 @@ func (r *runner) run() error {
 	for _, t := range r.tr.Outputs {
 		id := r.ids[t]
 		if err := r.materialize(id); err != nil {
-			return err
+			var stop *errStop
+			if errors.As(err, &stop) {
+				stop.err = fmt.Errorf("bringing back output %s at the end: %w", r.tr.Names[t], stop.err)
+				return stop
+			}
+			return fmt.Errorf("replay: bringing back output %s: %w", r.tr.Names[t], err)
 		}
 		if err := r.eng.Pin(id); err != nil {
 			return fmt.Errorf("replay: pinning output %s: %w", r.tr.Names[t], err)

@@ -221,6 +221,7 @@ class _Info:
         "inplace_view",
         "ref",
         "views",
+        "view0",
         "factory",
     )
 
@@ -267,6 +268,17 @@ class _Info:
         self.rets: tuple[int | str | None, ...] = tuple(rets)
         # Every result is a view of an argument: the op allocates nothing.
         self.views: bool = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+        # ... and all of the first argument (``view``, ``t``, ``split``...): the
+        # alias is known without comparing storages.
+        first = schema.arguments[0] if schema.arguments else None
+        first_sets = (
+            set(first.alias_info.before_set)
+            if first is not None and first.alias_info is not None and not first.alias_info.is_write
+            else set()
+        )
+        self.view0: bool = self.views and bool(first_sets) and all(
+            set(r.alias_info.before_set) <= first_sets and not r.alias_info.is_write for r in schema.returns
+        )
         self.factory: bool = any(a.name == "device" for a in schema.arguments)
         tags = func.tags
         self.rng: bool = torch.Tag.nondeterministic_seeded in tags
@@ -561,17 +573,18 @@ class _Entry:
         self.infos: dict[Any, _Info] = region._infos
         self.ops: dict[int, _Op] = {}
         self.groups: dict[int, _Group] = {}
-        self.ext: dict[int, _Cell] = {}  # id(plain tensor) -> current cell
+        self.ext: dict[int, _WRef] = {}  # id(plain tensor) -> weakref naming its cell
         self.ext_storage: dict[int, _Cell] = {}  # storage data_ptr -> external root cell
-        self.leaves: list[_Tensor] = []  # externals that are autograd leaves
+        self.leaves: list[weakref.ref[_Tensor]] = []  # externals that are autograd leaves
         self.hooks: list[Any] = []  # their post-accumulate-grad hook handles
         self.pinned: set[_Cell] = set()  # gradients pinned by the hook
-        self.live: set[_WRef] = set()
+        self.live: dict[int, _WRef] = {}  # id(weakref) -> weakref of a live wrapper
         self.pending: list[_Cell] = []
         self.bytes_evicted = 0
         self.dirty = False
         self.fresh = 0
         self.ext_new = 0  # externals registered under a budget (residency re-check)
+        self.undrained = 0  # unbudgeted: storages freed since the last evict call
         self.budget = int(config.get("budget") or 0)
         self.cuda_timer: _CudaTimer | None = None
         cap = 64
@@ -610,7 +623,7 @@ class _Entry:
 
     def _dead(self, wr: _WRef) -> None:
         # Weakref callback: may run at any point (any thread); only queue.
-        self.live.discard(wr)
+        self.live.pop(id(wr), None)
         c = wr.cell
         if c is not None and not self.closed:
             self.pending.append(c)
@@ -641,24 +654,44 @@ class _Entry:
         g = groups.get(c.root)
         if g is not None:
             g.live -= 1
-        # The engine drops (or banishes) a storage whose last reference went
-        # and hands it out as a victim of the next evict call.
-        self.dirty = True
+        if self.budgeted or g is None:
+            # The engine drops (or banishes) a storage whose last reference
+            # went and hands it out as a victim of the next evict call.
+            self.dirty = True
+        elif g.live <= 0:
+            # Without a budget the engine frees a storage as soon as its last
+            # reference goes (nothing can be evicted, so nothing needs its
+            # lineage): drop it now and drain the engine's victim queue
+            # (dropped already) only now and then.
+            for x in g.cells:
+                x.t = None
+            g.host = None
+            self.undrained += 1
+            if self.undrained >= 256:
+                self.undrained = 0
+                self.dirty = True
 
     # ------------------------------------------------------------- externals
 
     def extern(self, t: _Tensor) -> _Cell:
-        """The cell of a plain tensor (registered pinned on first sight)."""
-        c = self.ext.get(id(t))
-        if c is not None and c.t is t:
-            return c
+        """The cell of a plain tensor (registered pinned on first sight).
+
+        The cell holds an alias of ``t`` (same storage), not ``t`` itself, and
+        a weak reference to ``t``: when the program drops ``t`` the engine is
+        told (``release``), so a temporary plain tensor used in the region is
+        freed like any other once nothing needs it.
+        """
+        wr = self.ext.get(id(t))
+        if wr is not None and wr() is t and wr.cell is not None:
+            return wr.cell
         if type(t) is DTRTensor:  # a wrapper detached from an earlier entry
             return self.extern(_plain_of(t))
         st = t.untyped_storage()
         ptr = st.data_ptr()
         nbytes = st.nbytes()
         root = self.ext_storage.get(ptr) if ptr else None
-        if root is not None and root.t is not None:
+        alias = t.detach()
+        if root is not None and root.t is not None and not root.rel:
             # Same storage as an external already registered: an alias of it.
             self.b_in[0] = root.tid
             self.b_size[0] = t.nbytes
@@ -666,9 +699,10 @@ class _Entry:
             op = self.f_call(self.h, b"alias", self.b_in, 1, self.b_size, self.b_alias, 1, 0, NO_RECOMPUTE, self.b_out)
             if op < 0:
                 raise self._fail("registering an external alias")
-            c = _Cell(int(self.b_out[0]), t, root.root, -1, self, pin=True)
-            self.groups[root.root].cells.add(c)
-            self.groups[root.root].live += 1
+            c = _Cell(int(self.b_out[0]), alias, root.root, -1, self, pin=True)
+            g = self.groups[root.root]
+            g.cells.add(c)
+            g.live += 1
             if self.sink is not None:
                 self.sink.call(b"alias", [root], [c], [t.nbytes], [0], 0)
         else:
@@ -680,15 +714,18 @@ class _Entry:
             tid = self.f_tensor(self.h, nbytes, 1)
             if tid < 0:
                 raise self._fail(f"registering an external tensor of {nbytes} bytes")
-            c = _Cell(int(tid), t, int(tid), -1, self, pin=True)
+            c = _Cell(int(tid), alias, int(tid), -1, self, pin=True)
             self.groups[c.tid] = _Group(c, nbytes)
             if ptr:
                 self.ext_storage[ptr] = c
             if self.sink is not None:
                 self.sink.external(c, nbytes)
-        self.ext[id(t)] = c
+        wr = _WRef(t, self.dead)
+        wr.cell = c
+        c.w = wr
+        self.ext[id(t)] = wr
         if t.requires_grad and t.is_leaf:
-            self.leaves.append(t)
+            self.leaves.append(weakref.ref(t))
             self.hooks.append(t.register_post_accumulate_grad_hook(self._grad_hook))
         return c
 
@@ -982,22 +1019,29 @@ class _Entry:
         b_alias = self.b_alias
         for j, c in enumerate(ins):
             b_in[j] = c.tid
-        in_ptrs: list[int] | None = None
         aliases: list[int] = []
-        for i, o in enumerate(outs):
-            st = o.untyped_storage()
-            ptr = st.data_ptr()
-            k = -1
-            if ptr and n_in:
-                if in_ptrs is None:
-                    in_ptrs = [c.t.untyped_storage().data_ptr() for c in ins]  # type: ignore[union-attr]
-                try:
-                    k = in_ptrs.index(ptr)
-                except ValueError:
-                    k = -1
-            aliases.append(k)
-            b_alias[i] = k
-            b_size[i] = st.nbytes() if k < 0 else o.nbytes
+        if info.view0 and n_in:
+            # The schema says every result views the first argument.
+            for i, o in enumerate(outs):
+                aliases.append(0)
+                b_alias[i] = 0
+                b_size[i] = o.nbytes
+        else:
+            in_ptrs: list[int] | None = None
+            for i, o in enumerate(outs):
+                st = o.untyped_storage()
+                ptr = st.data_ptr()
+                k = -1
+                if ptr and n_in:
+                    if in_ptrs is None:
+                        in_ptrs = [c.t.untyped_storage().data_ptr() for c in ins]  # type: ignore[union-attr]
+                    try:
+                        k = in_ptrs.index(ptr)
+                    except ValueError:
+                        k = -1
+                aliases.append(k)
+                b_alias[i] = k
+                b_size[i] = st.nbytes() if k < 0 else o.nbytes
         op = self.f_call(self.h, info.name, b_in, n_in, b_size, b_alias, n_out, cost, flags, self.b_out)
         if op < 0:
             raise self._fail(f"registering {info.name.decode()}")
@@ -1044,7 +1088,7 @@ class _Entry:
             wr = _WRef(w, dead)
             wr.cell = c
             c.w = wr
-            live.add(wr)
+            live[id(wr)] = wr
             ws.append(w)
         return ws
 
@@ -1202,17 +1246,15 @@ class _Entry:
         wr = old.w
         if wr is not None:
             w = wr()
-            if w is not None:
+            if type(w) is DTRTensor:
                 w._c = new
             wr.cell = new
             new.w = wr
-        elif old.pin and old.t is not None:
-            t = old.t
-            if self.ext.get(id(t)) is old:
-                self.ext[id(t)] = new
-                ptr = t.untyped_storage().data_ptr()
-                if ptr and self.ext_storage.get(ptr) is old:
-                    self.ext_storage[ptr] = new
+            old.w = None
+        if old.pin and old.t is not None:
+            ptr = old.t.untyped_storage().data_ptr()
+            if ptr and self.ext_storage.get(ptr) is old:
+                self.ext_storage[ptr] = new
 
     def _realias(self, a: _Cell, new: _Cell) -> None:
         """Re-register live alias ``a`` of a mutated storage on top of ``new``."""
@@ -1549,12 +1591,15 @@ class _Entry:
         stats: dict[str, Any] = {}
         try:
             self.flush()
-            escaping = [wr.cell for wr in list(self.live) if wr.cell is not None and wr() is not None]
+            escaping = [wr.cell for wr in list(self.live.values()) if wr.cell is not None and wr() is not None]
             if ok:
                 self._materialize_all(escaping)
             # .grad of parameters seen in the region: plain tensors again.
             with torch.no_grad(), _disable_current_modes():
-                for p in self.leaves:
+                for ref in self.leaves:
+                    p = ref()
+                    if p is None:
+                        continue
                     g = p.grad
                     if type(g) is DTRTensor:
                         t = g._c.t
@@ -1562,7 +1607,7 @@ class _Entry:
             stats = self.eng.stats()
         finally:
             self.closed = True
-            for wr in list(self.live):
+            for wr in list(self.live.values()):
                 c = wr.cell
                 if c is not None:
                     c.e = None
@@ -1573,8 +1618,12 @@ class _Entry:
                 hk.remove()
             self.hooks.clear()
             self.pinned.clear()
-            for c in self.ext.values():
-                c.e = None
+            for wr in self.ext.values():
+                c = wr.cell
+                if c is not None:
+                    c.e = None
+                    c.t = None
+                wr.cell = None
             self.ops.clear()
             self.groups.clear()
             self.ext.clear()
@@ -1611,6 +1660,12 @@ class _Entry:
 
 
 class _Mode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
+        # (about 2 us per op); a DTR region is not compiled through anyway.
+        return False
+
     def __init__(self, entry: _Entry) -> None:
         super().__init__()
         self.entry = entry

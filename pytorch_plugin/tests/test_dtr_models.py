@@ -212,6 +212,7 @@ def test_dtr_model_bitwise_under_budgets(model: str) -> None:
     unbudgeted = _train(make, free)
     _assert_same(ref, unbudgeted, f"{model} unbudgeted")
     peak = free.summary()["peak_usage"]
+    print(f"{model}: unbudgeted peak {peak} bytes")
     assert peak > 0
     assert free.summary()["evictions"] == 0
 
