@@ -7,8 +7,9 @@
 // parent's Go runtime was busy can hang in the runtime (golang/go#15538), and
 // PyTorch DataLoader workers fork by default and may free inherited CUDA
 // tensors. In a child, memscale_malloc returns NULL, memscale_free and the
-// other void hooks do nothing, int/int64 calls return -1, char* calls return
-// NULL, and memscale_last_error() returns a fixed message.
+// other void hooks do nothing, int/int32/int64 calls (the DTR engine's
+// memscale_dtr_* included) return -1, char* calls return NULL, and
+// memscale_last_error() returns a fixed message.
 //
 // Last error: a ring of static buffers. A writer (under a mutex) copies the
 // message into the next slot and publishes a pointer to it; readers load the
@@ -30,7 +31,7 @@
 static const char forked_child_msg[] =
     "memscale: called in a child process created by fork(); the allocator is not "
     "available after fork (the Go runtime cannot be entered safely there): "
-    "malloc returns NULL and free does nothing";
+    "malloc returns NULL, free does nothing and the other calls (memscale_dtr_* included) fail";
 
 static int forked; // set by the atfork child handler; read with __atomic_load_n
 
@@ -203,4 +204,144 @@ char* memscale_config_json(void) {
 		return NULL;
 	}
 	return memscale_go_config_json();
+}
+
+// ---- DTR engine ---------------------------------------------------------------
+//
+// The engine's state lives in Go: in a forked child every call fails. The
+// Go side takes non-const pointers (cgo declares them so) and only reads
+// config_json, name, inputs, out_sizes, out_alias and mutated.
+
+int64_t memscale_dtr_create(const char* config_json) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_create((char*)config_json);
+}
+
+int memscale_dtr_destroy(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_destroy(h);
+}
+
+int memscale_dtr_set_budget(int64_t h, int64_t bytes) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_set_budget(h, bytes);
+}
+
+int64_t memscale_dtr_tensor(int64_t h, int64_t nbytes, int32_t pinned) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_tensor(h, nbytes, pinned);
+}
+
+int64_t memscale_dtr_call(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
+                          const int64_t* out_sizes, const int32_t* out_alias, int32_t n_out,
+                          int64_t cost_ns, int32_t flags, int64_t* out_ids) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_call(h, (char*)name, (int64_t*)inputs, n_in, (int64_t*)out_sizes,
+	                            (int32_t*)out_alias, n_out, cost_ns, flags, out_ids);
+}
+
+int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
+                            const int32_t* mutated, int32_t n_mut, int64_t cost_ns, int32_t flags,
+                            int64_t* out_ids) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_mutate(h, (char*)name, (int64_t*)inputs, n_in, (int32_t*)mutated, n_mut,
+	                              cost_ns, flags, out_ids);
+}
+
+int memscale_dtr_access(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_access(h, t);
+}
+
+int memscale_dtr_lock(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_lock(h, t);
+}
+
+int memscale_dtr_unlock(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_unlock(h, t);
+}
+
+int memscale_dtr_pin(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_pin(h, t);
+}
+
+int memscale_dtr_release(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_release(h, t);
+}
+
+int32_t memscale_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_evict(h, ids, actions, cap);
+}
+
+int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_plan(h, t, kinds, ids, cap);
+}
+
+int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_rematerialized(h, op, cost_ns);
+}
+
+int memscale_dtr_swapped_in(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_swapped_in(h, t);
+}
+
+char* memscale_dtr_stats_json(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_dtr_stats_json(h);
 }

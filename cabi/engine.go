@@ -2,6 +2,7 @@ package main
 
 /*
 #include <stdint.h>
+#include "memscale_internal.h"
 */
 import "C"
 
@@ -126,8 +127,15 @@ func dtrDefaults() (evict.Config, error) {
 	}, nil
 }
 
-//export memscale_dtr_create
-func memscale_dtr_create(configJSON *C.char) C.int64_t {
+// The engine's exports are memscale_go_dtr_*. The public memscale_dtr_*
+// symbols are C wrappers in abi.c that check the fork guard first, so a
+// forked child never enters the Go runtime; memscale_internal.h declares
+// these exports, and cgo checks the declarations against its own. The
+// names given to guard are the public ones, so errors name the function the
+// caller called.
+
+//export memscale_go_dtr_create
+func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 	h := int64(-1)
 	guard("memscale_dtr_create", func() error {
 		base, err := dtrDefaults()
@@ -175,8 +183,8 @@ func memscale_dtr_create(configJSON *C.char) C.int64_t {
 	return C.int64_t(h)
 }
 
-//export memscale_dtr_destroy
-func memscale_dtr_destroy(h C.int64_t) C.int {
+//export memscale_go_dtr_destroy
+func memscale_go_dtr_destroy(h C.int64_t) C.int {
 	if guard("memscale_dtr_destroy", func() error {
 		dtrEngines.Lock()
 		defer dtrEngines.Unlock()
@@ -191,8 +199,8 @@ func memscale_dtr_destroy(h C.int64_t) C.int {
 	return 0
 }
 
-//export memscale_dtr_set_budget
-func memscale_dtr_set_budget(h C.int64_t, bytes C.int64_t) C.int {
+//export memscale_go_dtr_set_budget
+func memscale_go_dtr_set_budget(h C.int64_t, bytes C.int64_t) C.int {
 	if withEngine("memscale_dtr_set_budget", h, func(d *dtrHandle) error {
 		if bytes < 0 {
 			return fmt.Errorf("budget %d: want bytes >= 0 (0 = unlimited)", int64(bytes))
@@ -205,8 +213,8 @@ func memscale_dtr_set_budget(h C.int64_t, bytes C.int64_t) C.int {
 	return 0
 }
 
-//export memscale_dtr_tensor
-func memscale_dtr_tensor(h C.int64_t, nbytes C.int64_t, pinned C.int32_t) C.int64_t {
+//export memscale_go_dtr_tensor
+func memscale_go_dtr_tensor(h C.int64_t, nbytes C.int64_t, pinned C.int32_t) C.int64_t {
 	id := int64(-1)
 	withEngine("memscale_dtr_tensor", h, func(d *dtrHandle) error {
 		if nbytes < 0 {
@@ -264,8 +272,8 @@ func (c opCall) run(e *evict.Engine, record func() (rc.OpID, []rc.TensorID, erro
 	return int64(id), nil
 }
 
-//export memscale_dtr_call
-func memscale_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
+//export memscale_go_dtr_call
+func memscale_go_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
 	outSizes *C.int64_t, outAlias *C.int32_t, nOut C.int32_t,
 	costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
 	op := int64(-1)
@@ -297,8 +305,8 @@ func memscale_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32
 	return C.int64_t(op)
 }
 
-//export memscale_dtr_mutate
-func memscale_dtr_mutate(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
+//export memscale_go_dtr_mutate
+func memscale_go_dtr_mutate(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.int32_t,
 	mutated *C.int32_t, nMut C.int32_t, costNS C.int64_t, flags C.int32_t, outIDs *C.int64_t) C.int64_t {
 	op := int64(-1)
 	withEngine("memscale_dtr_mutate", h, func(d *dtrHandle) error {
@@ -330,38 +338,38 @@ func tensorCall(name string, h, t C.int64_t, fn func(e *evict.Engine, t rc.Tenso
 	return 0
 }
 
-//export memscale_dtr_access
-func memscale_dtr_access(h, t C.int64_t) C.int {
+//export memscale_go_dtr_access
+func memscale_go_dtr_access(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_access", h, t, (*evict.Engine).Access)
 }
 
-//export memscale_dtr_lock
-func memscale_dtr_lock(h, t C.int64_t) C.int {
+//export memscale_go_dtr_lock
+func memscale_go_dtr_lock(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_lock", h, t, (*evict.Engine).Lock)
 }
 
-//export memscale_dtr_unlock
-func memscale_dtr_unlock(h, t C.int64_t) C.int {
+//export memscale_go_dtr_unlock
+func memscale_go_dtr_unlock(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_unlock", h, t, (*evict.Engine).Unlock)
 }
 
-//export memscale_dtr_pin
-func memscale_dtr_pin(h, t C.int64_t) C.int {
+//export memscale_go_dtr_pin
+func memscale_go_dtr_pin(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_pin", h, t, (*evict.Engine).Pin)
 }
 
-//export memscale_dtr_release
-func memscale_dtr_release(h, t C.int64_t) C.int {
+//export memscale_go_dtr_release
+func memscale_go_dtr_release(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_release", h, t, (*evict.Engine).Release)
 }
 
-//export memscale_dtr_swapped_in
-func memscale_dtr_swapped_in(h, t C.int64_t) C.int {
+//export memscale_go_dtr_swapped_in
+func memscale_go_dtr_swapped_in(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_swapped_in", h, t, (*evict.Engine).SwappedIn)
 }
 
-//export memscale_dtr_evict
-func memscale_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+//export memscale_go_dtr_evict
+func memscale_go_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
 	n := int32(-1)
 	withEngine("memscale_dtr_evict", h, func(d *dtrHandle) error {
 		if capacity <= 0 {
@@ -393,8 +401,8 @@ func memscale_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacit
 	return C.int32_t(n)
 }
 
-//export memscale_dtr_plan
-func memscale_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int64_t, capacity C.int32_t) C.int32_t {
+//export memscale_go_dtr_plan
+func memscale_go_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int64_t, capacity C.int32_t) C.int32_t {
 	n := int32(-1)
 	withEngine("memscale_dtr_plan", h, func(d *dtrHandle) error {
 		steps, err := d.eng.Plan(rc.TensorID(t), d.pl[:0])
@@ -431,8 +439,8 @@ func memscale_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int64_
 	return C.int32_t(n)
 }
 
-//export memscale_dtr_rematerialized
-func memscale_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.int {
+//export memscale_go_dtr_rematerialized
+func memscale_go_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.int {
 	if withEngine("memscale_dtr_rematerialized", h, func(d *dtrHandle) error {
 		if costNS < 0 {
 			return fmt.Errorf("cost_ns %d: want >= 0", int64(costNS))
@@ -444,8 +452,8 @@ func memscale_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.
 	return 0
 }
 
-//export memscale_dtr_stats_json
-func memscale_dtr_stats_json(h C.int64_t) *C.char {
+//export memscale_go_dtr_stats_json
+func memscale_go_dtr_stats_json(h C.int64_t) *C.char {
 	var out *C.char
 	withEngine("memscale_dtr_stats_json", h, func(d *dtrHandle) error {
 		b, err := json.Marshal(d.eng.Stats())

@@ -19,9 +19,9 @@
  *    (NULL) with an error naming the variable, the value and what is accepted.
  *  - Fork: in a child created by fork() (e.g. a DataLoader worker) the library
  *    does not enter the Go runtime: memscale_malloc returns NULL, memscale_free
- *    and the other void hooks do nothing, calls returning int/int64 return -1,
- *    calls returning char* return NULL, and memscale_last_error() returns a
- *    fixed message saying so.
+ *    and the other void hooks do nothing, calls returning int/int32/int64 (the
+ *    DTR engine's memscale_dtr_* included) return -1, calls returning char*
+ *    return NULL, and memscale_last_error() returns a fixed message saying so.
  *  - Thread-safe. The symbols memscale_go_* are internal; do not call them.
  */
 #ifndef MEMSCALE_H

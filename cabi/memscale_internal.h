@@ -3,9 +3,10 @@
  * the Go side of package main. Not installed; users include memscale.h.
  *
  * The memscale_go_* functions are the Go exports (defined by cgo in
- * _cgo_export.c). Every public memscale_* allocator entry point is a C wrapper
- * in abi.c that checks the fork guard first and only then calls into Go, so a
- * forked child never enters the Go runtime. Pointers and streams cross as
+ * _cgo_export.c). Every public memscale_* entry point that needs Go (the
+ * allocator's and the DTR engine's memscale_dtr_*) is a C wrapper in abi.c
+ * that checks the fork guard first and only then calls into Go, so a forked
+ * child never enters the Go runtime. Pointers and streams cross as
  * uintptr_t so the Go side never converts integers to unsafe.Pointer.
  *
  * The Go files include this header in their cgo preamble, so the generated
@@ -32,6 +33,31 @@ extern int memscale_go_set_threshold(int device, int64_t bytes);
 extern int memscale_go_set_limit(int device, int64_t bytes);
 extern int64_t memscale_go_allocated(int device);
 extern char* memscale_go_config_json(void);
+
+/* Go exports (cabi/engine.go), behind the public memscale_dtr_* wrappers.
+ * Strings and arrays are not const here because cgo declares *C.char and
+ * *C.int64_t parameters without const; the wrappers take the public const
+ * types and cast. */
+extern int64_t memscale_go_dtr_create(char* config_json);
+extern int memscale_go_dtr_destroy(int64_t h);
+extern int memscale_go_dtr_set_budget(int64_t h, int64_t bytes);
+extern int64_t memscale_go_dtr_tensor(int64_t h, int64_t nbytes, int32_t pinned);
+extern int64_t memscale_go_dtr_call(int64_t h, char* name, int64_t* inputs, int32_t n_in,
+                                    int64_t* out_sizes, int32_t* out_alias, int32_t n_out,
+                                    int64_t cost_ns, int32_t flags, int64_t* out_ids);
+extern int64_t memscale_go_dtr_mutate(int64_t h, char* name, int64_t* inputs, int32_t n_in,
+                                      int32_t* mutated, int32_t n_mut, int64_t cost_ns,
+                                      int32_t flags, int64_t* out_ids);
+extern int memscale_go_dtr_access(int64_t h, int64_t t);
+extern int memscale_go_dtr_lock(int64_t h, int64_t t);
+extern int memscale_go_dtr_unlock(int64_t h, int64_t t);
+extern int memscale_go_dtr_pin(int64_t h, int64_t t);
+extern int memscale_go_dtr_release(int64_t h, int64_t t);
+extern int32_t memscale_go_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap);
+extern int32_t memscale_go_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
+extern int memscale_go_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
+extern int memscale_go_dtr_swapped_in(int64_t h, int64_t t);
+extern char* memscale_go_dtr_stats_json(int64_t h);
 
 /* C helpers for the Go side (abi.c). */
 

@@ -54,9 +54,13 @@ func (Counting) Peak() uint64 { return 0 }
 // reserve places one block per size (non-counting models), before the
 // storages they are for exist in the engine, so that the victims evicted to
 // make them fit cannot be those storages. A block that does not fit makes
-// the engine evict one more victim. The blocks are left in r.reserved.
+// the engine evict one more victim. The blocks are left in r.reserved until
+// the caller hands them to storages (take); if the run stops first, even
+// half-way through the sizes, freeAll gives them back.
 func (r *runner) reserve(sizes ...uint64) error {
-	r.reserved = r.reserved[:0]
+	if len(r.reserved) > 0 {
+		return fmt.Errorf("placing %d blocks: %d blocks of the previous placement were not handed to storages", len(sizes), len(r.reserved))
+	}
 	for _, size := range sizes {
 		for {
 			b, err := r.mem.Alloc(size)
@@ -77,6 +81,15 @@ func (r *runner) reserve(sizes ...uint64) error {
 		}
 	}
 	return nil
+}
+
+// take hands over the blocks of the last reserve: the caller now owns them
+// (assigns them to storages or frees them). The returned slice is valid
+// until the next reserve.
+func (r *runner) take() []Block {
+	b := r.reserved
+	r.reserved = r.reserved[:0]
+	return b
 }
 
 // assign records that the storage rooted at t lives in block b.
@@ -114,26 +127,34 @@ func (r *runner) rerunPlaced(op rc.OpID, target rc.TensorID) error {
 	if err := r.reserve(sizes...); err != nil {
 		return err
 	}
-	blocks := append([]Block(nil), r.reserved...)
 	if err := r.eng.RematerializedFor(op, target, -1); err != nil {
 		return err
 	}
-	for i, root := range roots {
-		if root < 0 {
-			if err := r.mem.Free(blocks[i]); err != nil {
-				return fmt.Errorf("freeing a re-run's duplicate output: %w", err)
-			}
-			continue
+	var errs []error
+	for i, b := range r.take() {
+		if roots[i] >= 0 {
+			r.assign(roots[i], b)
+		} else if err := r.mem.Free(b); err != nil {
+			errs = append(errs, fmt.Errorf("freeing a re-run's duplicate output: %w", err))
 		}
-		r.assign(root, blocks[i])
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// freeAll gives back every block still placed when the run ends, so a
-// memory model can be reused or closed cleanly.
+// freeAll gives back every block still placed when the run ends (the
+// storages still resident, the program's outputs among them, and blocks
+// placed for a step the run stopped before), so that the memory model ends
+// empty: it can be reused, and closing it finds nothing live.
 func (r *runner) freeAll() error {
+	if r.counter {
+		return nil
+	}
 	var errs []error
+	for _, b := range r.take() {
+		if err := r.mem.Free(b); err != nil {
+			errs = append(errs, fmt.Errorf("freeing a block placed for a step that did not run: %w", err))
+		}
+	}
 	for t, b := range r.blocks {
 		if b != 0 {
 			r.blocks[t] = 0

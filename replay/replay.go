@@ -146,7 +146,7 @@ type runner struct {
 	counter  bool // mem is Counting: no placement work
 	ids      []rc.TensorID
 	blocks   []Block // per engine tensor (storage roots) when placing: block+1
-	reserved []Block // blocks placed by the last reserve
+	reserved []Block // blocks placed by reserve, not yet taken
 	buf      []evict.Victim
 	steps    []rc.Step
 	args     []rc.TensorID
@@ -264,7 +264,7 @@ func (r *runner) step(in *rc.Instr) error {
 		id := r.eng.NewTensor(in.Size, true)
 		r.ids[in.T] = id
 		if !r.counter {
-			r.assign(id, r.reserved[0])
+			r.assign(id, r.take()[0])
 		}
 		return nil
 	case rc.KindCall, rc.KindMutate:
@@ -363,11 +363,15 @@ func (r *runner) call(in *rc.Instr) error {
 	if err != nil {
 		return err
 	}
+	var blocks []Block
+	if !r.counter {
+		blocks = r.take()
+	}
 	k := 0
 	for i, o := range in.Outs {
 		r.ids[o.T] = ids[i]
 		if o.Alias < 0 && !r.counter {
-			r.assign(ids[i], r.reserved[k])
+			r.assign(ids[i], blocks[k])
 			k++
 		}
 	}
@@ -505,7 +509,7 @@ func (r *runner) swapIn(root rc.TensorID) error {
 		return err
 	}
 	if !r.counter {
-		r.assign(root, r.reserved[0])
+		r.assign(root, r.take()[0])
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memscale/memscale/evict"
 	"github.com/memscale/memscale/internal/logging"
 )
 
@@ -57,25 +58,25 @@ const (
 // Backends lists the accepted MEMSCALE_BACKEND values.
 var Backends = []Backend{BackendAuto, BackendCUDA, BackendSim}
 
-// Heuristic names the DTR eviction heuristic.
+// Heuristic names the DTR eviction heuristic: the configuration name of an
+// evict.Heuristic. The engine owns the list of heuristics; this package
+// validates against it (evict.ParseHeuristic), so a heuristic the engine
+// accepts is never rejected here.
 type Heuristic string
 
-// Accepted heuristics (REFERENCE.md 5).
-const (
-	HeuristicDTR      Heuristic = "dtr"
-	HeuristicDTREq    Heuristic = "dtr-eq"
-	HeuristicDTRLocal Heuristic = "dtr-local"
-	HeuristicMSPS     Heuristic = "msps"
-	HeuristicLRU      Heuristic = "lru"
-	HeuristicSize     Heuristic = "size"
-	// HeuristicDefault lets the engine pick its default heuristic.
-	HeuristicDefault Heuristic = "default"
-)
+// HeuristicDefault lets the engine pick its default heuristic
+// (evict.DefaultHeuristic). It is evict.Default's name.
+const HeuristicDefault Heuristic = "default"
 
-// Heuristics lists the accepted MEMSCALE_HEURISTIC values.
-var Heuristics = []Heuristic{
-	HeuristicDTR, HeuristicDTREq, HeuristicDTRLocal, HeuristicMSPS,
-	HeuristicLRU, HeuristicSize, HeuristicDefault,
+// Heuristics lists the accepted MEMSCALE_HEURISTIC values: every heuristic
+// of the engine (evict.Heuristics), then HeuristicDefault.
+func Heuristics() []Heuristic {
+	hs := evict.Heuristics()
+	out := make([]Heuristic, 0, len(hs)+1)
+	for _, h := range hs {
+		out = append(out, Heuristic(h.String()))
+	}
+	return append(out, HeuristicDefault)
 }
 
 // LogLevels lists the accepted MEMSCALE_LOG_LEVEL values (those of
@@ -107,7 +108,9 @@ type Config struct {
 	// EvicteeMinSize is MEMSCALE_EVICTEE_MIN_SIZE in bytes: smaller tensors
 	// are never evicted. Default 0 (every tensor is a candidate).
 	EvicteeMinSize uint64 `json:"evictee_min_size"`
-	// Heuristic is MEMSCALE_HEURISTIC (default "default").
+	// Heuristic is MEMSCALE_HEURISTIC (default "default"), as the engine's
+	// name for it: evict.ParseHeuristic's spellings are accepted
+	// ("DTR_EQ" is stored as "dtr-eq").
 	Heuristic Heuristic `json:"heuristic"`
 	// RecompTimeFactor is MEMSCALE_RECOMP_TIME_FACTOR, the exponent of the
 	// recompute cost in the score (default 1).
@@ -195,7 +198,7 @@ func Load(lookup LookupFunc) (Config, error) {
 	l.sizeOrPercent(EnvMemoryLimit, &c.MemoryLimit)
 	l.sizeOrPercent(EnvEvictionThreshold, &c.EvictionThreshold)
 	l.size(EnvEvicteeMinSize, false, &c.EvicteeMinSize)
-	choice(&l, EnvHeuristic, Heuristics, func(v Heuristic) { c.Heuristic = v })
+	l.heuristic(EnvHeuristic, &c.Heuristic)
 	l.factor(EnvRecompTimeFactor, &c.RecompTimeFactor)
 	l.factor(EnvRecompMemoryFactor, &c.RecompMemoryFactor)
 	l.size(EnvSimCapacity, true, &c.SimCapacity)
@@ -380,6 +383,27 @@ func (l *loader) count(name string, limit int, dst *int) {
 		return
 	}
 	*dst = int(n)
+}
+
+// heuristic accepts what the engine accepts (evict.ParseHeuristic: any
+// letter case, "_" for "-") and stores the heuristic's canonical name.
+func (l *loader) heuristic(name string, dst *Heuristic) {
+	v, raw, ok := l.get(name)
+	if !ok {
+		return
+	}
+	h, err := evict.ParseHeuristic(v)
+	if err != nil {
+		accepted := Heuristics()
+		names := make([]string, len(accepted))
+		for i, a := range accepted {
+			names[i] = string(a)
+		}
+		// ParseHeuristic's error repeats the list: Accepted says it once.
+		l.fail(name, raw, "one of "+strings.Join(names, ", "), nil)
+		return
+	}
+	*dst = Heuristic(h.String())
 }
 
 // choice accepts one of the listed values, case-insensitively.

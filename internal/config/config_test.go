@@ -5,6 +5,7 @@ import (
 	"io"
 	"testing"
 
+	"github.com/memscale/memscale/evict"
 	"github.com/memscale/memscale/internal/logging"
 
 	"github.com/stretchr/testify/assert"
@@ -72,7 +73,19 @@ func TestLoadValues(t *testing.T) {
 			assert.Equal(t, uint64(1e6), c.EvicteeMinSize)
 		}},
 		{"heuristic", map[string]string{EnvHeuristic: "dtr-eq"}, func(t *testing.T, c Config) {
-			assert.Equal(t, HeuristicDTREq, c.Heuristic)
+			assert.Equal(t, Heuristic("dtr-eq"), c.Heuristic)
+		}},
+		{"heuristic anc-sqrt", map[string]string{EnvHeuristic: "anc-sqrt"}, func(t *testing.T, c Config) {
+			assert.Equal(t, Heuristic("anc-sqrt"), c.Heuristic)
+		}},
+		{"heuristic dtr-eq-anc", map[string]string{EnvHeuristic: "dtr-eq-anc"}, func(t *testing.T, c Config) {
+			assert.Equal(t, Heuristic("dtr-eq-anc"), c.Heuristic)
+		}},
+		{"heuristic engine spelling", map[string]string{EnvHeuristic: " DTR_Eq_Anc "}, func(t *testing.T, c Config) {
+			assert.Equal(t, Heuristic("dtr-eq-anc"), c.Heuristic, "stored as the engine's canonical name")
+		}},
+		{"heuristic default", map[string]string{EnvHeuristic: "Default"}, func(t *testing.T, c Config) {
+			assert.Equal(t, HeuristicDefault, c.Heuristic)
 		}},
 		{"factors", map[string]string{EnvRecompTimeFactor: "0.5", EnvRecompMemoryFactor: "2e0"},
 			func(t *testing.T, c Config) {
@@ -111,7 +124,8 @@ func TestLoadErrors(t *testing.T) {
 		{"limit unit", EnvMemoryLimit, "12G", []string{`MEMSCALE_MEMORY_LIMIT="12G"`, `unknown unit "G"`}},
 		{"backend", EnvBackend, "rocm", []string{`MEMSCALE_BACKEND="rocm"`, "auto, cuda, sim"}},
 		{"heuristic", EnvHeuristic, "random",
-			[]string{`MEMSCALE_HEURISTIC="random"`, "dtr, dtr-eq, dtr-local, msps, lru, size, default"}},
+			[]string{`MEMSCALE_HEURISTIC="random"`, "dtr, dtr-eq, dtr-local, msps, lru, size, dtr-eq-anc, anc-sqrt, default"}},
+		{"heuristic with a space", EnvHeuristic, "dtr eq", []string{`MEMSCALE_HEURISTIC="dtr eq"`, "anc-sqrt"}},
 		{"evictee percent", EnvEvicteeMinSize, "5%", []string{"MEMSCALE_EVICTEE_MIN_SIZE", "percentage"}},
 		{"time factor zero", EnvRecompTimeFactor, "0", []string{"MEMSCALE_RECOMP_TIME_FACTOR", "greater than 0"}},
 		{"time factor negative", EnvRecompTimeFactor, "-1", []string{"greater than 0"}},
@@ -238,4 +252,29 @@ func TestLogValuesMatchLogging(t *testing.T) {
 	}
 	_, err := logging.ParseLevel(Default().LogLevel)
 	assert.NoError(t, err)
+}
+
+// TestHeuristicsAreTheEngines checks that MEMSCALE_HEURISTIC accepts exactly
+// what the engine accepts: every evict.Heuristic by name (stored so that
+// evict.ParseHeuristic gives it back), "default" for evict.Default, and
+// Heuristics lists them all.
+func TestHeuristicsAreTheEngines(t *testing.T) {
+	assert.Equal(t, evict.Default.String(), string(HeuristicDefault))
+	want := []Heuristic{}
+	for _, h := range evict.Heuristics() {
+		want = append(want, Heuristic(h.String()))
+	}
+	assert.Equal(t, append(want, HeuristicDefault), Heuristics())
+	for _, h := range append(evict.Heuristics(), evict.Default) {
+		t.Run(h.String(), func(t *testing.T) {
+			c, err := Load(env(map[string]string{EnvHeuristic: h.String()}))
+			require.NoError(t, err)
+			assert.Equal(t, Heuristic(h.String()), c.Heuristic)
+			back, err := evict.ParseHeuristic(string(c.Heuristic))
+			require.NoError(t, err)
+			assert.Equal(t, h, back)
+		})
+	}
+	assert.Contains(t, Heuristics(), Heuristic("anc-sqrt"))
+	assert.Contains(t, Heuristics(), Heuristic("dtr-eq-anc"))
 }

@@ -129,9 +129,10 @@ type RunResult struct {
 	Instructions int `json:"instructions"`
 	// Wall is the run's wall time.
 	Wall time.Duration `json:"wall_ns"`
-	// CloseError is what closing the run's memory model reported (e.g.
-	// allocations still live when the replay ended). The run's results
-	// stand; callers show it as a warning.
+	// CloseError is what closing the run's memory model reported. A replay
+	// frees every block it placed before it returns, so an error here means
+	// a leak (a bug) or a failure to release the model's device; the run's
+	// results stand, and callers show it as a warning.
 	CloseError string `json:"close_error,omitempty"`
 	// BudgetViolated is set when Peak > Budget: a bug, never expected.
 	BudgetViolated bool `json:"budget_violated"`

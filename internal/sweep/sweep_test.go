@@ -212,6 +212,34 @@ func TestRunCancelled(t *testing.T) {
 	assert.Contains(t, err.Error(), "sweep interrupted after")
 }
 
+// TestRunAllocatorModelClosesClean sweeps with the allocator memory model
+// (a simulated card per run, as memscale replay --memory allocator does):
+// each replay frees every block it placed, finished or stopped early, so no
+// run reports a close error.
+func TestRunAllocatorModelClosesClean(t *testing.T) {
+	dir := t.TempDir()
+	in := []Input{{Name: "chain10", Path: writeFile(t, dir, "chain10.log", chainTrace(10, 4<<20), false)}}
+	cfg := Config{
+		Ratios: []float64{0.1, 0.3, 0.5, 0.8, 1}, Heuristics: evict.Heuristics(), Workers: 2, Check: true,
+		MemoryName: "allocator",
+		Memory:     func(budget uint64) (replay.MemoryModel, error) { return replay.NewSimAllocatorModel(budget) },
+	}
+	rep, err := Run(context.Background(), in, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, "allocator", rep.Memory)
+	assert.Zero(t, rep.Errors())
+	n, first := rep.CloseErrors()
+	assert.Zero(t, n, "first close error: %s", first)
+	statuses := map[string]int{}
+	for _, r := range rep.Traces[0].Runs {
+		assert.Equal(t, "allocator", r.Memory)
+		assert.Empty(t, r.CloseError, "%s %v %s", r.Heuristic, r.Ratio, r.Status)
+		statuses[r.Status]++
+	}
+	assert.Positive(t, statuses["ok"], "some runs finish: %v", statuses)
+	assert.Positive(t, statuses["oom"]+statuses["over-limit"], "some runs stop early: %v", statuses)
+}
+
 // closingModel is a counting memory model that records Close.
 type closingModel struct {
 	replay.Counting

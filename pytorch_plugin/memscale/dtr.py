@@ -13,41 +13,55 @@ Design, in the order an op meets it:
 
 * **Inputs.** A wrapper input brings its cell. A plain tensor input (parameter,
   buffer, data, a tensor made outside the region) is registered once per entry as
-  an *external*, pinned tensor (``memscale_dtr_tensor(pinned=1)``); two externals
-  sharing a storage are registered as an alias of the first.
+  an *external*, pinned tensor (``memscale_dtr_tensor(pinned=1)``); a second
+  external sharing a registered storage is registered as an alias of it. The cell
+  holds an alias of the user's tensor and a weak reference to it: when the program
+  drops a plain tensor, the engine is told like for any other reference.
 * **Residency.** Inputs that are evicted are rebuilt from the engine's plan
-  (``memscale_dtr_plan``): each step re-runs a recorded op (its ``func``, its
-  arguments with the input *cells* in place of tensors, its RNG state) or copies a
-  swapped storage back. Inputs of the op are locked while other inputs are being
-  rebuilt, and outputs of a plan step stay locked until the later steps that read
-  them ran, so the engine's budget loop (run after every step) never takes away
-  something the plan still needs.
+  (``memscale_dtr_plan``, which also holds the inputs of the planned steps): each
+  step re-runs a recorded op (its ``func``, its arguments with the input *cells*
+  in place of tensors, its RNG state) or copies a swapped storage back. The op's
+  inputs are locked while the others are rebuilt; a step's outputs stay locked
+  until the next step, when it reads them, ran; an input the budget loop took
+  since the plan was made is rebuilt by a plan of its own (DTR's recursion).
+* **Room before allocation.** Under a budget, before an op (or a re-run, or a
+  swap-in, or registering an external) runs, its inputs are locked and the budget
+  loop makes room for the bytes it is about to allocate (for an op: the size of
+  its fresh outputs, predicted once per argument signature by running the op on
+  ``meta`` tensors and corrected by every real run). The engine's usage therefore
+  never goes above the budget.
 * **Run and register.** The op runs on the real tensors; its cost is measured
   (``time.perf_counter_ns`` on the CPU; on CUDA the launch time or, once known, the
   device time of the same op read lazily from CUDA events). ``memscale_dtr_call``
-  registers it; an output that shares the storage of an input (detected by storage
-  pointer, which also catches ``_unsafe_view`` and ``lift_fresh``) is registered
-  as an alias (``out_alias``). Then the budget loop runs (``memscale_dtr_evict``)
-  and every victim's storage is dropped (all cells sharing it) or swapped out.
+  registers it; an output that shares the storage of an input (known from the
+  schema for view ops, else detected by storage pointer, which also catches
+  ``_unsafe_view`` and ``lift_fresh``) is registered as an alias (``out_alias``).
+* **Evictions.** ``memscale_dtr_evict`` returns storages (roots) to drop or swap:
+  budget victims and storages the engine freed because their last reference went.
+  Python drops the data of every cell of a dropped storage, or copies the storage
+  to host memory first for a swap.
 * **In-place ops** (schema ``is_mutable``) run in place, as in eager mode, and
-  create new versions (``memscale_dtr_mutate``): the wrapper moves to the new
-  version's cell, and every other live alias of the mutated storage is
+  create new versions (``memscale_dtr_mutate``; the engine lets the new version
+  take over the old memory and counts the old one evicted): the wrapper moves to
+  the new version's cell, and every other live alias of the mutated storage is
   re-registered on top of the new version, because it now sees the new data. The
-  old version's data is gone; it stays *recomputable* from its own lineage, and a
-  replay of the in-place op works on a copy of the old version's storage, so a
-  rebuilt old version is never clobbered. In-place ops on externals (an optimizer
-  step, BatchNorm's ``num_batches_tracked``) mutate the user's tensor; the new
-  version is pinned. Ops that write running statistics without declaring it
+  old version stays *recomputable* from its own lineage, and a replay of the
+  in-place op works on a copy of the old version's storage, so a rebuilt old
+  version is never clobbered. In-place ops on externals (an optimizer step,
+  BatchNorm's ``num_batches_tracked``) mutate the user's tensor; the new version
+  inherits the pin. Ops that write running statistics without declaring it
   (``native_batch_norm``) are replayed on scratch copies of those statistics, so a
   rematerialization never updates them twice.
 * **RNG ops** (``Tag.nondeterministic_seeded``: dropout's ``bernoulli_``,
   ``rand*``, ``normal``...) record the generator state before they run and replay
   under that state, so a rebuilt dropout mask is bitwise the original one. They
   are therefore recomputable like any other op (no ``NO_RECOMPUTE``).
+* **Gradients.** A post-accumulate-grad hook on every parameter seen in the region
+  pins its ``.grad`` once accumulated: a gradient outlives the step, and evicting
+  it would mean re-running the backward pass that produced it.
 * **Releases.** When a wrapper is garbage-collected (a weakref callback) its cell
-  is queued and released (``memscale_dtr_release``) at the start of the next op.
-  When every cell of a storage is released, Python drops the data; the engine
-  keeps the tensor recomputable while dependents need it.
+  is queued and released (``memscale_dtr_release``) at the start of the next op;
+  the engine evicts or frees the storage when that was its last reference.
 * **Exit.** Wrappers still referenced (results, autograd's saved tensors, ``.grad``
   of parameters) are made resident and *detached*: outside a region a wrapper
   behaves as its plain tensor (ops on it return plain tensors), and the ``.grad``
@@ -58,12 +72,16 @@ Design, in the order an op meets it:
 Usage is counted by the engine: on the CPU (and whenever the memscale allocator is
 not installed) as the sum of resident registered bytes (``"usage": "engine"``); on
 CUDA with the allocator installed, as the allocator's allocated bytes
-(``"usage": "allocator"``).
+(``"usage": "allocator"``). Storages under :data:`DEFAULT_EVICTEE_MIN_SIZE` bytes
+are never evicted unless told otherwise.
 
-Known limits: in-place *view* ops that change a tensor's shape (``t_``,
-``squeeze_``, ``as_strided_``...) are refused on region tensors; a tensor computed
-from the old value of an external that was later mutated in place inside the same
-region can no longer be rebuilt if it was evicted (the engine reports it).
+Known limits: in-place ops that change a tensor's shape (``t_``, ``squeeze_``,
+``resize_``, ``set_``...) are refused on region tensors; sparse results are
+refused; a tensor computed from the old value of an external that was later
+mutated in place inside the same region cannot be rebuilt if it was evicted (the
+engine's plan says so); a plain tensor taken out with :meth:`DTRRegion.unwrap` and
+fed back into the region's ops is a new external (counted again, pinned while
+referenced); on CUDA an op's cost is approximate (see above).
 """
 
 from __future__ import annotations
@@ -94,6 +112,10 @@ _aten = torch.ops.aten
 #: ``MEMSCALE_EVICTEE_MIN_SIZE`` says otherwise: evicting a scalar (a loss) saves
 #: nothing and can cost a re-run of everything it was computed from.
 DEFAULT_EVICTEE_MIN_SIZE: Final[int] = 1024
+
+#: Tests set this: every op then checks that Python's mirror of the engine's usage
+#: (used to skip making room when there is room) equals the engine's.
+CHECK_USAGE: bool = False
 
 #: Kinds of recorded ops (how a replay runs them).
 _K_CALL: Final[int] = 0  # re-run func; outputs map to the op's output cells
@@ -165,13 +187,18 @@ class _WRef(weakref.ref):  # type: ignore[type-arg]
 
 
 class _Group:
-    """The cells sharing one storage (engine storage root), plus swap state."""
+    """The cells sharing one storage (engine storage root), plus swap state.
 
-    __slots__ = ("cells", "live", "nbytes", "host", "geo")
+    ``res`` mirrors the engine's residency of the storage (its bytes count in
+    the engine's usage).
+    """
+
+    __slots__ = ("cells", "live", "nbytes", "host", "geo", "res")
 
     def __init__(self, cell: _Cell, nbytes: int) -> None:
         self.cells: set[_Cell] = {cell}
         self.live = 1
+        self.res = True
         self.nbytes = nbytes
         self.host: Any = None  # UntypedStorage on the host while swapped out
         self.geo: dict[_Cell, tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int]] | None = None
@@ -340,6 +367,18 @@ class DTRTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (_identity, (unwrap(self),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Tensor:
+        with _disable_current_modes():
+            return _plain_of(self).clone()
+
+    def tolist(self) -> Any:  # noqa: D102 - as torch.Tensor.tolist (subclasses lack it)
+        with _disable_current_modes():
+            return _plain_of(self).tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:  # noqa: D102 - as torch.Tensor.numpy
+        with _disable_current_modes():
+            return _plain_of(self).numpy(force=force)
 
 
 def _identity(x: Any) -> Any:
@@ -566,7 +605,7 @@ class _Entry:
         self.f_pin = fn.pin
         self.f_swapped_in = fn.swapped_in
         self.budgeted = bool(config.get("budget"))
-        self.record = True
+        self.record = region._recompute  # recorded ops are only needed to re-run them
         self.recompute = region._recompute
         self.sink = sink
         self.closed = False
@@ -585,6 +624,10 @@ class _Entry:
         self.fresh = 0
         self.ext_new = 0  # externals registered under a budget (residency re-check)
         self.undrained = 0  # unbudgeted: storages freed since the last evict call
+        # The engine's usage, mirrored from what it is told and answers (exact
+        # for "usage": "engine"): only to skip making room when there is room.
+        self.mirror = 0
+        self.mirrored = config.get("usage") == "engine"
         self.budget = int(config.get("budget") or 0)
         self.cuda_timer: _CudaTimer | None = None
         cap = 64
@@ -601,6 +644,17 @@ class _Entry:
         self.b_pk = (_engine._i32 * self.pcap)()
         self.b_pi = (_engine._i64 * self.pcap)()
         self.dead: Callable[[_WRef], None] = self._dead
+        if self.mirrored and CHECK_USAGE:
+            self.dispatch = self._checked_dispatch  # type: ignore[method-assign]
+
+    def _checked_dispatch(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """:data:`CHECK_USAGE`: after every op, Python's view of the engine's usage
+        must be the engine's (a debugging aid for tests; slow)."""
+        out = _Entry.dispatch(self, func, args, kwargs)
+        usage = int(self.eng.stats()["usage"])
+        if usage != self.mirror:
+            raise MemscaleError(f"memscale.dtr: after {func}: engine usage {usage} != mirrored {self.mirror}")
+        return out
 
     # ---------------------------------------------------------------- errors
 
@@ -666,6 +720,9 @@ class _Entry:
             for x in g.cells:
                 x.t = None
             g.host = None
+            if g.res:
+                g.res = False
+                self.mirror -= g.nbytes
             self.undrained += 1
             if self.undrained >= 256:
                 self.undrained = 0
@@ -716,6 +773,7 @@ class _Entry:
                 raise self._fail(f"registering an external tensor of {nbytes} bytes")
             c = _Cell(int(tid), alias, int(tid), -1, self, pin=True)
             self.groups[c.tid] = _Group(c, nbytes)
+            self.mirror += nbytes
             if ptr:
                 self.ext_storage[ptr] = c
             if self.sink is not None:
@@ -871,14 +929,20 @@ class _Entry:
     def _lock_cells(self, cells: list[_Cell]) -> list[_Cell]:
         h = self.h
         lock = self.f_lock
+        done: list[_Cell] = []
         for c in cells:
             if lock(h, c.tid) < 0:
+                for d in done:
+                    self.f_unlock(h, d.tid)
                 raise self._fail(f"lock of tensor {c.tid}")
-        return cells
+            done.append(c)
+        return done
 
     def reserve(self, extra: int, what: bytes) -> None:
         """Evict until usage + ``extra`` fits the budget (before an allocation)."""
         b = self.budget
+        if self.mirrored and self.mirror + extra <= b:
+            return  # room already
         if extra >= b:
             raise MemscaleError(
                 f"memscale.dtr: budget {b} bytes is too small: {what.decode()} alone needs {extra} "
@@ -954,16 +1018,45 @@ class _Entry:
         if missing:
             locked = self._make_resident(ins)
             rargs, rkw = self._refill(targs, tkw, info)
+        skey = None
         if self.budgeted and not info.views:
-            # Make room for the outputs before they exist, so usage never
-            # goes above the budget (inputs are locked meanwhile).
-            if locked is None:
-                locked = self._lock_cells(ins)
+            # Make room for the outputs before they exist, so usage never goes
+            # above the budget; the inputs are locked meanwhile.
             skey, extra = _predict_bytes(func, info, rargs, rkw)
-            if extra:
-                self.reserve(extra, info.name)
-        else:
-            skey = None
+            if extra and not (self.mirrored and self.mirror + extra <= self.budget):
+                if locked is None:
+                    locked = self._lock_cells(ins)
+                try:
+                    self.reserve(extra, info.name)
+                except BaseException:
+                    for c in locked:
+                        self.f_unlock(self.h, c.tid)
+                    self.dirty = True
+                    raise
+        try:
+            return self._run(func, info, ins, rargs, rkw, targs, tkw, locked, skey)
+        except BaseException:
+            if locked is not None:
+                # The op failed (in the kernel, or the budget): do not leave its
+                # inputs locked for the rest of the entry.
+                for c in locked:
+                    self.f_unlock(self.h, c.tid)
+                self.dirty = True
+            raise
+
+    def _run(
+        self,
+        func: Any,
+        info: _Info,
+        ins: list[_Cell],
+        rargs: list[Any],
+        rkw: dict[str, Any],
+        targs: list[Any],
+        tkw: dict[str, Any],
+        locked: list[_Cell] | None,
+        skey: Any,
+    ) -> Any:
+        """Run a non-mutating op on resident inputs, register it, wrap its outputs."""
         rng = None
         if info.rng:
             gen = _generator_for(rargs, rkw)
@@ -986,7 +1079,8 @@ class _Entry:
             _flatten(out, outs)
             if not outs:
                 if locked is not None:
-                    self._unlock_all(locked)
+                    cells_to_unlock, locked = locked, None
+                    self._unlock_all(cells_to_unlock)
                 return out
         if timer is None and outs[0].is_cuda:
             self.cuda_timer = timer = _CudaTimer()
@@ -999,6 +1093,7 @@ class _Entry:
             self.ops[cells[0].op] = _Op(func, targs, tkw, ins, cells, rng, _K_CALL, scratch=info.stw)
         if locked is not None:
             self._unlock_all(locked)
+            locked.clear()  # unlocked: nothing for the caller's error path to undo
         wrappers = self._wrap_all(cells, outs)
         if self.budgeted or self.dirty:
             self.evict()
@@ -1029,7 +1124,13 @@ class _Entry:
         else:
             in_ptrs: list[int] | None = None
             for i, o in enumerate(outs):
-                st = o.untyped_storage()
+                try:
+                    st = o.untyped_storage()
+                except (RuntimeError, NotImplementedError) as exc:
+                    raise MemscaleError(
+                        f"memscale.dtr: {info.name.decode()} returned a {o.layout} tensor; only strided "
+                        f"(dense) tensors can live in a DTR region ({exc})"
+                    ) from exc
                 ptr = st.data_ptr()
                 k = -1
                 if ptr and n_in:
@@ -1065,6 +1166,7 @@ class _Entry:
                 g.live += 1
             cells.append(c)
         self.fresh = fresh
+        self.mirror += fresh
         if self.sink is not None:
             self.sink.call(info.name, ins, cells, list(b_size[:n_out]), aliases, cost)
         return cells
@@ -1123,6 +1225,31 @@ class _Entry:
         if missing or extra:
             locked = self._make_resident(ins + extra)
             rargs, rkw = self._refill(targs, tkw, info)
+        try:
+            return self._run_mutating(func, info, args, kwargs, ins, mut, rargs, rkw, targs, tkw, locked)
+        except BaseException:
+            if locked:
+                for c in locked:
+                    self.f_unlock(self.h, c.tid)
+                self.dirty = True
+            raise
+
+    def _run_mutating(
+        self,
+        func: Any,
+        info: _Info,
+        args: Any,
+        kwargs: dict[str, Any],
+        ins: list[_Cell],
+        mut: list[int],
+        rargs: list[Any],
+        rkw: dict[str, Any],
+        targs: list[Any],
+        tkw: dict[str, Any],
+        locked: list[_Cell] | None,
+    ) -> Any:
+        """Run an in-place op on resident inputs, register the new versions."""
+        mutpos = info.mutpos
         rng = None
         if info.rng:
             gen = _generator_for(rargs, rkw)
@@ -1160,6 +1287,7 @@ class _Entry:
             self._register_mutation(func, info, ins, mut, targs, tkw, cost, rng)
         if locked is not None:
             self._unlock_all(locked)
+            locked.clear()  # unlocked: nothing for the caller's error path to undo
         wrappers = iter(self._wrap_all(fresh_cells, fresh)) if fresh else iter(())
         if self.budgeted or self.dirty:
             self.evict()
@@ -1216,7 +1344,12 @@ class _Entry:
             # The new version takes over the old memory and its pins (engine).
             new = _Cell(tid, old.t, tid, op, self, pin=old.pin)
             g_old = self.groups.get(old.root)
-            self.groups[tid] = _Group(new, g_old.nbytes if g_old is not None else 0)
+            size = g_old.nbytes if g_old is not None else 0
+            self.groups[tid] = _Group(new, size)
+            self.mirror += size  # the engine counts the new version...
+            if g_old is not None and g_old.res:
+                g_old.res = False  # ... and the old one evicted (its memory is the new one's)
+                self.mirror -= g_old.nbytes
             self._repoint(old, new)
             news.append(new)
             if self.sink is not None:
@@ -1426,19 +1559,25 @@ class _Entry:
                 elif self.f_lock(h, c.tid) < 0:
                     raise self._fail(f"lock of tensor {c.tid}")
                 locked.append(c)
-            if self.budgeted:
-                extra = 0
-                groups = self.groups
-                for c in op.outs:
-                    if c.root == c.tid:
-                        g = groups.get(c.tid)
-                        if g is not None:
-                            extra += g.nbytes
-                if extra:
-                    self.reserve(extra, b"rematerialization")
+            fresh: list[_Group] = []
+            extra = 0
+            groups = self.groups
+            for c in op.outs:
+                if c.root == c.tid:
+                    g = groups.get(c.tid)
+                    if g is not None:
+                        extra += g.nbytes  # a resident one is re-made as a throw-away copy
+                        fresh.append(g)
+            if self.budgeted and extra:
+                self.reserve(extra, b"rematerialization")
             cost = self.rerun(op)
             if report and self.f_remat(h, op_id, cost) < 0:
                 raise self._fail(f"reporting the rematerialization of op {op_id}")
+            if report:
+                for g in fresh:
+                    if not g.res:
+                        g.res = True
+                        self.mirror += g.nbytes
             if keep:
                 for c in keep:
                     if self.f_lock(h, c.tid) < 0:
@@ -1528,6 +1667,9 @@ class _Entry:
                 g = groups.get(root)
                 if g is None:
                     raise MemscaleError(f"memscale.dtr: the engine evicted unknown storage {root}")
+                if g.res:
+                    g.res = False
+                    self.mirror -= g.nbytes
                 if acts[j] == ACTION_SWAP:
                     self._swap_out(g)
                 else:
@@ -1578,6 +1720,9 @@ class _Entry:
             cells.append(c)
         g.host = None
         g.geo = None
+        if not g.res:
+            g.res = True
+            self.mirror += g.nbytes
         if self.f_swapped_in(self.h, tid) < 0:
             raise self._fail(f"reporting the swap-in of tensor {tid}")
         if self.sink is not None:

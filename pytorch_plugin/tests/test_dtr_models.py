@@ -46,6 +46,14 @@ FRACTIONS = (0.5, 0.3)
 
 
 @pytest.fixture(autouse=True)
+def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every op, Python's mirror of the engine's usage must be exact."""
+    import memscale.dtr
+
+    monkeypatch.setattr(memscale.dtr, "CHECK_USAGE", True)
+
+
+@pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
     """No test may hang: fail after 10 minutes."""
 

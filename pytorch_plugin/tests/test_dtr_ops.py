@@ -35,6 +35,14 @@ N = 256 * 1024  # floats per 1 MiB tensor
 
 
 @pytest.fixture(autouse=True)
+def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every op, Python's mirror of the engine's usage must be exact."""
+    import memscale.dtr
+
+    monkeypatch.setattr(memscale.dtr, "CHECK_USAGE", True)
+
+
+@pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
     """No test may hang: fail after 2 minutes."""
 
@@ -275,6 +283,57 @@ def test_rng_ops_replay_bitwise() -> None:
         after = torch.rand(3)  # replays left the generator where it was
     assert torch.equal(unwrap(after), e_after)
     assert region.summary()["rematerializations"] > 0
+
+
+def test_batch_norm_replay_does_not_update_running_stats_twice() -> None:
+    x = _x()
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(1024)
+    ref_bn = torch.nn.BatchNorm1d(1024)
+    ref_y = ref_bn(x * 2)
+    region = _region(6.5)
+    with region:
+        y = bn(x * 2)
+        keep = _fill(x, 8)
+        assert not _resident(y)
+        assert _eq(y, ref_y)  # native_batch_norm re-ran on scratch statistics
+        del keep
+    assert region.summary()["rematerializations"] > 0
+    assert torch.equal(bn.running_mean, ref_bn.running_mean)
+    assert torch.equal(bn.running_var, ref_bn.running_var)
+    assert int(bn.num_batches_tracked) == 1
+
+
+def test_data_access_on_region_tensors() -> None:
+    import copy
+
+    x = _x()
+    region = dtr(None)
+    with region:
+        y = x[:2, :3] * 2
+        assert y.tolist() == (x[:2, :3] * 2).tolist()
+        assert (y.numpy() == (x[:2, :3] * 2).numpy()).all()
+        assert type(copy.deepcopy(y)) is torch.Tensor
+        assert y.sum().item() == pytest.approx(float((x[:2, :3] * 2).sum()))
+        assert bool((y * 0).sum() == 0)
+    assert y.tolist() == (x[:2, :3] * 2).tolist()
+
+
+def test_a_failing_op_leaves_the_region_usable() -> None:
+    x = _x()
+    ref = x * 3
+    region = _region()
+    with region:
+        a = x * 3
+        with pytest.raises(RuntimeError):
+            a @ torch.ones(3, 3)  # shape mismatch inside the kernel
+        with pytest.raises(RuntimeError):
+            a.add_(torch.ones(3))
+        keep = _fill(x)  # inputs of the failed ops were not left locked: a can go
+        assert not _resident(a)
+        assert _eq(a, ref)
+        del keep
+    _check_peak(region)
 
 
 # ------------------------------------------------------------ autograd/escape

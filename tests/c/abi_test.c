@@ -59,6 +59,15 @@ FN(memscale_clear_error);
 FN(memscale_string_free);
 FN(memscale_version);
 
+// DTR engine exports the fork test calls; NULL with ABI_TEST_SKIP_DTR=1.
+FN(memscale_dtr_create);
+FN(memscale_dtr_destroy);
+FN(memscale_dtr_set_budget);
+FN(memscale_dtr_tensor);
+FN(memscale_dtr_call);
+FN(memscale_dtr_evict);
+FN(memscale_dtr_stats_json);
+
 static const char* dtr_exports[] = {
     "memscale_dtr_create",   "memscale_dtr_destroy",         "memscale_dtr_set_budget",
     "memscale_dtr_tensor",   "memscale_dtr_call",            "memscale_dtr_mutate",
@@ -571,8 +580,43 @@ static void test_threads(void) {
 	check(p_memscale_allocated(0) == 0, "threads: nothing left allocated");
 }
 
+// fork_engine is a DTR engine the parent created before forking (0 when the
+// DTR exports are skipped): the child's calls on it must be refused, not
+// run.
+static int64_t fork_engine;
+
+// child_dtr_after_fork calls the engine exports in the forked child: each
+// returns -1 (NULL for char*) without entering Go, even on the parent's
+// live handle, and counts an error.
+static int child_dtr_after_fork(void) {
+	if (p_memscale_dtr_create == NULL) {
+		return 0;
+	}
+	int bad = 0;
+	int before = p_memscale_error_count();
+	int64_t inputs[1] = {1};
+	int64_t sizes[1] = {4096};
+	int32_t alias[1] = {-1};
+	int64_t out_ids[1] = {-7};
+	int64_t ids[4];
+	int32_t acts[4];
+	if (p_memscale_dtr_create("{}") != -1) bad |= 1 << 12;
+	if (p_memscale_dtr_set_budget(fork_engine, 1 * MiB) != -1) bad |= 1 << 13;
+	if (p_memscale_dtr_tensor(fork_engine, 4096, 0) != -1) bad |= 1 << 14;
+	if (p_memscale_dtr_call(fork_engine, "relu", inputs, 1, sizes, alias, 1, 1000, 0, out_ids) != -1 ||
+	    out_ids[0] != -7)
+		bad |= 1 << 15;
+	if (p_memscale_dtr_evict(fork_engine, ids, acts, 4) != -1) bad |= 1 << 16;
+	if (p_memscale_dtr_stats_json(fork_engine) != NULL) bad |= 1 << 17;
+	if (p_memscale_dtr_destroy(fork_engine) != -1) bad |= 1 << 18;
+	if (p_memscale_error_count() != before + 7) bad |= 1 << 19;
+	if (!contains(p_memscale_last_error(), "fork")) bad |= 1 << 20;
+	return bad;
+}
+
 // child_after_fork runs in the forked child: nothing may hang (alarm kills a
-// hung child with SIGALRM, which the parent reports).
+// hung child with SIGALRM, which the parent reports). It returns a mask of
+// the failed checks.
 static int child_after_fork(void* inherited) {
 	alarm(5);
 	int bad = 0;
@@ -596,7 +640,23 @@ static int child_after_fork(void* inherited) {
 	(void)p_memscale_error_count();
 	// The inherited memory itself is still readable in the child (sim).
 	if (((volatile unsigned char*)inherited)[0] != 0x42) bad |= 1024;
+	bad |= child_dtr_after_fork();
 	return bad;
+}
+
+// child_exit reports the child's mask on stderr (an exit status keeps only
+// 8 bits) and exits 1 if any check failed. stdio is not used: another
+// thread may have held its lock at fork time.
+static void child_exit(int bad) {
+	if (bad) {
+		char msg[96];
+		int n = snprintf(msg, sizeof msg, "fork child %d: failed checks, mask %#x\n", (int)getpid(), bad);
+		if (n > 0) {
+			ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+			(void)w;
+		}
+	}
+	_exit(bad ? 1 : 0);
 }
 
 static void test_fork(void) {
@@ -606,6 +666,11 @@ static void test_fork(void) {
 		return;
 	}
 	inherited[0] = 0x42;
+	fork_engine = 0;
+	if (p_memscale_dtr_create != NULL) {
+		fork_engine = p_memscale_dtr_create("{\"budget\": 0}");
+		check(fork_engine > 0, "fork: dtr_create before fork returns a handle (%lld)", (long long)fork_engine);
+	}
 	pthread_t th[2];
 	stop_worker = 0;
 	worker_iters = 0;
@@ -623,7 +688,7 @@ static void test_fork(void) {
 			break;
 		}
 		if (pid == 0) {
-			_exit(child_after_fork(inherited));
+			child_exit(child_after_fork(inherited));
 		}
 		int status = 0;
 		while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -634,7 +699,7 @@ static void test_fork(void) {
 			        WTERMSIG(status) == SIGALRM ? " (hung: watchdog fired)" : "");
 		} else if (WEXITSTATUS(status) != 0) {
 			children_ok = 0;
-			fprintf(stderr, "fork child %d failed checks, mask %#x\n", k, WEXITSTATUS(status));
+			fprintf(stderr, "fork child %d failed checks (exit status %d; mask above)\n", k, WEXITSTATUS(status));
 		}
 		usleep(2000);
 	}
@@ -642,13 +707,24 @@ static void test_fork(void) {
 	for (int i = 0; i < 2; i++) {
 		pthread_join(th[i], NULL);
 	}
-	check(children_ok, "fork: 20 children forked during a malloc/free loop neither hung nor entered Go");
+	check(children_ok, "fork: 20 children forked during a malloc/free loop neither hung nor entered Go "
+	                   "(allocator and memscale_dtr_* calls refused)");
 	check(!worker_bad, "fork: the parent's workers kept working");
 	int before = p_memscale_error_count();
 	p_memscale_free(inherited, 4096, 0, stream_a);
 	void* p = p_memscale_malloc(4096, 0, stream_a);
 	check(p != NULL, "fork: the parent still allocates");
 	p_memscale_free(p, 4096, 0, stream_a);
+	if (fork_engine > 0) {
+		// The children's refused calls left the parent's engine as it was.
+		int64_t t = p_memscale_dtr_tensor(fork_engine, 4096, 0);
+		check(t >= 0, "fork: the parent's engine still registers tensors (%lld)", (long long)t);
+		char* js = p_memscale_dtr_stats_json(fork_engine);
+		check(stat_value(js, "usage") == 4096, "fork: the parent's engine usage is its one tensor: %s", js ? js : "(null)");
+		p_memscale_string_free(js);
+		check(p_memscale_dtr_destroy(fork_engine) == 0, "fork: the parent destroys its engine");
+		fork_engine = 0;
+	}
 	expect_no_error(before, "fork: parent after the children");
 	check(p_memscale_last_error()[0] == '\0' || !contains(p_memscale_last_error(), "fork"),
 	      "fork: the parent's last error is not the child's message");
@@ -746,6 +822,13 @@ int main(int argc, char** argv) {
 		for (size_t i = 0; i < sizeof dtr_exports / sizeof dtr_exports[0]; i++) {
 			must_sym(h, dtr_exports[i]);
 		}
+		LOAD(memscale_dtr_create);
+		LOAD(memscale_dtr_destroy);
+		LOAD(memscale_dtr_set_budget);
+		LOAD(memscale_dtr_tensor);
+		LOAD(memscale_dtr_call);
+		LOAD(memscale_dtr_evict);
+		LOAD(memscale_dtr_stats_json);
 	}
 
 	test_basics();
