@@ -48,9 +48,10 @@ FRACTIONS = (0.5, 0.3)
 @pytest.fixture(autouse=True)
 def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
     """After every op, Python's mirror of the engine's usage must be exact."""
-    import memscale.dtr
+    import importlib
 
-    monkeypatch.setattr(memscale.dtr, "CHECK_USAGE", True)
+    # (``memscale.dtr`` the attribute is the function; the module is in sys.modules)
+    monkeypatch.setattr(importlib.import_module("memscale.dtr"), "CHECK_USAGE", True)
 
 
 @pytest.fixture(autouse=True)
