@@ -25,6 +25,7 @@ func configJSON() ([]byte, error) {
 		DeviceCount:      p.deviceCount.Load(),
 		Devices:          []deviceReport{},
 		UnknownVariables: config.Unknown(cEnviron()),
+		Heuristics:       config.Heuristics(),
 	}
 	for _, s := range openDevices() {
 		r.Devices = append(r.Devices, deviceReport{
@@ -100,6 +101,9 @@ type configReport struct {
 	Devices []deviceReport `json:"devices"`
 	// UnknownVariables are MEMSCALE_* variables memscale does not read.
 	UnknownVariables []string `json:"unknown_variables,omitempty"`
+	// Heuristics are the accepted eviction heuristic names, so that callers
+	// (the Python Config) validate against the engine instead of a copy.
+	Heuristics []config.Heuristic `json:"heuristics"`
 }
 
 // deviceReport describes one open device in configReport.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import threading
 from typing import Any, Final
 
@@ -148,6 +149,20 @@ def functions() -> Functions:
     if _functions is None:
         _functions = Functions(dtr_lib())
     return _functions
+
+
+_CAP_RE: Final = re.compile(r"cap >= (\d+)")
+
+
+def plan_capacity_needed(message: str) -> int | None:
+    """The capacity a failed ``memscale_dtr_plan`` asks for, if that was the failure.
+
+    The engine answers a plan longer than ``cap`` with -1 and "... call again
+    with cap >= N"; any other -1 is a real error (unknown tensor, a tensor that
+    cannot be rematerialized).
+    """
+    m = _CAP_RE.search(message)
+    return int(m.group(1)) if m else None
 
 
 def last_error() -> str:
@@ -290,18 +305,22 @@ class Engine:
                 return out
 
     def plan(self, t: int) -> list[tuple[int, int]]:
-        """Steps that make ``t`` resident: ``(kind, id)``, ancestors first."""
-        cap = len(self._kinds)
+        """Steps that make ``t`` resident: ``(kind, id)``, ancestors first.
+
+        The engine holds the inputs of every re-run step until that step is
+        reported with :meth:`rematerialized`.
+        """
         while True:
+            cap = len(self._kinds)
             n = int(self.fn.plan(self.handle, t, self._kinds, self._ids, cap))
             if n >= 0:
                 return list(zip(self._kinds[:n], self._ids[:n]))
-            if cap >= 1 << 24:
+            need = plan_capacity_needed(last_error())
+            if need is None or need <= cap:
                 raise _fail(f"memscale_dtr_plan({t})")
-            cap *= 4
-            self._kinds = (_i32 * cap)()
-            self._ids = (_i64 * cap)()
-            self._acts = (_i32 * cap)()
+            self._kinds = (_i32 * need)()
+            self._ids = (_i64 * need)()
+            self._acts = (_i32 * need)()
 
     def rematerialized(self, op: int, cost_ns: int) -> None:
         """Op ``op`` was re-run; its outputs are resident."""

@@ -101,7 +101,7 @@ from ._engine import ACTION_SWAP, NO_RECOMPUTE, STEP_SWAP_IN
 from .config import HEURISTICS, parse_size
 from .errors import ConfigError, MemscaleError
 
-__all__ = ["DTRRegion", "DTRTensor", "EvictedTensorError", "dtr"]
+__all__ = ["DEFAULT_EVICTEE_MIN_SIZE", "DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"]
 
 _Tensor = torch.Tensor
 _mk_wrapper = torch.Tensor._make_wrapper_subclass
@@ -246,7 +246,6 @@ class _Info:
         "flags",
         "stw",
         "inplace_view",
-        "ref",
         "views",
         "view0",
         "factory",
@@ -313,7 +312,6 @@ class _Info:
         self.stw: tuple[int, ...] = _UNDECLARED_STATE_WRITES.get(base, ())
         unreplayable = func.namespace in _UNREPLAYABLE_NAMESPACES
         self.flags: int = NO_RECOMPUTE if (unreplayable or not recompute) else 0
-        self.ref: bool = base in _REFERENCE_OPS
 
 
 def _tensor_kind(t: Any) -> bool | None:
@@ -453,6 +451,7 @@ def _dispatch_outside(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
 #: and corrected by every real run: what an op will allocate, so the budget loop
 #: can make room before it runs.
 _SIZE_CACHE: dict[Any, int] = {}
+_SIZE_CACHE_MAX: Final[int] = 1 << 16
 
 
 def _sig(x: Any) -> Any:
@@ -492,9 +491,10 @@ def _predict_bytes(func: Any, info: _Info, rargs: list[Any], rkw: dict[str, Any]
         v = sum(o.untyped_storage().nbytes() for o in flat)
     except Exception:  # no meta kernel, data-dependent shape: learn from the real run
         v = 0
+    if len(_SIZE_CACHE) >= _SIZE_CACHE_MAX:  # scalar arguments that change every call
+        _SIZE_CACHE.clear()
     _SIZE_CACHE[key] = v
     return key, v
-
 
 
 def _flatten(out: Any, acc: list[_Tensor]) -> None:
@@ -619,6 +619,7 @@ class _Entry:
         self.pinned: set[_Cell] = set()  # gradients pinned by the hook
         self.live: dict[int, _WRef] = {}  # id(weakref) -> weakref of a live wrapper
         self.pending: list[_Cell] = []
+        self.held: set[_Cell] = set()  # dead outputs of multi-output ops kept for their siblings
         self.bytes_evicted = 0
         self.dirty = False
         self.fresh = 0
@@ -689,8 +690,12 @@ class _Entry:
             h = self.h
             sink = self.sink
             groups = self.groups
+            ops = self.ops
             for c in pend:
                 if c.rel or c.e is not self:
+                    continue
+                op = ops.get(c.op) if c.op >= 0 else None
+                if op is not None and op.kind == _K_CALL and len(op.outs) > 1 and self._hold_sibling(c, op):
                     continue
                 self._release(c, h, groups)
                 if sink is not None:
@@ -699,6 +704,25 @@ class _Entry:
             # Storages freed by those releases: drop their data now, before
             # anything reads a cell the engine no longer holds resident.
             self.evict()
+
+    def _hold_sibling(self, c: _Cell, op: _Op) -> bool:
+        """Keep ``c``, an output of a multi-output op, referenced while a sibling
+        lives (so the engine never frees one output storage for good while
+        re-running the op for another is still possible); releases them all when
+        the last one dies. Returns whether ``c`` was held back."""
+        if sum(1 for o in op.outs if o.root == o.tid) < 2:
+            return False  # at most one storage of its own: nothing to protect
+        held = self.held
+        held.add(c)
+        if all(o in held or o.rel or o.e is not self for o in op.outs):
+            for o in op.outs:
+                if o in held:
+                    held.discard(o)
+                    if not o.rel and o.e is self:
+                        self._release(o, self.h, self.groups)
+                        if self.sink is not None:
+                            self.sink.release(o)
+        return True
 
     def _release(self, c: _Cell, h: int, groups: dict[int, _Group]) -> None:
         c.rel = True
@@ -915,15 +939,21 @@ class _Entry:
         """Rebuild evicted inputs; returns the cells locked (unlock after the op)."""
         h = self.h
         locked: list[_Cell] = []
-        for c in ins:
-            if c.t is not None:
-                if self.f_lock(h, c.tid) < 0:
-                    raise self._fail(f"lock of tensor {c.tid}")
-                locked.append(c)
-        for c in ins:
-            if c.t is None:
-                self.materialize(c)
-                locked.append(c)
+        try:
+            for c in ins:
+                if c.t is not None:
+                    if self.f_lock(h, c.tid) < 0:
+                        raise self._fail(f"lock of tensor {c.tid}")
+                    locked.append(c)
+            for c in ins:
+                if c.t is None:
+                    self.materialize(c)
+                    locked.append(c)
+        except BaseException:
+            for c in locked:
+                self.f_unlock(h, c.tid)
+            self.dirty = True
+            raise
         return locked
 
     def _lock_cells(self, cells: list[_Cell]) -> list[_Cell]:
@@ -1516,10 +1546,11 @@ class _Entry:
                 )
             n = self.f_plan(h, c.tid, self.b_pk, self.b_pi, self.pcap)
             if n < 0:
-                if self.pcap < (1 << 22):
-                    self.pcap *= 8
-                    self.b_pk = (_engine._i32 * self.pcap)()
-                    self.b_pi = (_engine._i64 * self.pcap)()
+                need = _engine.plan_capacity_needed(_engine.last_error())
+                if need is not None and need > self.pcap:
+                    self.pcap = need
+                    self.b_pk = (_engine._i32 * need)()
+                    self.b_pi = (_engine._i64 * need)()
                     rounds -= 1
                     continue
                 raise self._fail(f"rematerialization plan for tensor {c.tid}")
@@ -1763,6 +1794,7 @@ class _Entry:
                 hk.remove()
             self.hooks.clear()
             self.pinned.clear()
+            self.held.clear()
             for wr in self.ext.values():
                 c = wr.cell
                 if c is not None:
@@ -1780,25 +1812,35 @@ class _Entry:
         return stats
 
     def _materialize_all(self, cells: list[_Cell]) -> None:
+        """Make every escaping cell resident at once (all locked until done).
+
+        Everything that leaves the region must be resident; when that does not
+        fit the budget, the budget is lifted for the rest of the exit (the
+        summary's peak then shows it).
+        """
+        h = self.h
         locked: list[_Cell] = []
         try:
-            try:
-                for c in cells:
-                    if c.t is None:
+            for c in cells:
+                if c.t is not None:
+                    if self.f_lock(h, c.tid) < 0:
+                        raise self._fail(f"lock of tensor {c.tid}")
+                    locked.append(c)
+            for c in cells:
+                if c.t is None:
+                    try:
                         self.materialize(c)
-                        locked.append(c)
-            except MemscaleError:
-                # Everything that escapes must be resident, even above budget.
-                self.eng.set_budget(0)
-                self.budget = 0
-                self.budgeted = False
-                for c in cells:
-                    if c.t is None:
+                    except MemscaleError:
+                        if not self.budgeted:
+                            raise
+                        self.eng.set_budget(0)
+                        self.budget = 0
+                        self.budgeted = False
                         self.materialize(c)
-                        locked.append(c)
+                    locked.append(c)
         finally:
             for c in locked:
-                self.f_unlock(self.h, c.tid)
+                self.f_unlock(h, c.tid)
 
 
 # ---------------------------------------------------------------------- the mode
@@ -1868,7 +1910,11 @@ class DTRRegion:
     """A DTR region; use :func:`dtr` to make one. Re-enterable (enter per step).
 
     Each entry creates an engine instance with the region's settings and destroys
-    it at exit; :meth:`summary` accumulates the counters of all entries.
+    it at exit; :meth:`summary` accumulates the counters of all entries. The
+    arguments are :func:`dtr`'s, plus ``sink``: an object told about every
+    registration (used by :mod:`memscale.trace` to write DTR traces).
+
+    Not reentrant: one entry at a time, on the thread that entered it.
     """
 
     def __init__(

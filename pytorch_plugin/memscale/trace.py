@@ -505,15 +505,18 @@ def record_model(name: str, out: str | os.PathLike[str], *, batch: int = 8, seq:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m memscale.trace --model gpt2 --out FILE``: record a sample."""
+    """``python -m memscale.trace --model gpt2 --out FILE``: record a sample
+    (``--check --out FILE``: verify an existing trace)."""
     p = argparse.ArgumentParser(prog="python -m memscale.trace", description=main.__doc__)
-    p.add_argument("--model", choices=sorted(_SAMPLES), required=True)
+    p.add_argument("--model", choices=sorted(_SAMPLES), help="sample model to record (not with --check)")
     p.add_argument("--out", required=True, help="trace file (.log or .log.gz)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", action="store_true", help="only check an existing trace")
     args = p.parse_args(argv)
+    if not args.check and args.model is None:
+        p.error("--model is required to record (or give --check)")
     summary = check(args.out) if args.check else record_model(args.model, args.out, batch=args.batch, seq=args.seq, seed=args.seed)
     print(
         f"{args.out}: {sum(summary.instructions.values())} instructions "

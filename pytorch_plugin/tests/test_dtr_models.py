@@ -207,11 +207,6 @@ def _assert_same(ref: list[dict[str, Any]], got: list[dict[str, Any]], what: str
             assert torch.equal(p, b["params"][name]), f"{what} step {step}: parameter {name} differs"
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, Any]:
-    return {}
-
-
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_dtr_model_bitwise_under_budgets(model: str) -> None:
     make = MODELS[model]

@@ -258,6 +258,23 @@ def test_ops_with_several_outputs() -> None:
     _check_peak(region)
 
 
+def test_one_output_of_a_multi_output_op_outlives_the_other() -> None:
+    x = _x()
+    ref_idx = torch.topk(x * 2, 256, dim=1)[1]
+    ref_am = torch.max(x * 3, dim=1)[1]
+    region = _region(6.5)
+    with region:
+        vals, idx = torch.topk(x * 2, 256, dim=1)
+        m, am = torch.max(x * 3, dim=1)
+        del vals, m  # dropped by the program; idx and am live on
+        keep = _fill(x, 8)
+        assert not _resident(idx)
+        assert _eq(idx, ref_idx)  # re-running topk also re-makes the dropped values
+        assert _eq(am, ref_am)
+        del keep
+    assert region.summary()["rematerializations"] > 0
+
+
 # --------------------------------------------------------------------- RNG
 
 
@@ -335,6 +352,25 @@ def test_a_failing_op_leaves_the_region_usable() -> None:
         assert _eq(a, ref)
         del keep
     _check_peak(region)
+
+
+def test_a_plan_longer_than_the_buffer_grows_it() -> None:
+    import ctypes
+
+    x = _x()
+    ref = torch.tanh(torch.tanh(torch.tanh(x * 2) + 1) * 3)
+    region = _region()
+    with region:
+        e = region._entry
+        e.pcap = 1
+        e.b_pk = (ctypes.c_int32 * 1)()
+        e.b_pi = (ctypes.c_int64 * 1)()
+        a = torch.tanh(torch.tanh(torch.tanh(x * 2) + 1) * 3)
+        keep = _fill(x)
+        assert not _resident(a)
+        assert _eq(a, ref)  # a plan of several steps
+        assert e.pcap > 1
+        del keep
 
 
 # ------------------------------------------------------------ autograd/escape
@@ -430,6 +466,41 @@ def test_swap_instead_of_recompute() -> None:
     assert s["swaps_out"] > 0 and s["swaps_in"] > 0
     assert s["rematerializations"] == 0
     _check_peak(region)
+
+
+def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA cost model with stand-in events: the host time until an op's
+    device time is known, then the device time of the same (op, size)."""
+    import importlib
+
+    dtr_mod = importlib.import_module("memscale.dtr")
+
+    class Event:
+        done = False
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = len(made) * 0.5  # 0.5 ms apart
+            made.append(self)
+
+        def query(self) -> bool:
+            return Event.done
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.t - self.t
+
+    made: list[Event] = []
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    timer = dtr_mod._CudaTimer()
+    key = ("op", 64)
+    start = timer.start()
+    assert timer.stop(key, start, host_ns=1000) == 1000  # nothing measured yet, no sync
+    Event.done = True
+    start = timer.start()
+    assert timer.stop(key, start, host_ns=1000) == 500_000  # the first op's 0.5 ms
+    assert len(timer.pending) == 0 and timer.free  # events are reused
 
 
 # ---------------------------------------------------------------- bad input

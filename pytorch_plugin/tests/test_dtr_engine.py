@@ -1,0 +1,104 @@
+"""memscale._engine: the typed wrapper of the engine's C ABI (memscale_dtr_*).
+
+Drives the real library directly, without PyTorch: registration, the budget
+loop's victims, plans (and their capacity retry), rematerialization, swaps,
+statistics and the errors of bad calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memscale import MemscaleError
+
+try:
+    from memscale import _engine
+
+    _engine.dtr_lib()
+except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
+    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+
+from memscale._engine import ACTION_DROP, ACTION_SWAP, STEP_RERUN, STEP_SWAP_IN, Engine
+
+MB = 1 << 20
+
+
+def test_register_run_evict_and_rebuild() -> None:
+    with Engine({"budget": 3 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)  # pinned input
+        op_a, (a,) = eng.call("mul", [x], [MB], [-1], 1000)
+        op_v, (v,) = eng.call("t", [a], [MB], [0], 10)  # a view: no memory
+        assert eng.stats()["usage"] == 2 * MB
+        _, (b,) = eng.call("add", [a], [MB], [-1], 1000)
+        _, (c,) = eng.call("add", [b], [MB], [-1], 1000)
+        victims = eng.evict()
+        assert victims == [(a, ACTION_DROP)]  # the storage root; its view goes with it
+        assert eng.stats()["usage"] <= 3 * MB
+        steps = eng.plan(v)
+        assert steps == [(STEP_RERUN, op_a), (STEP_RERUN, op_v)]
+        eng.rematerialized(op_a, 900)
+        eng.rematerialized(op_v, 10)
+        assert eng.plan(v) == []
+        s = eng.stats()
+        assert s["evictions"] == 1 and s["rematerializations"] == 2
+        assert s["remat_cost_ns"] == 910 and s["base_cost_ns"] == 3010
+        del b, c
+
+
+def test_release_frees_and_mutate_takes_over_memory() -> None:
+    with Engine({"budget": 0}) as eng:
+        x = eng.tensor(MB)
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 1)
+        _, (b,) = eng.mutate("relu_", [a], [0], 1)
+        assert b != a
+        assert eng.stats()["usage"] == 2 * MB  # the new version lives in a's memory
+        eng.release(b)
+        freed = eng.evict()  # storages freed by releases are handed out too
+        assert freed and eng.stats()["usage"] == MB
+
+
+def test_swap_when_recompute_is_not_allowed() -> None:
+    with Engine({"budget": 2 * MB, "swap_bandwidth": 1e10}) as eng:
+        x = eng.tensor(MB)
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 10, flags=_engine.NO_RECOMPUTE)
+        _, (b,) = eng.call("add", [x], [MB], [-1], 10, flags=_engine.NO_RECOMPUTE)
+        assert eng.evict() == [(a, ACTION_SWAP)]
+        assert eng.plan(a) == [(STEP_SWAP_IN, a)]
+        eng.swapped_in(a)
+        assert eng.stats()["swaps_in"] == 1
+        del b
+
+
+def test_long_plans_ask_for_a_bigger_buffer() -> None:
+    with Engine({"budget": 2 * MB, "heuristic": "lru"}) as eng:
+        eng._kinds = (_engine._i32 * 1)()  # force the "cap >= N" retry
+        eng._ids = (_engine._i64 * 1)()
+        prev = eng.tensor(MB)
+        ops = []
+        for _ in range(5):
+            op, (prev,) = eng.call("add", [prev], [MB], [-1], 10)
+            ops.append(op)
+            eng.evict()
+        steps = eng.plan(prev - 2)  # an evicted tensor a few ops back
+        assert len(steps) >= 2 and len(eng._kinds) >= len(steps)
+
+
+def test_bad_calls_raise_with_the_engines_message() -> None:
+    with pytest.raises(MemscaleError, match="unknown key"):
+        Engine({"budget": 1, "bogus": 2})
+    with pytest.raises(MemscaleError, match="heuristic"):
+        Engine({"heuristic": "best"})
+    with Engine({"budget": MB}) as eng:
+        with pytest.raises(MemscaleError, match="memscale_dtr_call"):
+            eng.call("add", [12345], [MB], [-1], 1)
+        with pytest.raises(ValueError, match="out_alias"):
+            eng.call("add", [], [MB], [], 1)
+        with pytest.raises(MemscaleError, match="memscale_dtr_plan"):
+            eng.plan(999)
+        x = eng.tensor(4 * MB)
+        with pytest.raises(MemscaleError, match="nothing evictable"):
+            eng.evict()
+        eng.set_budget(0)
+        assert eng.evict() == []
+        del x
+    eng.close()  # idempotent
