@@ -74,7 +74,10 @@ test-c: $(LIB) $(BUILD)/abi_test
 	MEMSCALE_BACKEND=sim $(BUILD)/abi_test $(abspath $(LIB))
 
 test-python: $(LIB) $(STAMP)
-	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m pytest -q tests/python pytorch_plugin/tests
+	# Two runs: tests/python checks a fresh load of the library (its configuration is
+	# read once per process), so it must not share a process with the plugin tests.
+	MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -m pytest -q tests/python
+	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m pytest -q pytorch_plugin/tests
 
 demo: $(LIB) $(CLI) $(STAMP)
 	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m memscale.demo

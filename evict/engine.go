@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"time"
 
 	rc "github.com/memscale/memscale/recompute"
@@ -594,7 +595,22 @@ func (e *Engine) refresh(s rc.StorageID) {
 }
 
 // key returns s's current (true) key.
-func (e *Engine) key(s rc.StorageID) key {
+func (e *Engine) key(s rc.StorageID) key { return e.keyOf(s, true) }
+
+// lowKey returns a key that never sorts s later than its true key does: the
+// same key with the tracker's cheap lower bound of the cost in place of the
+// cost (see tracker.bound). The candidate index stores it when a storage
+// becomes a candidate or its score may have fallen, and computes the true
+// key only for a storage about to be chosen. Where the bound might not
+// order like the cost (a recomp_time_factor exponent, whose math.Pow is not
+// guaranteed monotonic to the last bit, or a zero size, where both would
+// divide by zero) it is the true key.
+func (e *Engine) lowKey(s rc.StorageID) key {
+	return e.keyOf(s, e.tf != 1 || e.g.Storage(s).Size == 0)
+}
+
+// keyOf returns s's key with the cost (exact) or its lower bound.
+func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
 	st := e.g.Storage(s)
 	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat}
 	m := float64(st.Size)
@@ -607,7 +623,12 @@ func (e *Engine) key(s rc.StorageID) key {
 	case Size:
 		k.a = 1 / m
 	default:
-		c := float64(e.tr.cost(s))
+		var c float64
+		if exact {
+			c = float64(e.tr.cost(s))
+		} else {
+			c = float64(e.tr.bound(s))
+		}
 		if e.tf != 1 {
 			c = math.Pow(c, e.tf)
 		}
@@ -667,6 +688,7 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 {
 				break
 			}
+			e.debugDump()
 			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%d storages locked or pinned)",
 				u, extra, e.cfg.Budget, ErrNoEvictable, e.g.NumStorages()-e.sel.len())
 		}
@@ -873,4 +895,23 @@ func (e *Engine) Stats() Stats {
 	s.Ops = e.g.NumOps()
 	s.Heuristic = e.h.String()
 	return s
+}
+
+func (e *Engine) debugDump() {
+	if os.Getenv("MSDBG") == "" {
+		return
+	}
+	for i := 0; i < e.g.NumStorages(); i++ {
+		st := e.g.Storage(rc.StorageID(i))
+		if st.State != rc.Resident {
+			continue
+		}
+		x := e.g.Tensor(st.Root)
+		name := "ext"
+		if x.Op >= 0 {
+			name = e.g.Op(x.Op).Name
+		}
+		fmt.Fprintf(os.Stderr, "DBG s%d root=%d op=%d %s size=%d locks=%d pins=%d refs=%d norecomp=%v holds=%d\n", i, st.Root, x.Op, name, st.Size, st.Locks, st.Pins, st.Refs, st.NoRecompute, e.holds[x.Op])
+	}
+	fmt.Fprintf(os.Stderr, "DBG holds=%v\n", e.holds)
 }

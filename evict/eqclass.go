@@ -50,6 +50,9 @@ func (t *eqTracker) cost(s rc.StorageID) int64 {
 	return c
 }
 
+// bound is the exact cost: it costs one pass over the direct neighbours.
+func (t *eqTracker) bound(s rc.StorageID) int64 { return t.cost(s) }
+
 func (t *eqTracker) sum(ns []rc.StorageID) int64 {
 	var c int64
 	for _, n := range ns {

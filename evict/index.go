@@ -25,7 +25,15 @@ const never = math.MaxInt64
 // understates it the leaf is re-keyed and the root read again. When the
 // root's key is exact it is the true minimum, because every other stored key
 // is at most its true score. Whatever can lower a score (a neighbour
-// brought back, a storage released) re-keys the affected storages eagerly.
+// brought back, a storage released) re-keys the affected storages eagerly,
+// and so does a storage becoming a candidate, but with a lower bound of the
+// true key (Engine.lowKey) that is cheap to compute where the true one is
+// not (the region heuristics walk the evicted neighbourhood for it): the
+// true key of a storage is then only computed when it reaches the root. A
+// storage gets at most one such correction per bound stored, so this never
+// computes more true keys than re-keying with them eagerly would, and many
+// storages are re-keyed again, or stop being candidates, before they ever
+// reach the root.
 // The result is the victim an exact scan over all candidates returns, which
 // the property test in index_test.go checks over random engine histories.
 type indexSelector struct {
@@ -107,7 +115,7 @@ func (x *indexSelector) add(s rc.StorageID) {
 	x.slotOf[s] = sl
 	x.owner[sl] = s
 	x.seq++
-	k := x.e.key(s)
+	k := x.e.lowKey(s)
 	k.seq = x.seq
 	x.keys[sl] = k
 	x.count++
@@ -137,9 +145,10 @@ func (x *indexSelector) lowered(s rc.StorageID) {
 	x.rekey(sl)
 }
 
-// rekey stores the current true key of the storage in slot sl.
+// rekey stores a current lower-bound key of the storage in slot sl (see
+// Engine.lowKey).
 func (x *indexSelector) rekey(sl int32) {
-	k := x.e.key(x.owner[sl])
+	k := x.e.lowKey(x.owner[sl])
 	k.seq = x.keys[sl].seq
 	x.keys[sl] = k
 	x.fix(sl)

@@ -74,6 +74,10 @@ func (t *regionTracker) cost(s rc.StorageID) int64 {
 	return c
 }
 
+// bound returns s's own compute, a lower bound of its cost that needs no
+// walk.
+func (t *regionTracker) bound(s rc.StorageID) int64 { return t.g.Storage(s).Compute }
+
 // begin starts a new walk: storages stamped by earlier walks count as not
 // reached.
 func (t *regionTracker) begin() {

@@ -12,6 +12,9 @@ import (
 // lower bounds of the true ones, so increases need no notice).
 type tracker interface {
 	cost(s rc.StorageID) int64
+	// bound returns a lower bound of cost(s) that is cheap to compute
+	// (cost itself where that is cheap).
+	bound(s rc.StorageID) int64
 	// added: op o was recorded; its outputs are resident.
 	added(o rc.OpID)
 	// dropped: s went from resident to evicted.
@@ -38,6 +41,7 @@ func isMaterial(st *rc.Storage) bool {
 type localTracker struct{ g *rc.Graph }
 
 func (t *localTracker) cost(s rc.StorageID) int64       { return t.g.Storage(s).Compute }
+func (t *localTracker) bound(s rc.StorageID) int64      { return t.cost(s) }
 func (t *localTracker) added(rc.OpID)                   {}
 func (t *localTracker) dropped(rc.StorageID)            {}
 func (t *localTracker) resident([]rc.StorageID)         {}

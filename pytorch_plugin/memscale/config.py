@@ -36,8 +36,41 @@ MODE_FRACTIONS: Final[dict[str, float]] = {
     "aggressive": 0.50,
 }
 
-#: Heuristic names the engine accepts (C ABI contract of memscale_dtr_create).
-HEURISTICS: Final[tuple[str, ...]] = ("dtr", "dtr-eq", "dtr-local", "msps", "lru", "size")
+
+
+def heuristics() -> tuple[str, ...] | None:
+    """The heuristic names the engine accepts, as the library reports them
+    (``memscale_config_json``'s ``heuristics``), or ``None`` when the library
+    cannot be loaded or configured - the engine then validates the name when a
+    region is created. There is deliberately no copy of the list here."""
+    global _HEURISTICS
+    if _HEURISTICS is None:
+        from . import _lib  # the library is optional for building a Config
+
+        try:
+            report = _lib.take_json(_lib.lib().memscale_config_json(), "memscale_config_json")
+        except Exception:  # noqa: BLE001 - any failure means "cannot ask the engine"
+            return None
+        names = report.get("heuristics") if isinstance(report, dict) else None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return None
+        _HEURISTICS = tuple(names)
+    return _HEURISTICS
+
+
+_HEURISTICS: tuple[str, ...] | None = None
+
+
+def check_heuristic(value: object, where: str) -> None:
+    """Raises ConfigError naming ``where`` when ``value`` is not a heuristic the
+    engine accepts (``None`` means the engine's default and is always fine)."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}={value!r}: expected a heuristic name or None (engine default)")
+    known = heuristics()
+    if known is not None and value not in known:
+        raise ConfigError(f"{where}={value!r}: expected one of {', '.join(known)} or None (engine default)")
 
 _UNITS: Final[dict[str, int]] = {
     "": 1,
@@ -154,7 +187,7 @@ class Config:
         evictee_min_size: tensors smaller than this many bytes are never evicted.
         recomp_time_factor: weight of recompute time in the engine's score.
         recomp_memory_factor: weight of memory in the engine's score.
-        heuristic: engine heuristic name (one of :data:`HEURISTICS`); ``None``
+        heuristic: engine heuristic name (one of :func:`heuristics`); ``None``
             lets the engine choose.
         log_summary: log the per-run summary (evictions, rematerializations,
             overhead) when a wrapped run ends and from the Trainer callback.
@@ -208,10 +241,7 @@ class Config:
                 raise ConfigError(f"Config.{field_name}={value!r}: expected a number >= 0")
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"Config.{field_name}={value!r}: expected a finite number >= 0")
-        if self.heuristic is not None and self.heuristic not in HEURISTICS:
-            raise ConfigError(
-                f"Config.heuristic={self.heuristic!r}: expected one of {', '.join(HEURISTICS)} or None (engine default)"
-            )
+        check_heuristic(self.heuristic, "Config.heuristic")
 
     @property
     def fraction(self) -> float:

@@ -98,7 +98,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import _engine
 from ._engine import ACTION_SWAP, NO_RECOMPUTE, STEP_SWAP_IN
-from .config import HEURISTICS, parse_size
+from .config import check_heuristic, parse_size
 from .errors import ConfigError, MemscaleError
 
 __all__ = ["DEFAULT_EVICTEE_MIN_SIZE", "DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"]
@@ -1931,10 +1931,7 @@ class DTRRegion:
         usage: str | None = None,
         sink: Any = None,
     ) -> None:
-        if heuristic is not None and heuristic not in HEURISTICS:
-            raise ConfigError(
-                f"dtr(heuristic={heuristic!r}): expected one of {', '.join(HEURISTICS)} or None (engine default)"
-            )
+        check_heuristic(heuristic, "dtr() heuristic")
         for flag, value in (("recompute", recompute), ("swap", swap)):
             if not isinstance(value, bool):
                 raise ConfigError(f"dtr({flag}={value!r}): expected True or False")

@@ -44,20 +44,18 @@ def _detach_leftovers() -> Iterator[None]:
                 pass  # the test already failed; detach still removed everything
 
 
-def _mlp() -> nn.Module:
+def _mlp(depth: int = 3) -> nn.Module:
     # Activations (batch 1024 x width 128) outweigh the parameters and their
-    # gradients (which stay resident to the end of backward) many times, so half
-    # the baseline peak is a budget the engine can meet by evicting activations.
+    # gradients (which stay resident to the end of backward) many times. The
+    # backward of one layer needs a few activations at once, so a budget of half
+    # the baseline peak needs enough layers (depth 16) for that working set to be
+    # a small share of the peak.
     torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(32, 128),
-        nn.ReLU(),
-        nn.Linear(128, 128),
-        nn.Tanh(),
-        nn.Linear(128, 128),
-        nn.ReLU(),
-        nn.Linear(128, 10),
-    )
+    layers: list[nn.Module] = [nn.Linear(32, 128), nn.ReLU()]
+    for i in range(depth - 1):
+        layers += [nn.Linear(128, 128), nn.Tanh() if i % 2 == 0 else nn.ReLU()]
+    layers.append(nn.Linear(128, 10))
+    return nn.Sequential(*layers)
 
 
 def _batches(n: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -77,8 +75,8 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, ac
     return losses
 
 
-def _reference(batches: list, accumulate: int = 1) -> tuple[nn.Module, list[float]]:
-    model = _mlp()
+def _reference(batches: list, accumulate: int = 1, depth: int = 3) -> tuple[nn.Module, list[float]]:
+    model = _mlp(depth)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, _train(model, opt, batches, accumulate)
 
@@ -103,8 +101,8 @@ def _check_summary(s: memscale.Summary, steps: int, mode: str = MODE) -> None:
 
 def test_wrap_module_matches_plain_training() -> None:
     batches = _batches()
-    reference, ref_losses = _reference(batches)
-    model = memscale.wrap(_mlp(), Config(mode="aggressive", log_summary=False))
+    reference, ref_losses = _reference(batches, depth=16)
+    model = memscale.wrap(_mlp(16), Config(mode="aggressive", log_summary=False))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = _train(model, opt, batches)
     assert losses == pytest.approx(ref_losses, rel=1e-5)

@@ -65,9 +65,13 @@ def _take_string(lib, ptr):
 
 @pytest.fixture(scope="module")
 def lib():
-    for k, v in SIM_ENV.items():
-        os.environ.setdefault(k, v)
-    return _bind(ctypes.CDLL(LIBRARY))
+    # Set the variables only while this module runs: later tests (and the
+    # subprocesses they start) must see the caller's environment.
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in SIM_ENV.items():
+            if k not in os.environ:
+                mp.setenv(k, v)
+        yield _bind(ctypes.CDLL(LIBRARY))
 
 
 def test_load_and_version(lib):
