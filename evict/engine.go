@@ -180,6 +180,7 @@ type Engine struct {
 	pendAt  int
 	holds   map[rc.OpID]int32
 	scratch []rc.StorageID
+	dumped  bool
 }
 
 // New returns an engine.
@@ -775,6 +776,13 @@ func (e *Engine) Plan(t rc.TensorID, buf []rc.Step) ([]rc.Step, error) {
 // reported by Rematerialized, so that evictions while the plan runs cannot
 // take away what a later step needs, and marks them accessed now.
 func (e *Engine) HoldPlan(steps []rc.Step) error {
+	if os.Getenv("MSDBG") != "" {
+		var ops []rc.OpID
+		for _, st := range steps {
+			ops = append(ops, st.Op)
+		}
+		fmt.Fprintf(os.Stderr, "DBGPLAN usage=%d %v\n", e.usage, ops)
+	}
 	for _, st := range steps {
 		if st.Kind != rc.StepRerun {
 			continue
@@ -813,6 +821,9 @@ func (e *Engine) Rematerialized(op rc.OpID, cost int64) error {
 func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) error {
 	if err := e.g.CheckOp(op); err != nil {
 		return fmt.Errorf("evict: rematerialized: %w", err)
+	}
+	if os.Getenv("MSDBG") != "" {
+		fmt.Fprintf(os.Stderr, "DBGREMAT %d usage=%d\n", op, e.usage)
 	}
 	o := e.g.Op(op)
 	if cost < 0 {
@@ -898,9 +909,10 @@ func (e *Engine) Stats() Stats {
 }
 
 func (e *Engine) debugDump() {
-	if os.Getenv("MSDBG") == "" {
+	if os.Getenv("MSDBG") == "" || e.dumped {
 		return
 	}
+	e.dumped = true
 	for i := 0; i < e.g.NumStorages(); i++ {
 		st := e.g.Storage(rc.StorageID(i))
 		if st.State != rc.Resident {
@@ -914,4 +926,17 @@ func (e *Engine) debugDump() {
 		fmt.Fprintf(os.Stderr, "DBG s%d root=%d op=%d %s size=%d locks=%d pins=%d refs=%d norecomp=%v holds=%d\n", i, st.Root, x.Op, name, st.Size, st.Locks, st.Pins, st.Refs, st.NoRecompute, e.holds[x.Op])
 	}
 	fmt.Fprintf(os.Stderr, "DBG holds=%v\n", e.holds)
+	for i := 0; i < e.g.NumOps(); i++ {
+		o := e.g.Op(rc.OpID(i))
+		var ins, outs []string
+		for _, t := range o.Inputs {
+			x := e.g.Tensor(t)
+			ins = append(ins, fmt.Sprintf("t%d/s%d/%s", t, x.Storage, e.g.Storage(x.Storage).State))
+		}
+		for _, t := range o.Outputs {
+			x := e.g.Tensor(t)
+			outs = append(outs, fmt.Sprintf("t%d/s%d/%s", t, x.Storage, e.g.Storage(x.Storage).State))
+		}
+		fmt.Fprintf(os.Stderr, "DBGOP %d %s hold=%d in=%v out=%v\n", i, o.Name, e.holds[rc.OpID(i)], ins, outs)
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/memscale/memscale/internal/bytesize"
 	"io"
 	"os"
 
@@ -274,16 +275,5 @@ func writeInfo(w io.Writer, r infoReport) error {
 	return werr
 }
 
-// bytesHuman formats a byte count with a binary unit.
-func bytesHuman(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
-}
+// bytesHuman formats a byte count with a binary unit and one decimal.
+func bytesHuman(n uint64) string { return bytesize.Format(n, 1) }

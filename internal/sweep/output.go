@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"github.com/memscale/memscale/internal/bytesize"
 	"io"
 	"strconv"
 	"strings"
@@ -194,18 +195,7 @@ func FormatRatio(r float64) string {
 }
 
 // FormatBytes formats a byte count with a binary unit and two decimals.
-func FormatBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.2f %ciB", float64(n)/float64(div), "KMGTP"[exp])
-}
+func FormatBytes(n uint64) string { return bytesize.Format(n, 2) }
 
 // FormatDuration formats a duration with three significant digits in a
 // fitting unit ("870ns", "12.3µs", "4.56ms", "1.23s").
