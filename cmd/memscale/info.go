@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/memscale/memscale/internal/bytesize"
 	"io"
 	"os"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/memscale/memscale/device/backend"
+	"github.com/memscale/memscale/internal/bytesize"
 	"github.com/memscale/memscale/device/cuda"
 	"github.com/memscale/memscale/device/sim"
 )

@@ -4,11 +4,12 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
-	"github.com/memscale/memscale/internal/bytesize"
 	"io"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/memscale/memscale/internal/bytesize"
 )
 
 // errWriter remembers the first write error.
