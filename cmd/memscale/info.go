@@ -9,9 +9,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/memscale/memscale/device/backend"
-	"github.com/memscale/memscale/internal/bytesize"
 	"github.com/memscale/memscale/device/cuda"
 	"github.com/memscale/memscale/device/sim"
+	"github.com/memscale/memscale/internal/bytesize"
 )
 
 func init() {
