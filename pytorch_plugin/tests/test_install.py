@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import memscale
+from _helpers import run_child
 from memscale import (
     AlreadyInstalledError,
     ConfigError,
@@ -41,24 +38,6 @@ needs_cuda_build = pytest.mark.skipif(
 )
 
 
-def _child(code: str, timeout: float = 120, **env: str | None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter that loads the same library (``None`` unsets a variable)."""
-    child_env = {**os.environ, _lib.LIBRARY_ENV: str(_lib.find_library())}
-    for name, value in env.items():
-        if value is None:
-            child_env.pop(name, None)
-        else:
-            child_env[name] = value
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(memscale.__file__).resolve().parent.parent), child_env.get("PYTHONPATH", "")]
-    )
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture
@@ -89,7 +68,7 @@ def test_pluggable_allocator_constructs_with_the_library() -> None:
 @needs_library
 @needs_cuda_build
 def test_install_swaps_the_allocator() -> None:
-    proc = _child(
+    proc = run_child(
         """
         import torch, memscale
         from memscale import AlreadyInstalledError
@@ -138,7 +117,7 @@ def test_install_swaps_the_allocator() -> None:
 @needs_library
 @needs_cuda_build
 def test_install_reads_the_threshold_from_the_environment() -> None:
-    proc = _child(
+    proc = run_child(
         """
         import memscale
         inst = memscale.install()
@@ -162,7 +141,7 @@ def test_install_reads_the_threshold_from_the_environment() -> None:
 @needs_library
 @needs_cuda_build
 def test_failed_swap_restores_everything() -> None:
-    proc = _child(
+    proc = run_child(
         """
         import os, torch, memscale
         from memscale import CUDAAlreadyInitializedError
@@ -194,7 +173,7 @@ def test_failed_swap_restores_everything() -> None:
 @needs_library
 @needs_cuda_build
 def test_backend_cannot_change_once_the_library_runs() -> None:
-    proc = _child(
+    proc = run_child(
         """
         import torch, memscale
         from memscale import InstallError
@@ -206,7 +185,7 @@ def test_backend_cannot_change_once_the_library_runs() -> None:
         MEMSCALE_BACKEND="sim",
     )
     assert proc.returncode == 0, proc.stderr
-    proc = _child(
+    proc = run_child(
         """
         import torch, memscale
         from memscale import InstallError

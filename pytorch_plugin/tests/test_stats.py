@@ -7,16 +7,13 @@ would.
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import memscale
+from _helpers import run_child
 from memscale import MemscaleError, _lib
 
 pytestmark = pytest.mark.skipif(
@@ -27,24 +24,6 @@ pytestmark = pytest.mark.skipif(
 MiB = 1024**2
 
 
-def _child(code: str, timeout: float = 120, **env: str | None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter that loads the same library (``None`` unsets a variable)."""
-    child_env = {**os.environ, _lib.LIBRARY_ENV: str(_lib.find_library())}
-    for name, value in env.items():
-        if value is None:
-            child_env.pop(name, None)
-        else:
-            child_env[name] = value
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(memscale.__file__).resolve().parent.parent), child_env.get("PYTHONPATH", "")]
-    )
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _malloc(nbytes: int) -> int:
@@ -137,7 +116,7 @@ def test_dump_snapshot_round_trip_with_trace(tmp_path: Path) -> None:
     # The alloc/free trace is recorded only with MEMSCALE_TRACE_CAPACITY set
     # when the library loads, hence a fresh interpreter.
     out = tmp_path / "snap.pickle"
-    proc = _child(
+    proc = run_child(
         f"""
         import memscale
         from memscale import _lib
