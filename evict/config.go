@@ -22,6 +22,7 @@ type UsageSource struct {
 var configKeys = []string{
 	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
 	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
+	"keep_needed_released",
 }
 
 // DecodeConfig parses the JSON configuration of memscale_dtr_create on top
@@ -31,7 +32,7 @@ var configKeys = []string{
 //	 "recomp_time_factor": f, "recomp_memory_factor": f,
 //	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
-//	 "simulator_compat": bool}
+//	 "simulator_compat": bool, "keep_needed_released": bool}
 //
 // Every key is optional; an empty input or "{}" gives base. An unknown key,
 // a value of the wrong type or out of range is an error naming the key, the
@@ -90,6 +91,10 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 		case "simulator_compat":
 			if json.Unmarshal(v, &cfg.SimulatorCompat) != nil {
 				err = fmt.Errorf("dtr config: simulator_compat %s: want true or false", v)
+			}
+		case "keep_needed_released":
+			if json.Unmarshal(v, &cfg.KeepNeededReleased) != nil {
+				err = fmt.Errorf("dtr config: keep_needed_released %s: want true or false", v)
 			}
 		default:
 			err = fmt.Errorf("dtr config: unknown key %q (accepted: %s)", k, strings.Join(configKeys, ", "))

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"time"
 
 	rc "github.com/memscale/memscale/recompute"
@@ -83,6 +82,20 @@ type Config struct {
 	// keeps neighbourhood costs honest, and zero-byte storages are never
 	// victims (evicting them frees nothing).
 	SimulatorCompat bool
+	// KeepNeededReleased keeps a released storage (no references left) that
+	// an evicted, still referenced storage was computed from directly: it
+	// is not evicted when its last reference goes, and it does not rank
+	// before every referenced storage, but stays an ordinary candidate
+	// scored by the heuristic, until that storage is rebuilt, released or
+	// banished. Without it, DTR may evict a storage that is cheap to rebuild
+	// only because its parent is resident (a gradient whose parent is
+	// locked while the backward op that reads it runs), then drop the
+	// parent as soon as the program releases it, which makes the rebuild
+	// re-run everything the parent came from (a deep chain: the whole
+	// forward and backward so far, rebuilt one nested plan per layer).
+	// Ignored with SimulatorCompat. The C ABI turns it on; it is off by
+	// default so that trace replays keep their published numbers.
+	KeepNeededReleased bool
 	// ExactScan chooses victims by scanning every candidate instead of
 	// using the index (same result, slower; for tests and measurements).
 	ExactScan bool
@@ -178,9 +191,8 @@ type Engine struct {
 	stats   Stats
 	pending []Victim // eager victims not yet handed out
 	pendAt  int
-	holds   map[rc.OpID]int32
+	plans   []planHold // committed plans not run to the end, innermost last
 	scratch []rc.StorageID
-	dumped  bool
 }
 
 // New returns an engine.
@@ -188,7 +200,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, h: cfg.Heuristic.Resolve(), g: rc.NewGraph(), clock: 1, holds: map[rc.OpID]int32{}}
+	e := &Engine{cfg: cfg, h: cfg.Heuristic.Resolve(), g: rc.NewGraph(), clock: 1}
 	e.stale = e.h.stale()
 	e.tf, e.mf = cfg.RecompTimeFactor, cfg.RecompMemoryFactor
 	if e.tf == 0 {
@@ -497,6 +509,8 @@ func (e *Engine) Release(t rc.TensorID) error {
 // (eager eviction; it stays recomputable for its dependents), and one that
 // was only rebuilt stays resident as a candidate that goes before any
 // referenced storage (see key); in simulator mode as an ordinary candidate.
+// With KeepNeededReleased, one that an evicted referenced storage was
+// computed from is neither dropped nor ranked first (see feedsEvicted).
 func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	st := e.g.Storage(s)
 	if st.State == rc.Released || st.Locks > 0 {
@@ -515,13 +529,16 @@ func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 			return
 		}
 	}
-	if released && st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute {
+	if released && st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute && !e.feedsEvicted(st) {
 		e.dropStorage(s)
 		e.stats.EagerEvictions++
 		e.queue(Victim{Tensor: st.Root, Action: Drop, Size: st.Size}, ReasonEager)
 		return
 	}
-	e.sel.lowered(s) // its key now sorts it first
+	if st.State == rc.Evicted {
+		e.notNeeded(s) // its resident released parents may rank first now
+	}
+	e.sel.lowered(s) // its key now sorts it first (unless KeepNeededReleased keeps it)
 }
 
 func (e *Engine) queue(v Victim, why EvictReason) {
@@ -571,6 +588,9 @@ func (e *Engine) banish(s rc.StorageID) {
 		e.stats.Banished++
 		for _, p := range st.Parents {
 			ps := e.g.Storage(p)
+			if prev == rc.Evicted {
+				e.parentNotNeeded(ps, p)
+			}
 			ps.LiveChildren--
 			if ps.LiveChildren == 0 && ps.Refs == 0 && ps.Locks == 0 && ps.State != rc.Released && !e.cfg.SimulatorCompat {
 				work = append(work, p)
@@ -613,7 +633,7 @@ func (e *Engine) lowKey(s rc.StorageID) key {
 // keyOf returns s's key with the cost (exact) or its lower bound.
 func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
 	st := e.g.Storage(s)
-	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat}
+	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat && !e.feedsEvicted(st)}
 	m := float64(st.Size)
 	if e.mf != 1 {
 		m = math.Pow(m, e.mf)
@@ -689,7 +709,6 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 {
 				break
 			}
-			e.debugDump()
 			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%d storages locked or pinned)",
 				u, extra, e.cfg.Budget, ErrNoEvictable, e.g.NumStorages()-e.sel.len())
 		}
@@ -772,45 +791,13 @@ func (e *Engine) Plan(t rc.TensorID, buf []rc.Step) ([]rc.Step, error) {
 	return steps, nil
 }
 
-// HoldPlan locks the inputs of every re-run step of a plan until that step is
-// reported by Rematerialized, so that evictions while the plan runs cannot
-// take away what a later step needs, and marks them accessed now.
-func (e *Engine) HoldPlan(steps []rc.Step) error {
-	if os.Getenv("MSDBG") != "" {
-		var ops []rc.OpID
-		for _, st := range steps {
-			ops = append(ops, st.Op)
-		}
-		fmt.Fprintf(os.Stderr, "DBGPLAN usage=%d %v\n", e.usage, ops)
-	}
-	for _, st := range steps {
-		if st.Kind != rc.StepRerun {
-			continue
-		}
-		if err := e.g.CheckOp(st.Op); err != nil {
-			return fmt.Errorf("evict: hold plan: %w", err)
-		}
-	}
-	for _, st := range steps {
-		if st.Kind != rc.StepRerun {
-			continue
-		}
-		e.holds[st.Op]++
-		for _, in := range e.g.Op(st.Op).Inputs {
-			s := e.g.Tensor(in).Storage
-			st := e.g.Storage(s)
-			st.Locks++
-			st.LastAccess = e.clock
-			e.sel.remove(s)
-		}
-	}
-	return nil
-}
-
 // Rematerialized records that op ran again, taking cost nanoseconds (a
 // negative cost means the cost recorded when it first ran). Its inputs must be
-// resident; all its outputs become resident. A plan hold on the op is
-// released.
+// resident; all its outputs become resident, except an output whose storage
+// was released for good (the program dropped it and nothing can need it):
+// the re-run made a throw-away copy of it, which the next Evict hands out to
+// be freed. If the op is the held step of a committed plan (HoldPlan), the
+// plan moves on to its next step.
 func (e *Engine) Rematerialized(op rc.OpID, cost int64) error {
 	return e.RematerializedFor(op, -1, cost)
 }
@@ -821,9 +808,6 @@ func (e *Engine) Rematerialized(op rc.OpID, cost int64) error {
 func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) error {
 	if err := e.g.CheckOp(op); err != nil {
 		return fmt.Errorf("evict: rematerialized: %w", err)
-	}
-	if os.Getenv("MSDBG") != "" {
-		fmt.Fprintf(os.Stderr, "DBGREMAT %d usage=%d\n", op, e.usage)
 	}
 	o := e.g.Op(op)
 	if cost < 0 {
@@ -845,6 +829,18 @@ func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) e
 	}
 	e.usage += added
 	e.tr.resident(newly)
+	for _, s := range newly {
+		e.notNeeded(s)
+	}
+	if len(o.Outputs) > 1 {
+		// Throw-away copies of released outputs: the caller frees them.
+		for _, out := range o.Outputs {
+			x := e.g.Tensor(out)
+			if st := e.g.Storage(x.Storage); x.Alias < 0 && st.State == rc.Released {
+				e.queue(Victim{Tensor: st.Root, Action: Drop, Size: st.Size}, ReasonBanish)
+			}
+		}
+	}
 	var last rc.StorageID = -1
 	if target >= 0 {
 		last = e.g.Tensor(target).Storage
@@ -858,14 +854,9 @@ func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) e
 		e.refresh(last)
 	}
 	e.scratch = newly[:0]
-	if e.holds[op] > 0 {
-		if e.holds[op]--; e.holds[op] == 0 {
-			delete(e.holds, op)
-		}
-		for _, in := range o.Inputs {
-			if err := e.unlockStorage(e.g.Tensor(in).Storage); err != nil {
-				return fmt.Errorf("evict: rematerialized: releasing plan hold: %w", err)
-			}
+	if len(e.plans) > 0 {
+		if err := e.planStepDone(rc.Step{Kind: rc.StepRerun, Op: op}); err != nil {
+			return fmt.Errorf("evict: rematerialized: %w", err)
 		}
 	}
 	return nil
@@ -890,6 +881,11 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 		e.clock += d
 	}
 	e.refresh(x.Storage)
+	if len(e.plans) > 0 {
+		if err := e.planStepDone(rc.Step{Kind: rc.StepSwapIn, Tensor: st.Root}); err != nil {
+			return fmt.Errorf("evict: swapped in: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -906,37 +902,4 @@ func (e *Engine) Stats() Stats {
 	s.Ops = e.g.NumOps()
 	s.Heuristic = e.h.String()
 	return s
-}
-
-func (e *Engine) debugDump() {
-	if os.Getenv("MSDBG") == "" || e.dumped {
-		return
-	}
-	e.dumped = true
-	for i := 0; i < e.g.NumStorages(); i++ {
-		st := e.g.Storage(rc.StorageID(i))
-		if st.State != rc.Resident {
-			continue
-		}
-		x := e.g.Tensor(st.Root)
-		name := "ext"
-		if x.Op >= 0 {
-			name = e.g.Op(x.Op).Name
-		}
-		fmt.Fprintf(os.Stderr, "DBG s%d root=%d op=%d %s size=%d locks=%d pins=%d refs=%d norecomp=%v holds=%d\n", i, st.Root, x.Op, name, st.Size, st.Locks, st.Pins, st.Refs, st.NoRecompute, e.holds[x.Op])
-	}
-	fmt.Fprintf(os.Stderr, "DBG holds=%v\n", e.holds)
-	for i := 0; i < e.g.NumOps(); i++ {
-		o := e.g.Op(rc.OpID(i))
-		var ins, outs []string
-		for _, t := range o.Inputs {
-			x := e.g.Tensor(t)
-			ins = append(ins, fmt.Sprintf("t%d/s%d/%s", t, x.Storage, e.g.Storage(x.Storage).State))
-		}
-		for _, t := range o.Outputs {
-			x := e.g.Tensor(t)
-			outs = append(outs, fmt.Sprintf("t%d/s%d/%s", t, x.Storage, e.g.Storage(x.Storage).State))
-		}
-		fmt.Fprintf(os.Stderr, "DBGOP %d %s hold=%d in=%v out=%v\n", i, o.Name, e.holds[rc.OpID(i)], ins, outs)
-	}
 }

@@ -365,6 +365,8 @@ func TestDecodeConfig(t *testing.T) {
 			"evictee_min_size": 4096, "swap_bandwidth": 1.2e10, "usage": "allocator", "device": 1, "simulator_compat": true}`,
 			Config{Budget: 1024, Heuristic: DTREq, RecompTimeFactor: 1.5, RecompMemoryFactor: 0.5, EvicteeMinSize: 4096,
 				SwapBandwidth: 1.2e10, SimulatorCompat: true}, UsageSource{Allocator: true, Device: 1}, ""},
+		{"keep needed released", `{"keep_needed_released": true}`, Config{Heuristic: LRU, RecompTimeFactor: 2, KeepNeededReleased: true}, UsageSource{}, ""},
+		{"bad keep needed released", `{"keep_needed_released": 1}`, base, UsageSource{}, "keep_needed_released 1: want true or false"},
 		{"default heuristic", `{"heuristic": "default"}`, Config{Heuristic: Default, RecompTimeFactor: 2}, UsageSource{}, ""},
 		{"usage engine", `{"usage": "engine"}`, base, UsageSource{}, ""},
 		{"unknown key", `{"budgte": 1}`, base, UsageSource{}, `unknown key "budgte"`},

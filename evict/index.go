@@ -174,10 +174,20 @@ func (x *indexSelector) pick(now int64) (rc.StorageID, bool) {
 	}
 }
 
-// fix recomputes the path from leaf slot sl to the root.
+// fix recomputes the path from leaf slot sl to the root after the leaf
+// changed. It stops at the first node whose winner and melt time come out
+// unchanged, unless that winner is sl itself (whose key may have changed):
+// the nodes above then see exactly the inputs they were computed from, and a
+// node's outcome does not change before its melt time, so recomputing them
+// would give them their current values again. (The property test checks the
+// tree against one built from scratch.)
 func (x *indexSelector) fix(sl int32) {
 	for i := (x.n + int(sl)) / 2; i >= 1; i /= 2 {
+		w, m := x.win[i], x.melt[i]
 		x.recompute(i)
+		if x.win[i] == w && x.melt[i] == m && w != sl {
+			return
+		}
 	}
 }
 

@@ -23,10 +23,12 @@ import (
 // this tracker, with the same results; on the shared traces that upkeep did
 // several times more work than answering the queries, because a run evicts
 // and rebuilds far more often than it asks for the cost of the storages
-// around those changes (the default sweep went from about 11 s to under
-// 2 s). A walk visits each storage once, remembered in a dense per-storage
-// stamp slice, and reuses one stack, so it allocates nothing in steady
-// state.
+// around those changes (the default sweep took about 11 s with it, 1.7 s
+// with walks). The candidate index asks for few costs: it stores keys built
+// from bound, the storage's own compute, and needs the true cost only of
+// the storage it is about to choose (0.2 s). A walk visits each storage
+// once, remembered in a dense per-storage stamp slice, and reuses one stack,
+// so it allocates nothing in steady state.
 //
 // Costs only rise when a storage is evicted or an op is recorded, so those
 // need no notice (the candidate index keeps lower bounds). They fall when an
@@ -164,8 +166,9 @@ func (t *regionTracker) boundary(starts []rc.StorageID, down bool) {
 }
 
 // affected collects in t.hit the material storages whose regions held one
-// of ss before ss changed state: those below them (whose ancestor regions
-// held them) and, for e*, those above them.
+// of ss until ss just left the evicted state: those reached from ss through
+// evicted storages downwards (whose ancestor regions held them) and, for e*,
+// upwards.
 func (t *regionTracker) affected(ss []rc.StorageID) {
 	t.hit = t.hit[:0]
 	t.boundary(ss, true)

@@ -357,10 +357,12 @@ func (g *Graph) Release(s StorageID) {
 }
 
 // Rerun records that op o ran again. All its inputs must be resident. Every
-// output becomes defined and resident; appendNew receives each storage that
-// was not resident before (so the caller can account for its bytes), dup
-// receives the bytes of fresh outputs that were resident already (the op
-// produced a throw-away copy of them).
+// output becomes defined and resident, except one whose storage was released
+// for good (a multi-output op whose other output the program dropped): it
+// stays released and the re-run's copy of it is thrown away. newly receives
+// each storage that was not resident before (so the caller can account for
+// its bytes); dup is the bytes of the fresh outputs the op produced a
+// throw-away copy of (resident already, or released).
 func (g *Graph) Rerun(o OpID, newly []StorageID) (added []StorageID, dup uint64, err error) {
 	if err := g.CheckOp(o); err != nil {
 		return newly, 0, err
@@ -377,12 +379,11 @@ func (g *Graph) Rerun(o OpID, newly []StorageID) (added []StorageID, dup uint64,
 		x := &g.tensors[out]
 		s := &g.storages[x.Storage]
 		if s.State == Released {
-			return newly, 0, fmt.Errorf("re-run of op %d (%s): output tensor %d was released", o, op.Name, out)
+			if x.Alias < 0 {
+				dup += s.Size
+			}
+			continue
 		}
-	}
-	for _, out := range op.Outputs {
-		x := &g.tensors[out]
-		s := &g.storages[x.Storage]
 		if x.Alias < 0 {
 			switch {
 			case s.State == Resident && x.Defined:

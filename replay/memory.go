@@ -102,8 +102,8 @@ func (r *runner) assign(t rc.TensorID, b Block) {
 
 // rerunPlaced runs an engine re-run of op (target: the output it is for, or
 // -1) with its outputs placed first: storages coming back get blocks, and
-// outputs that are resident already get a block for the op's throw-away
-// copy, freed right after.
+// outputs that are resident already, or released for good, get a block for
+// the op's throw-away copy, freed right after.
 func (r *runner) rerunPlaced(op rc.OpID, target rc.TensorID) error {
 	if r.counter {
 		return r.eng.RematerializedFor(op, target, -1)
@@ -118,7 +118,7 @@ func (r *runner) rerunPlaced(op rc.OpID, target rc.TensorID) error {
 		}
 		st := g.Storage(x.Storage)
 		sizes = append(sizes, st.Size)
-		if st.State == rc.Resident && x.Defined {
+		if (st.State == rc.Resident && x.Defined) || st.State == rc.Released {
 			roots = append(roots, -1)
 		} else {
 			roots = append(roots, st.Root)

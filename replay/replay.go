@@ -66,10 +66,12 @@ type Options struct {
 	// op input resident. A violation is an error.
 	Check bool
 	// Plans rebuilds evicted tensors the way the C ABI does: the engine's
-	// whole plan is computed, its inputs are held (locked) at once, and its
-	// steps run in order. By default the replay rebuilds them like the DTR
-	// authors' simulator: depth first, locking an op's resident inputs just
-	// before rebuilding its missing ones.
+	// whole plan is computed and committed (the engine holds the inputs of
+	// the step about to run), and its steps run in order; an input of a step
+	// that was evicted since the plan was made is rebuilt by a plan of its
+	// own first. By default the replay rebuilds them like the DTR authors'
+	// simulator: depth first, locking an op's resident inputs just before
+	// rebuilding its missing ones.
 	Plans bool
 }
 
@@ -148,7 +150,8 @@ type runner struct {
 	blocks   []Block // per engine tensor (storage roots) when placing: block+1
 	reserved []Block // blocks placed by reserve, not yet taken
 	buf      []evict.Victim
-	steps    []rc.Step
+	steps    [][]rc.Step // plan buffers, one per nesting level
+	depth    int         // nesting level of materializePlan
 	args     []rc.TensorID
 	missing  []int
 	frames   []lazyFrame
@@ -525,23 +528,38 @@ func (r *runner) overLimit() error {
 	return nil
 }
 
-// materializePlan makes t resident by running the engine's plan.
+// materializePlan makes t resident by running the engine's plan. The
+// engine holds the inputs of the step about to run; an input that is not
+// resident when its step comes (the budget loop took it while earlier steps
+// ran) is rebuilt first by a nested plan, as the C ABI's callers do.
 func (r *runner) materializePlan(t rc.TensorID) error {
-	steps, err := r.eng.Plan(t, r.steps[:0])
+	if r.depth == len(r.steps) {
+		r.steps = append(r.steps, nil)
+	}
+	steps, err := r.eng.Plan(t, r.steps[r.depth][:0])
 	if err != nil {
 		return err
 	}
-	r.steps = steps[:0]
+	r.steps[r.depth] = steps[:0]
 	if len(steps) == 0 {
 		return nil
 	}
 	if err := r.eng.HoldPlan(steps); err != nil {
 		return err
 	}
+	r.depth++
+	defer func() { r.depth-- }()
 	g := r.eng.Graph()
 	for _, st := range steps {
 		switch st.Kind {
 		case rc.StepRerun:
+			for _, in := range g.Op(st.Op).Inputs {
+				if !g.IsResident(in) {
+					if err := r.materializePlan(in); err != nil {
+						return err
+					}
+				}
+			}
 			if err := r.allocate(g.FreshSize(st.Op)); err != nil {
 				return err
 			}
@@ -549,6 +567,9 @@ func (r *runner) materializePlan(t rc.TensorID) error {
 				return err
 			}
 		case rc.StepSwapIn:
+			if g.StorageOf(st.Tensor).State != rc.Swapped {
+				continue // brought back by a nested plan already
+			}
 			if err := r.swapIn(st.Tensor); err != nil {
 				return err
 			}
