@@ -106,6 +106,13 @@ const char* memscale_version(void);
 
 /* ---- DTR engine (see DESIGN.md; implemented in cabi/engine.go) ---------- */
 
+/* config_json: {"budget", "heuristic", "recomp_time_factor",
+ * "recomp_memory_factor", "evictee_min_size", "swap_bandwidth", "usage",
+ * "device", "simulator_compat", "keep_needed_released"} (all optional; unknown
+ * keys are an error). "keep_needed_released" (default true here, false in
+ * trace replays): a storage the program released is not evicted at once, nor
+ * ranked first, while an evicted storage it still references was computed
+ * from it directly. Returns a handle > 0, or -1. */
 int64_t memscale_dtr_create(const char* config_json);
 int memscale_dtr_destroy(int64_t h);
 int memscale_dtr_set_budget(int64_t h, int64_t bytes);
@@ -121,9 +128,47 @@ int memscale_dtr_lock(int64_t h, int64_t t);
 int memscale_dtr_unlock(int64_t h, int64_t t);
 int memscale_dtr_pin(int64_t h, int64_t t);
 int memscale_dtr_release(int64_t h, int64_t t);
+/* The budget loop. Writes up to cap victims as (storage-root tensor id,
+ * action: 0 = drop, 1 = swap to host): first the storages freed since the
+ * last call (released by the program, or throw-away copies re-made by a
+ * re-run, see memscale_dtr_rematerialized), then, while usage > budget,
+ * victims chosen by the heuristic. The engine already counts every victim
+ * gone; the caller frees its storage (for a swap, after copying it to host
+ * memory), every view of it included. Returns:
+ *   cap           there may be more: call again;
+ *   0 < n < cap   usage is within the budget, OR the engine ran out of
+ *                 candidates after writing these n while usage is still over
+ *                 the budget (those victims must still be freed); the next
+ *                 call tells which: 0 or -1;
+ *   0             usage is within the budget (or there is no budget) and
+ *                 nothing freed is left to hand out;
+ *   -1            usage is over the budget and nothing (more) can be
+ *                 evicted: the error names usage, budget and what keeps the
+ *                 resident storages (pins, locks, plan holds, minimum size).
+ * So it returns fewer victims than needed without an error only when it wrote
+ * at least one in that call; a caller that needs usage <= budget calls it
+ * until it returns 0 or -1. With "usage": "allocator", free the victims of a
+ * call before the next call (within a call the engine discounts the victims
+ * it wrote from the allocator's count; across calls it reads the allocator). */
 int32_t memscale_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap);
+/* The steps that make tensor t resident, evicted ancestors first: kinds[i]
+ * 0 = re-run op ids[i] (afterwards report memscale_dtr_rematerialized), 1 =
+ * copy swapped storage ids[i] back (memscale_dtr_swapped_in). Returns the
+ * count (0: t is resident), or -1 (a plan longer than cap: the error says
+ * "cap >= N"; or t cannot be rebuilt). A plan of n > 0 steps is committed:
+ * run its steps in order. The engine locks the inputs of the first re-run
+ * step not reported yet, and nothing else; reporting that step moves the lock
+ * to the next re-run step. An input of a later step may be evicted while
+ * earlier steps run: before running a step, rebuild any input that is not
+ * resident with a plan of its own (plans nest; a report advances the
+ * innermost plan whose current step it is). */
 int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
+/* Op op was re-run (its inputs were resident), taking cost_ns. Its outputs are
+ * resident again, except outputs whose storage the program released for good
+ * (a dropped output of a multi-output op): the re-run's copies of those are
+ * thrown away, handed out by the next memscale_dtr_evict as drops. */
 int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
+/* The swapped storage of t was copied back (a swap-in step, or on demand). */
 int memscale_dtr_swapped_in(int64_t h, int64_t t);
 char* memscale_dtr_stats_json(int64_t h);
 

@@ -273,3 +273,33 @@ func TestDeepChainUnderBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingEvictableSaysWhy: the error of an impossible budget counts the
+// resident storages by what keeps them (the old message counted every
+// storage that was not a candidate, evicted ones included).
+func TestNothingEvictableSaysWhy(t *testing.T) {
+	e := newEngine(t, Config{Budget: 1 << 20, EvicteeMinSize: 10})
+	x := e.NewTensor(100, true)
+	_, ys, err := e.Call("f", []rc.TensorID{x}, []Output{{Size: 300, Alias: -1}, {Size: 5, Alias: -1}}, 10, 0)
+	require.NoError(t, err)
+	_, zs, err := e.Call("g", []rc.TensorID{ys[0]}, []Output{{Size: 200, Alias: -1}}, 10, 0)
+	require.NoError(t, err)
+	// z is evicted and rebuilt by a plan whose step holds y
+	var buf [4]Victim
+	e.SetBudget(400)
+	require.NoError(t, e.Lock(ys[0]))
+	n, err := e.Evict(0, buf[:])
+	require.NoError(t, err)
+	require.NoError(t, e.Unlock(ys[0]))
+	require.Equal(t, 1, n)
+	require.Equal(t, zs[0], buf[0].Tensor)
+	steps, err := e.Plan(zs[0], nil)
+	require.NoError(t, err)
+	require.NoError(t, e.HoldPlan(steps))
+	e.SetBudget(10)
+	_, err = e.Evict(0, buf[:])
+	require.ErrorIs(t, err, ErrNoEvictable)
+	assert.ErrorContains(t, err, "3 resident storages, 405 bytes: 1 pinned, 1 locked (300 bytes; 1 of them inputs of the next step of 1 unfinished rematerialization plans), 1 under the minimum evictee size, 0 not recomputable")
+	require.NoError(t, e.Rematerialized(steps[0].Op, -1))
+	assert.Zero(t, e.PlanHolds())
+}

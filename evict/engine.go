@@ -709,8 +709,8 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 {
 				break
 			}
-			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%d storages locked or pinned)",
-				u, extra, e.cfg.Budget, ErrNoEvictable, e.g.NumStorages()-e.sel.len())
+			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%s)",
+				u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
 		}
 		out[n] = e.evictStorage(s)
 		if e.cfg.OnEvict != nil {

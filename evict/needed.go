@@ -1,6 +1,8 @@
 package evict
 
 import (
+	"fmt"
+
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -44,4 +46,52 @@ func (e *Engine) parentNotNeeded(ps *rc.Storage, p rc.StorageID) {
 	if e.cfg.KeepNeededReleased && !e.cfg.SimulatorCompat && ps.Refs == 0 && ps.State == rc.Resident {
 		e.sel.lowered(p)
 	}
+}
+
+// whyNoneEvictable describes the resident storages when none can be evicted
+// (for the error of Evict): how many, and what keeps each one: locks (and
+// how many of those storages are inputs of a step a committed plan holds),
+// pins, the minimum size, or having no way back (not recomputable, no
+// swapping).
+func (e *Engine) whyNoneEvictable() string {
+	var n, locked, pinned, small, lost int
+	var bytes, lockedBytes uint64
+	for s := 0; s < e.g.NumStorages(); s++ {
+		st := e.g.Storage(rc.StorageID(s))
+		if st.State != rc.Resident {
+			continue
+		}
+		n++
+		bytes += st.Size
+		switch {
+		case st.Pins > 0:
+			pinned++
+		case st.Locks > 0:
+			locked++
+			lockedBytes += st.Size
+		case (st.Size == 0 && !e.cfg.SimulatorCompat) || st.Size < e.cfg.EvicteeMinSize:
+			small++
+		case st.NoRecompute && e.cfg.SwapBandwidth <= 0:
+			lost++
+		}
+	}
+	held := 0
+	if len(e.plans) > 0 {
+		m := e.g.Mark()
+		for _, p := range e.plans {
+			for _, in := range e.g.Op(p.steps[p.held].Op).Inputs {
+				s := e.g.Tensor(in).Storage
+				if st := e.g.Storage(s); st.State == rc.Resident && st.Pins == 0 && !e.g.Marked(s, m) {
+					e.g.SetMark(s, m)
+					held++
+				}
+			}
+		}
+	}
+	plans := ""
+	if len(e.plans) > 0 {
+		plans = fmt.Sprintf("; %d of them inputs of the next step of %d unfinished rematerialization plans", held, len(e.plans))
+	}
+	return fmt.Sprintf("%d resident storages, %d bytes: %d pinned, %d locked (%d bytes%s), %d under the minimum evictee size, %d not recomputable",
+		n, bytes, pinned, locked, lockedBytes, plans, small, lost)
 }

@@ -23,8 +23,9 @@ type planHold struct {
 // order. The engine then locks the inputs of the first re-run step not
 // reported yet (the one about to run), marking them accessed, and nothing
 // else: when Rematerialized reports that step, the next re-run step's inputs
-// are locked and then that step's are unlocked (SwappedIn reports swap-in
-// steps; they lock nothing). So an eviction while the plan runs never takes
+// are locked and then that step's are unlocked. Swap-in steps (reported by
+// SwappedIn) hold nothing of their own; the re-run step they feed holds the
+// storages they bring back. So an eviction while the plan runs never takes
 // the inputs of the step that runs next, but may take a storage that only a
 // later step reads, rebuilt or resident when the plan was made. Before it
 // runs a step, the caller checks that its inputs are resident and rebuilds

@@ -91,6 +91,25 @@ func TestRerunDefinesOutputsAndCountsDuplicates(t *testing.T) {
 	require.ErrorContains(t, err, "is not resident")
 }
 
+func TestRerunWithAReleasedOutputThrowsItAway(t *testing.T) {
+	g := NewGraph()
+	x := g.AddExternal(8, 1)
+	op := mustOp(t, g, "topk", []TensorID{x}, fresh(100), fresh(30))
+	vals, idx := out(g, op, 0), out(g, op, 1)
+	g.Release(g.Tensor(vals).Storage) // the program dropped vals; nothing needs it
+	g.Drop(g.Tensor(idx).Storage)
+	steps, err := g.Plan(idx, nil)
+	require.NoError(t, err)
+	assert.Equal(t, stepsOf(op), steps)
+	newly, dup, err := g.Rerun(op, nil)
+	require.NoError(t, err, "a released sibling does not stop the re-run")
+	assert.Equal(t, []StorageID{g.Tensor(idx).Storage}, newly)
+	assert.Equal(t, uint64(100), dup, "the re-run's copy of the released output is thrown away")
+	assert.True(t, g.IsResident(idx))
+	assert.False(t, g.IsResident(vals))
+	assert.Equal(t, Released, g.StorageOf(vals).State)
+}
+
 func stepsOf(ops ...OpID) []Step {
 	s := make([]Step, len(ops))
 	for i, o := range ops {

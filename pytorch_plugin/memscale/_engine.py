@@ -295,20 +295,33 @@ class Engine:
     # Decisions ------------------------------------------------------------
 
     def evict(self) -> list[tuple[int, int]]:
-        """Run the budget loop; returns ``(storage-root id, action)`` pairs."""
+        """Run the budget loop; returns ``(storage-root id, action)`` pairs.
+
+        Calls ``memscale_dtr_evict`` until it returns 0 (usage within the budget,
+        nothing left to hand out): a short answer is not the end when the engine
+        ran out of candidates after taking some, and the next call then fails.
+
+        Raises:
+            MemscaleError: usage is over the budget and nothing (more) can be
+                evicted; the victims of earlier calls are lost with the error,
+                as the engine already counts them evicted.
+        """
         out: list[tuple[int, int]] = []
         cap = len(self._ids)
         while True:
             n = self._check(self.fn.evict(self.handle, self._ids, self._acts, cap), "memscale_dtr_evict")
-            out.extend(zip(self._ids[:n], self._acts[:n]))
-            if n < cap:
+            if n == 0:
                 return out
+            out.extend(zip(self._ids[:n], self._acts[:n]))
 
     def plan(self, t: int) -> list[tuple[int, int]]:
         """Steps that make ``t`` resident: ``(kind, id)``, ancestors first.
 
-        The engine holds the inputs of every re-run step until that step is
-        reported with :meth:`rematerialized`.
+        Run them in order. The engine holds (locks) the inputs of the first
+        re-run step not reported yet, and only those: reporting it with
+        :meth:`rematerialized` moves the hold to the next re-run step. An input
+        of a later step may therefore be evicted meanwhile; rebuild it with a
+        plan of its own before running that step.
         """
         while True:
             cap = len(self._kinds)
@@ -323,7 +336,9 @@ class Engine:
             self._acts = (_i32 * need)()
 
     def rematerialized(self, op: int, cost_ns: int) -> None:
-        """Op ``op`` was re-run; its outputs are resident."""
+        """Op ``op`` was re-run; its outputs are resident, except those the program
+        released for good, whose re-made copies the next :meth:`evict` hands out
+        (as drops) to be freed."""
         self._check(self.fn.rematerialized(self.handle, op, int(cost_ns)), f"memscale_dtr_rematerialized({op})")
 
     def swapped_in(self, t: int) -> None:

@@ -18,12 +18,15 @@ Design, in the order an op meets it:
   holds an alias of the user's tensor and a weak reference to it: when the program
   drops a plain tensor, the engine is told like for any other reference.
 * **Residency.** Inputs that are evicted are rebuilt from the engine's plan
-  (``memscale_dtr_plan``, which also holds the inputs of the planned steps): each
-  step re-runs a recorded op (its ``func``, its arguments with the input *cells*
-  in place of tensors, its RNG state) or copies a swapped storage back. The op's
-  inputs are locked while the others are rebuilt; a step's outputs stay locked
-  until the next step, when it reads them, ran; an input the budget loop took
-  since the plan was made is rebuilt by a plan of its own (DTR's recursion).
+  (``memscale_dtr_plan``, which also holds the inputs of the step about to run,
+  and only those): each step re-runs a recorded op (its ``func``, its arguments
+  with the input *cells* in place of tensors, its RNG state) or copies a swapped
+  storage back. The op's inputs are locked while the others are rebuilt; a
+  step's outputs stay locked until the next step, when it reads them, ran; an
+  input the budget loop took since the plan was made is rebuilt by a plan of its
+  own (DTR's recursion). A multi-output op re-run for one output also re-makes
+  the outputs the program already dropped; the engine hands those copies out to
+  be freed with the next evictions.
 * **Room before allocation.** Under a budget, before an op (or a re-run, or a
   swap-in, or registering an external) runs, its inputs are locked and the budget
   loop makes room for the bytes it is about to allocate (for an op: the size of
@@ -619,7 +622,6 @@ class _Entry:
         self.pinned: set[_Cell] = set()  # gradients pinned by the hook
         self.live: dict[int, _WRef] = {}  # id(weakref) -> weakref of a live wrapper
         self.pending: list[_Cell] = []
-        self.held: set[_Cell] = set()  # dead outputs of multi-output ops kept for their siblings
         self.bytes_evicted = 0
         self.dirty = False
         self.fresh = 0
@@ -690,12 +692,8 @@ class _Entry:
             h = self.h
             sink = self.sink
             groups = self.groups
-            ops = self.ops
             for c in pend:
                 if c.rel or c.e is not self:
-                    continue
-                op = ops.get(c.op) if c.op >= 0 else None
-                if op is not None and op.kind == _K_CALL and len(op.outs) > 1 and self._hold_sibling(c, op):
                     continue
                 self._release(c, h, groups)
                 if sink is not None:
@@ -704,25 +702,6 @@ class _Entry:
             # Storages freed by those releases: drop their data now, before
             # anything reads a cell the engine no longer holds resident.
             self.evict()
-
-    def _hold_sibling(self, c: _Cell, op: _Op) -> bool:
-        """Keep ``c``, an output of a multi-output op, referenced while a sibling
-        lives (so the engine never frees one output storage for good while
-        re-running the op for another is still possible); releases them all when
-        the last one dies. Returns whether ``c`` was held back."""
-        if sum(1 for o in op.outs if o.root == o.tid) < 2:
-            return False  # at most one storage of its own: nothing to protect
-        held = self.held
-        held.add(c)
-        if all(o in held or o.rel or o.e is not self for o in op.outs):
-            for o in op.outs:
-                if o in held:
-                    held.discard(o)
-                    if not o.rel and o.e is self:
-                        self._release(o, self.h, self.groups)
-                        if self.sink is not None:
-                            self.sink.release(o)
-        return True
 
     def _release(self, c: _Cell, h: int, groups: dict[int, _Group]) -> None:
         c.rel = True
@@ -1794,7 +1773,6 @@ class _Entry:
                 hk.remove()
             self.hooks.clear()
             self.pinned.clear()
-            self.held.clear()
             for wr in self.ext.values():
                 c = wr.cell
                 if c is not None:

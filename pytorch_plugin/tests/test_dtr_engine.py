@@ -83,6 +83,37 @@ def test_long_plans_ask_for_a_bigger_buffer() -> None:
         assert len(steps) >= 2 and len(eng._kinds) >= len(steps)
 
 
+def test_rerun_remakes_a_released_output_as_a_throw_away_copy() -> None:
+    with Engine({"budget": 4 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)
+        op, (vals, idx) = eng.call("topk", [x], [2 * MB, MB], [-1, -1], 1000)
+        eng.release(vals)  # dropped by the program; nothing can need it
+        assert eng.evict() == [(vals, ACTION_DROP)]
+        eng.set_budget(MB + MB // 2)
+        assert eng.evict() == [(idx, ACTION_DROP)]
+        eng.set_budget(4 * MB)
+        assert eng.plan(idx) == [(STEP_RERUN, op)]
+        eng.rematerialized(op, 900)  # the re-run also re-made vals
+        assert eng.stats()["usage"] == 2 * MB  # x and idx: the copy of vals is not kept
+        assert eng.evict() == [(vals, ACTION_DROP)]  # ... it is handed out to be freed
+        assert eng.evict() == []
+
+
+def test_evict_keeps_asking_until_the_engine_says_done() -> None:
+    with Engine({"budget": 3 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
+        _, (b,) = eng.call("mul", [a], [MB], [-1], 10)
+        eng.lock(b)
+        eng.set_budget(MB + MB // 2)
+        # a goes, then nothing else can: the wrapper reports the error rather
+        # than a short answer over the budget
+        with pytest.raises(MemscaleError, match="nothing evictable.*1 pinned, 1 locked"):
+            eng.evict()
+        eng.unlock(b)
+        assert eng.evict() == [(b, ACTION_DROP)]
+
+
 def test_bad_calls_raise_with_the_engines_message() -> None:
     with pytest.raises(MemscaleError, match="unknown key"):
         Engine({"budget": 1, "bogus": 2})
