@@ -110,10 +110,6 @@ func opName(name *C.char) string {
 
 // dtrDefaults returns the engine defaults from the environment
 // (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR, MEMSCALE_EVICTEE_MIN_SIZE).
-// Live engines keep released storages that an evicted referenced storage
-// needs (evict.Config.KeepNeededReleased; "keep_needed_released": false turns
-// it off): without it a deep backward pass under a tight budget rebuilds
-// whole chains of gradients.
 func dtrDefaults() (evict.Config, error) {
 	pc, err := processConfig()
 	if err != nil {
@@ -128,7 +124,6 @@ func dtrDefaults() (evict.Config, error) {
 		RecompTimeFactor:   pc.RecompTimeFactor,
 		RecompMemoryFactor: pc.RecompMemoryFactor,
 		EvicteeMinSize:     pc.EvicteeMinSize,
-		KeepNeededReleased: true,
 	}, nil
 }
 

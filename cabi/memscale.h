@@ -109,8 +109,8 @@ const char* memscale_version(void);
 /* config_json: {"budget", "heuristic", "recomp_time_factor",
  * "recomp_memory_factor", "evictee_min_size", "swap_bandwidth", "usage",
  * "device", "simulator_compat", "keep_needed_released"} (all optional; unknown
- * keys are an error). "keep_needed_released" (default true here, false in
- * trace replays): a storage the program released is not evicted at once, nor
+ * keys are an error). "keep_needed_released" (default true, as in trace
+ * replays): a storage the program released is not evicted at once, nor
  * ranked first, while an evicted storage it still references was computed
  * from it directly. Returns a handle > 0, or -1. */
 int64_t memscale_dtr_create(const char* config_json);

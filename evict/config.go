@@ -93,9 +93,11 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 				err = fmt.Errorf("dtr config: simulator_compat %s: want true or false", v)
 			}
 		case "keep_needed_released":
-			if json.Unmarshal(v, &cfg.KeepNeededReleased) != nil {
+			var keep bool
+			if json.Unmarshal(v, &keep) != nil {
 				err = fmt.Errorf("dtr config: keep_needed_released %s: want true or false", v)
 			}
+			cfg.DropNeededReleased = !keep
 		default:
 			err = fmt.Errorf("dtr config: unknown key %q (accepted: %s)", k, strings.Join(configKeys, ", "))
 		}

@@ -239,7 +239,7 @@ func trainStep(t *testing.T, d *abiDriver, depth int, act uint64) error {
 func TestDeepChainUnderBudget(t *testing.T) {
 	const act = 1000
 	for _, depth := range []int{16, 64} {
-		base := &abiDriver{t: t, e: newEngine(t, Config{KeepNeededReleased: true})}
+		base := &abiDriver{t: t, e: newEngine(t, Config{})}
 		require.NoError(t, trainStep(t, base, depth, act))
 		peak := base.e.Stats().PeakUsage
 		baseCost := base.e.Stats().BaseCostNS
@@ -247,7 +247,7 @@ func TestDeepChainUnderBudget(t *testing.T) {
 			budget := uint64(frac * float64(peak))
 			for _, keep := range []bool{true, false} {
 				t.Run(fmt.Sprintf("depth%d/%.0f%%/keep=%v", depth, frac*100, keep), func(t *testing.T) {
-					e := newEngine(t, Config{Budget: budget, KeepNeededReleased: keep})
+					e := newEngine(t, Config{Budget: budget, DropNeededReleased: !keep})
 					d := &abiDriver{t: t, e: e, budget: budget}
 					require.NoError(t, trainStep(t, d, depth, act))
 					st := e.Stats()

@@ -82,9 +82,10 @@ type Config struct {
 	// keeps neighbourhood costs honest, and zero-byte storages are never
 	// victims (evicting them frees nothing).
 	SimulatorCompat bool
-	// KeepNeededReleased keeps a released storage (no references left) that
-	// an evicted, still referenced storage was computed from directly: it
-	// is not evicted when its last reference goes, and it does not rank
+	// DropNeededReleased turns off a default of the engine: a released
+	// storage (no references left) that an evicted, still referenced storage
+	// was computed from directly is kept - it is not evicted when its last
+	// reference goes, and it does not rank
 	// before every referenced storage, but stays an ordinary candidate
 	// scored by the heuristic, until that storage is rebuilt, released or
 	// banished. Without it, DTR may evict a storage that is cheap to rebuild
@@ -93,9 +94,9 @@ type Config struct {
 	// parent as soon as the program releases it, which makes the rebuild
 	// re-run everything the parent came from (a deep chain: the whole
 	// forward and backward so far, rebuilt one nested plan per layer).
-	// Ignored with SimulatorCompat. The C ABI turns it on; it is off by
-	// default so that trace replays keep their published numbers.
-	KeepNeededReleased bool
+	// SimulatorCompat implies it (the DTR authors' simulator drops released
+	// storages at once). Setting it measures what the default is worth.
+	DropNeededReleased bool
 	// ExactScan chooses victims by scanning every candidate instead of
 	// using the index (same result, slower; for tests and measurements).
 	ExactScan bool
@@ -509,7 +510,7 @@ func (e *Engine) Release(t rc.TensorID) error {
 // (eager eviction; it stays recomputable for its dependents), and one that
 // was only rebuilt stays resident as a candidate that goes before any
 // referenced storage (see key); in simulator mode as an ordinary candidate.
-// With KeepNeededReleased, one that an evicted referenced storage was
+// Unless DropNeededReleased, one that an evicted referenced storage was
 // computed from is neither dropped nor ranked first (see feedsEvicted).
 func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	st := e.g.Storage(s)
@@ -538,7 +539,7 @@ func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	if st.State == rc.Evicted {
 		e.notNeeded(s) // its resident released parents may rank first now
 	}
-	e.sel.lowered(s) // its key now sorts it first (unless KeepNeededReleased keeps it)
+	e.sel.lowered(s) // its key now sorts it first (unless keepNeeded keeps it)
 }
 
 func (e *Engine) queue(v Victim, why EvictReason) {

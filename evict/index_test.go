@@ -36,7 +36,7 @@ func newTwin(t *testing.T, seed int64) *twin {
 	if rng.Intn(4) == 0 {
 		cfg.EvicteeMinSize = uint64(rng.Intn(200))
 	}
-	cfg.KeepNeededReleased = rng.Intn(2) == 0
+	cfg.DropNeededReleased = rng.Intn(2) == 0
 	a, err := New(cfg)
 	require.NoError(t, err)
 	cfg.ExactScan = true
@@ -50,7 +50,7 @@ func (w *twin) fail(format string, args ...any) {
 	n := len(w.log)
 	start := max(0, n-30)
 	w.t.Fatalf("%s\nheuristic %s compat %v keep-needed %v; last operations:\n%v", fmt.Sprintf(format, args...),
-		w.idx.Heuristic(), w.idx.cfg.SimulatorCompat, w.idx.cfg.KeepNeededReleased, w.log[start:])
+		w.idx.Heuristic(), w.idx.cfg.SimulatorCompat, w.idx.cfg.DropNeededReleased, w.log[start:])
 }
 
 // both applies f to both engines and checks they agree on the error.

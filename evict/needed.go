@@ -6,7 +6,13 @@ import (
 	rc "github.com/memscale/memscale/recompute"
 )
 
-// feedsEvicted reports whether, with KeepNeededReleased, st is a storage the
+// keepNeeded reports whether released storages that an evicted referenced
+// storage needs are kept (the default; see Config.DropNeededReleased).
+func (e *Engine) keepNeeded() bool {
+	return !e.cfg.DropNeededReleased && !e.cfg.SimulatorCompat
+}
+
+// feedsEvicted reports whether, when keepNeeded, st is a storage the
 // program released (no references) that must not go first: an evicted
 // storage that the program still references was computed from it directly,
 // so dropping st would make rebuilding that storage re-run whatever st came
@@ -15,7 +21,7 @@ import (
 // gradient computed from an intermediate the backward op then releases) is
 // one step.
 func (e *Engine) feedsEvicted(st *rc.Storage) bool {
-	if !e.cfg.KeepNeededReleased || e.cfg.SimulatorCompat || st.Refs != 0 {
+	if !e.keepNeeded() || st.Refs != 0 {
 		return false
 	}
 	for _, c := range st.Children {
@@ -27,12 +33,12 @@ func (e *Engine) feedsEvicted(st *rc.Storage) bool {
 }
 
 // notNeeded is called when storage s stopped being an evicted, referenced
-// storage (it came back, or lost its last reference while evicted): with
-// KeepNeededReleased, its released resident parents that it kept from
+// storage (it came back, or lost its last reference while evicted): when
+// keepNeeded, its released resident parents that it kept from
 // ranking first may rank first now, a lower key the candidate index must
 // be told about.
 func (e *Engine) notNeeded(s rc.StorageID) {
-	if !e.cfg.KeepNeededReleased || e.cfg.SimulatorCompat {
+	if !e.keepNeeded() {
 		return
 	}
 	for _, p := range e.g.Storage(s).Parents {
@@ -43,7 +49,7 @@ func (e *Engine) notNeeded(s rc.StorageID) {
 // parentNotNeeded tells the index that released resident storage p may rank
 // first now.
 func (e *Engine) parentNotNeeded(ps *rc.Storage, p rc.StorageID) {
-	if e.cfg.KeepNeededReleased && !e.cfg.SimulatorCompat && ps.Refs == 0 && ps.State == rc.Resident {
+	if e.keepNeeded() && ps.Refs == 0 && ps.State == rc.Resident {
 		e.sel.lowered(p)
 	}
 }

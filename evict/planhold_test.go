@@ -146,13 +146,13 @@ func TestRerunWithAReleasedOutput(t *testing.T) {
 	assert.Equal(t, int64(1), e.Stats().Rematerializations)
 }
 
-func TestKeepNeededReleased(t *testing.T) {
+func TestNeededReleasedKept(t *testing.T) {
 	// autograd's trap: g = mm(d) is evicted while d is resident (g looks
 	// cheap), then the program releases d. Dropping d at once would make g
-	// cost everything d came from; with KeepNeededReleased d stays, as an
+	// cost everything d came from; by default d stays, as an
 	// ordinary candidate, until g is back.
 	for _, keep := range []bool{false, true} {
-		e := newEngine(t, Config{Heuristic: LRU, KeepNeededReleased: keep})
+		e := newEngine(t, Config{Heuristic: LRU, DropNeededReleased: !keep})
 		x := e.NewTensor(100, true)
 		ts := chain(t, e, x, 2, 100) // x -> d -> g
 		d, g := ts[0], ts[1]
