@@ -187,7 +187,7 @@ def main() -> int:
         )
         text = f"""# PyTorch plugin: DTR region overhead
 
-Date: 2026-11-21. Machine: 2 CPU cores (shared with other jobs), no GPU; {platform.python_implementation()}
+Date: 2026-11-21. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end; {platform.python_implementation()}
 {platform.python_version()}, torch {torch.__version__}. Everything on the CPU, usage counted by the
 engine (sum of resident registered bytes).
 
@@ -207,18 +207,13 @@ variants taking turns, median of {args.reps} runs:
 | `dtr(1 TiB)` (budgeted path, no eviction; engine default heuristic) | {ops['budgeted'] / 1e3:.2f} | {(ops['budgeted'] - ops['plain']) / 1e3:.2f} |
 | `dtr(1 TiB, heuristic="dtr-eq")` (the same, union-find heuristic) | {ops['budgeted_eq'] / 1e3:.2f} | {(ops['budgeted_eq'] - ops['plain']) / 1e3:.2f} |
 
-Target: <= 25 us per op, met by the region itself (`dtr(None)`). Per op it enters a
-`TorchDispatchMode`, maps the arguments to cells, runs the kernel, makes one
-`memscale_dtr_call` (about 3 us of it is the Go engine and the ctypes crossing), wraps
-the output and releases the dead input. Under a budget Python adds little (it skips
-making room while its mirror of the engine's usage says there is room; the `dtr-eq` row
-shows the budgeted path with a cheap engine heuristic); the rest of the budgeted rows is
-the engine: with a budget, `memscale_dtr_release` of a tensor whose child is alive
-evicts it eagerly, and with the default (`anc-sqrt`), `dtr` and `msps` heuristics that
-costs the engine about 150 us per release at the end of this 2000-op chain (its
-evicted-ancestor bookkeeping grows with the chain; measured directly through the C ABI:
-call+release+evict 168 us with the default heuristic, 7 us with `dtr-eq`, 6 us with
-`dtr-local`). Reported to the engine side.
+Target: <= 25 us per op. Per op the region enters a `TorchDispatchMode`, maps the
+arguments to cells, runs the kernel, makes one `memscale_dtr_call` (the Go engine and the
+ctypes crossing), wraps the output and releases the dead input. Under a budget it also
+locks the inputs, predicts the output sizes and runs the budget loop (skipped while its
+mirror of the engine's usage says there is room), and the engine evicts a released tensor
+whose child is alive eagerly (counted as eager evictions, not in the evictions the
+benchmark checks are 0).
 
 ## GPT-2 training step under a budget
 
