@@ -126,8 +126,9 @@ func (e *errStop) Error() string { return e.err.Error() }
 func (e *errStop) Unwrap() error { return e.err }
 
 // Budget is the budget for a ratio of a baseline peak, rounded down as the
-// DTR authors' evaluation does (int(peak * ratio)).
-func Budget(ratio float64, peak uint64) uint64 { return uint64(float64(peak) * ratio) }
+// DTR authors' evaluation does (int(peak * ratio)), and at least 1 byte: a
+// budget of 0 means unlimited.
+func Budget(ratio float64, peak uint64) uint64 { return max(uint64(ratio*float64(peak)), 1) }
 
 // BaseCompute returns the sum of the trace's op times in ns.
 func BaseCompute(tr *rc.Trace) int64 {

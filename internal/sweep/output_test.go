@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
+	"github.com/memscale/memscale/replay"
 	"io"
 	"strings"
 	"testing"
@@ -17,11 +18,11 @@ import (
 func sampleReport() *Report {
 	tr := &TraceReport{Name: "unet", Path: "/s/unet.log", Baseline: Baseline{Peak: 8 << 30, Compute: 435_000_000, Instructions: 1829},
 		Runs: []RunResult{
-			{Trace: "unet", Heuristic: "dtr", Ratio: 0.3, Budget: Budget(0.3, 8<<30), Status: "oom", Reason: "nothing evictable", Overhead: 1.7, Peak: 2 << 30, Evictions: 10},
-			{Trace: "unet", Heuristic: "dtr", Ratio: 0.5, Budget: Budget(0.5, 8<<30), Status: "ok", Overhead: 1.159, Peak: 4 << 30, Evictions: 34, Rematerializations: 57,
+			{Trace: "unet", Heuristic: "dtr", Ratio: 0.3, Budget: replay.Budget(0.3, 8<<30), Status: "oom", Reason: "nothing evictable", Overhead: 1.7, Peak: 2 << 30, Evictions: 10},
+			{Trace: "unet", Heuristic: "dtr", Ratio: 0.5, Budget: replay.Budget(0.5, 8<<30), Status: "ok", Overhead: 1.159, Peak: 4 << 30, Evictions: 34, Rematerializations: 57,
 				VictimSearches: 4, VictimSearchTime: 8 * time.Microsecond, VictimSearchMean: 2 * time.Microsecond, Wall: 3 * time.Millisecond},
-			{Trace: "unet", Heuristic: "msps", Ratio: 0.3, Budget: Budget(0.3, 8<<30), Status: "over-limit", Reason: "overhead above the limit", Overhead: 2.01, Peak: 2 << 30},
-			{Trace: "unet", Heuristic: "msps", Ratio: 0.5, Budget: Budget(0.5, 8<<30), Status: "ok", Overhead: 1.132, Peak: 4<<30 + 1, BudgetViolated: true},
+			{Trace: "unet", Heuristic: "msps", Ratio: 0.3, Budget: replay.Budget(0.3, 8<<30), Status: "over-limit", Reason: "overhead above the limit", Overhead: 2.01, Peak: 2 << 30},
+			{Trace: "unet", Heuristic: "msps", Ratio: 0.5, Budget: replay.Budget(0.5, 8<<30), Status: "ok", Overhead: 1.132, Peak: 4<<30 + 1, BudgetViolated: true},
 		}}
 	finishTrace(tr)
 	return &Report{Ratios: []float64{0.3, 0.5}, Heuristics: []string{"dtr", "msps"}, Memory: "counting", OverheadLimit: 2, Workers: 2, Traces: []*TraceReport{tr}}

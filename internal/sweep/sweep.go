@@ -218,11 +218,6 @@ func (r *Report) Violations() int {
 	return n
 }
 
-// Budget returns ratio x peak in bytes, at least 1 (0 would mean unlimited).
-func Budget(ratio float64, peak uint64) uint64 {
-	return max(uint64(ratio*float64(peak)), 1)
-}
-
 func (c *Config) validate() error {
 	if len(c.Ratios) == 0 {
 		return errors.New("sweep: no budget ratios")
@@ -431,7 +426,7 @@ func baseline(in Input) (*rc.Trace, *TraceReport, error) {
 
 // runOne replays tr with heuristic h at ratio of the baseline peak.
 func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio float64) (out RunResult) {
-	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: Budget(ratio, t.Baseline.Peak), Memory: replay.Counting{}.Name()}
+	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: replay.Budget(ratio, t.Baseline.Peak), Memory: replay.Counting{}.Name()}
 	opt := replay.Options{Budget: out.Budget, Engine: cfg.Engine, OverheadLimit: cfg.OverheadLimit, Check: cfg.Check}
 	opt.Engine.Heuristic = h
 	if cfg.Memory != nil {

@@ -79,7 +79,7 @@ func TestRunSweep(t *testing.T) {
 				assert.Equal(t, tr.Name, run.Trace)
 				assert.Equal(t, h.String(), run.Heuristic)
 				assert.Equal(t, r, run.Ratio)
-				assert.Equal(t, Budget(r, tr.Baseline.Peak), run.Budget)
+				assert.Equal(t, replay.Budget(r, tr.Baseline.Peak), run.Budget)
 				assert.LessOrEqual(t, run.Peak, run.Budget, "%s %s %v", tr.Name, run.Heuristic, r)
 				assert.Contains(t, []string{"ok", "oom", "over-limit"}, run.Status)
 				if run.Feasible() {
@@ -313,13 +313,6 @@ func TestFinishTraceViolations(t *testing.T) {
 	assert.False(t, tr.Runs[2].Pareto, "an OOM run is never on the frontier")
 	rep := &Report{Traces: []*TraceReport{tr}}
 	assert.Equal(t, 1, rep.Violations())
-}
-
-func TestBudget(t *testing.T) {
-	assert.Equal(t, uint64(50), Budget(0.5, 100))
-	assert.Equal(t, uint64(1), Budget(0.1, 0), "never 0, which would mean unlimited")
-	assert.Equal(t, uint64(1), Budget(0.1, 5))
-	assert.Equal(t, uint64(3366305856), Budget(0.4, 8415764640))
 }
 
 // TestSharedTraces sweeps one shared trace with the default heuristic; it
