@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
-	"github.com/memscale/memscale/replay"
 	"io"
 	"strings"
 	"testing"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memscale/memscale/replay"
 )
 
 // sampleReport is a small hand-made report.
