@@ -41,11 +41,12 @@ $(CLI): $(GOFILES)
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(CLI) ./cmd/memscale
 
-$(STAMP): pytorch_plugin/requirements-test.txt pytorch_plugin/pyproject.toml
+# The environment holds only third-party packages; the tests and the demo import
+# memscale from this checkout (PYTHONPATH), so one environment serves every clone.
+$(STAMP): pytorch_plugin/requirements-test.txt
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -r pytorch_plugin/requirements-test.txt
-	$(VPY) -m pip install --quiet --no-deps -e pytorch_plugin
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -77,10 +78,12 @@ test-python: $(LIB) $(STAMP)
 	# Two runs: tests/python checks a fresh load of the library (its configuration is
 	# read once per process), so it must not share a process with the plugin tests.
 	MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -m pytest -q tests/python
-	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m pytest -q pytorch_plugin/tests
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
+	  $(VPY) -m pytest -q pytorch_plugin/tests
 
 demo: $(LIB) $(CLI) $(STAMP)
-	MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 $(VPY) -m memscale.demo
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
+	  $(VPY) -m memscale.demo
 
 bench: bench-go bench-c
 
