@@ -3,11 +3,18 @@ directory on sys.path)."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import memscale
 from memscale import _lib
@@ -31,3 +38,26 @@ def run_child(code: str, timeout: float = 120, **env: str | None) -> subprocess.
         text=True,
         timeout=timeout,
     )
+
+
+def check_dtr_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the DTR region check, after every op, that Python's mirror of the
+    engine's usage is exact (``memscale.dtr`` the attribute is the function; the
+    module is in sys.modules)."""
+    monkeypatch.setattr(importlib.import_module("memscale.dtr"), "CHECK_USAGE", True)
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail the test with TimeoutError instead of hanging after ``seconds``."""
+
+    def boom(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"test exceeded {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

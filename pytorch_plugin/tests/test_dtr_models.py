@@ -21,11 +21,11 @@ build); skipped when it lacks the engine.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _helpers import check_dtr_usage, deadline
 
 from memscale import MemscaleError
 
@@ -47,25 +47,14 @@ FRACTIONS = (0.5, 0.3)
 
 @pytest.fixture(autouse=True)
 def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After every op, Python's mirror of the engine's usage must be exact."""
-    import importlib
-
-    # (``memscale.dtr`` the attribute is the function; the module is in sys.modules)
-    monkeypatch.setattr(importlib.import_module("memscale.dtr"), "CHECK_USAGE", True)
+    check_dtr_usage(monkeypatch)
 
 
 @pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
-    """No test may hang: fail after 10 minutes."""
-
-    def boom(signum: int, frame: Any) -> None:
-        raise TimeoutError("test exceeded 600 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(600)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    """No test may hang."""
+    with deadline(600):
+        yield
 
 
 # --------------------------------------------------------------------- models

@@ -10,11 +10,11 @@ parameters updated after it, swapping, bad budgets and bad arguments.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import check_dtr_usage, deadline
 
 from memscale import ConfigError, MemscaleError
 
@@ -36,25 +36,14 @@ N = 256 * 1024  # floats per 1 MiB tensor
 
 @pytest.fixture(autouse=True)
 def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After every op, Python's mirror of the engine's usage must be exact."""
-    import importlib
-
-    # (``memscale.dtr`` the attribute is the function; the module is in sys.modules)
-    monkeypatch.setattr(importlib.import_module("memscale.dtr"), "CHECK_USAGE", True)
+    check_dtr_usage(monkeypatch)
 
 
 @pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
-    """No test may hang: fail after 2 minutes."""
-
-    def boom(signum: int, frame: Any) -> None:
-        raise TimeoutError("test exceeded 120 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    """No test may hang."""
+    with deadline(120):
+        yield
     assert _get_current_dispatch_mode() is None, "a region left its dispatch mode behind"
 
 
