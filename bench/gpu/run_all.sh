@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# run_all.sh - every GPU check and benchmark of memscale, one command.
+#
+#   bash bench/gpu/run_all.sh [--pack] [OUT]        (OUT defaults to ./gpu-out)
+#
+# Needs: build/libmemscale.so (and build/abi_test, build/bench_driver if present),
+# a python3 with torch (PYTHON=... to choose another). No Go. Each step is a
+# separate process (a pluggable allocator can be installed once per process,
+# before any CUDA allocation), its output tee'd into OUT/steps/NAME.log and its
+# JSON written to OUT/steps/NAME.json. A failing step does not stop the others.
+# At the end OUT/gpu-results.md (date, device, torch, commands, tables) and
+# OUT/gpu-results.json are written and OUT/steps is archived into
+# OUT/gpu-steps.tar.gz; --pack then removes OUT/steps, so that OUT holds 4 files
+# (run_all.log, gpu-results.md, gpu-results.json, gpu-steps.tar.gz).
+#
+# Without a GPU every GPU step prints a skip message and the script still ends
+# with the summary. Total time is capped by MEMSCALE_GPU_BUDGET_S (default 480 s):
+# each step gets at most what is left. Exit status: 0 if no step failed.
+#
+# Environment: PYTHON (default python3), MEMSCALE_LIBRARY (default
+# build/libmemscale.so), MEMSCALE_GPU_BUDGET_S, MEMSCALE_GPU_WORK (scratch
+# directory for large files; default a fresh mktemp directory, removed at the end).
+
+set -u
+set -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || exit 2
+COMMAND_LINE="bash bench/gpu/run_all.sh $*"
+for v in MEMSCALE_GPU_BUDGET_S PYTHON MEMSCALE_LIBRARY PYTHONPATH; do
+	[ -n "${!v:-}" ] && COMMAND_LINE="$v=${!v} $COMMAND_LINE"
+done
+PACK=0
+if [ "${1:-}" = "--pack" ]; then
+	PACK=1
+	shift
+fi
+# OUT and MEMSCALE_LIBRARY may be relative to the caller's directory: resolve them first.
+OUT=${1:-./gpu-out}
+mkdir -p "$OUT/steps" || exit 2
+OUT=$(cd "$OUT" && pwd) || exit 2
+STEPS=$OUT/steps
+rm -f "$STEPS"/*.json "$STEPS"/*.log "$STEPS/steps.tsv"
+MEMSCALE_LIBRARY=${MEMSCALE_LIBRARY:-$ROOT/build/libmemscale.so}
+case $MEMSCALE_LIBRARY in /*) ;; *) MEMSCALE_LIBRARY=$PWD/$MEMSCALE_LIBRARY ;; esac
+export MEMSCALE_LIBRARY
+cd "$ROOT" || exit 2
+
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT/pytorch_plugin${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
+BUDGET=${MEMSCALE_GPU_BUDGET_S:-480}
+RESERVE=15 # seconds kept for the summary
+START=$(date +%s)
+MADE_WORK=0
+if [ -n "${MEMSCALE_GPU_WORK:-}" ]; then
+	WORK=$MEMSCALE_GPU_WORK
+	mkdir -p "$WORK"
+else
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/memscale-gpu.XXXXXX") || exit 2
+	MADE_WORK=1
+fi
+HAVE_TIMEOUT=0
+command -v timeout >/dev/null 2>&1 && HAVE_TIMEOUT=1
+FAILED=0
+
+left() { echo $((BUDGET - ($(date +%s) - START) - RESERVE)); }
+
+# record NAME STATUS RC SECONDS COMMAND...
+record() {
+	local name=$1 status=$2 rc=$3 secs=$4
+	shift 4
+	printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$secs" "$*" >>"$STEPS/steps.tsv"
+}
+
+# skip_step NAME REASON COMMAND...
+skip_step() {
+	local name=$1 reason=$2
+	shift 2
+	echo "== $name: SKIPPED ($reason)" | tee "$STEPS/$name.log"
+	record "$name" "skipped: $reason" - 0 "$@"
+}
+
+# step NAME MAX_SECONDS COMMAND... : run with a time limit, tee into steps/NAME.log
+step() {
+	local name=$1 max=$2
+	shift 2
+	local t
+	t=$(left)
+	[ "$t" -gt "$max" ] && t=$max
+	if [ "$t" -lt 10 ]; then
+		skip_step "$name" "time budget of ${BUDGET}s used up" "$@"
+		return 0
+	fi
+	echo
+	echo "== $name (limit ${t}s): $*"
+	local t0 rc status
+	t0=$(date +%s)
+	if [ "$HAVE_TIMEOUT" = 1 ]; then
+		timeout --kill-after=15 "$t" "$@" 2>&1 | tee "$STEPS/$name.log"
+	else
+		"$@" 2>&1 | tee "$STEPS/$name.log"
+	fi
+	rc=${PIPESTATUS[0]}
+	status=ok
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		status="timeout after ${t}s"
+		FAILED=1
+	elif [ "$rc" != 0 ]; then
+		status=failed
+		FAILED=1
+	fi
+	echo "== $name: $status (exit $rc, $(($(date +%s) - t0))s)"
+	record "$name" "$status" "$rc" "$(($(date +%s) - t0))" "$@"
+}
+
+main() {
+	echo "memscale GPU run: $(date -Is 2>/dev/null || date), OUT=$OUT, budget ${BUDGET}s, python $PY, library $MEMSCALE_LIBRARY"
+
+	if command -v nvidia-smi >/dev/null 2>&1; then
+		step nvidia_smi 30 nvidia-smi
+	else
+		skip_step nvidia_smi "nvidia-smi not found" nvidia-smi
+	fi
+	step env 60 "$PY" bench/gpu/env_info.py --out "$STEPS/env.json"
+	HAVE_CUDA=$("$PY" -c 'import json,sys; print(1 if json.load(open(sys.argv[1])).get("cuda_available") else 0)' "$STEPS/env.json" 2>/dev/null || echo 0)
+	[ "$HAVE_CUDA" = 1 ] || echo "NOTE: torch sees no CUDA device here: the GPU steps will skip themselves"
+	if [ ! -f "$MEMSCALE_LIBRARY" ]; then
+		echo "WARNING: $MEMSCALE_LIBRARY does not exist (run make here and carry build/): memscale steps will fail"
+	fi
+
+	# 1. C ABI on the device.
+	if [ -x build/abi_test ]; then
+		# Note: abi_test forces MEMSCALE_BACKEND=sim itself (it writes device memory from the host).
+		step abi_test 90 env MEMSCALE_BACKEND=cuda build/abi_test "$MEMSCALE_LIBRARY"
+	else
+		skip_step abi_test "build/abi_test not built (make test-c)" build/abi_test
+	fi
+	if [ ! -x build/bench_driver ]; then
+		skip_step bench_driver "build/bench_driver not built (make bench-c)" build/bench_driver
+	elif [ "$HAVE_CUDA" != 1 ]; then
+		skip_step bench_driver "no CUDA device" env MEMSCALE_BACKEND=cuda build/bench_driver "$MEMSCALE_LIBRARY"
+	else
+		step bench_driver 90 env MEMSCALE_BACKEND=cuda build/bench_driver "$MEMSCALE_LIBRARY"
+	fi
+	step alloc_latency 90 "$PY" bench/gpu/alloc_latency.py --out "$STEPS/alloc_latency.json"
+
+	# 2. Correctness: native vs memscale vs memscale + DTR, then the comparison.
+	step correctness_native 150 "$PY" bench/gpu/correctness.py --allocator native \
+		--save "$WORK/correctness_native.pt" --out "$STEPS/correctness_native.json"
+	step correctness_memscale 150 "$PY" bench/gpu/correctness.py --allocator memscale \
+		--save "$WORK/correctness_memscale.pt" --out "$STEPS/correctness_memscale.json"
+	step correctness_memscale_dtr 180 "$PY" bench/gpu/correctness.py --allocator memscale \
+		--dtr-fraction 0.6 --native-json "$STEPS/correctness_native.json" \
+		--save "$WORK/correctness_memscale_dtr.pt" --out "$STEPS/correctness_memscale_dtr.json"
+	if [ -f "$WORK/correctness_native.pt" ]; then
+		step correctness_compare 90 "$PY" bench/gpu/correctness.py --compare "$WORK/correctness_native.pt" \
+			"$WORK/correctness_memscale.pt" "$WORK/correctness_memscale_dtr.pt" --out "$STEPS/correctness_compare.json"
+	else
+		skip_step correctness_compare "no native run saved (GPU steps skipped or failed)" \
+			"$PY" bench/gpu/correctness.py --compare ...
+	fi
+
+	# 3. GPT-2: native baseline, DTR at 50% of its peak, largest batch both ways.
+	local t
+	t=$(left)
+	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))
+
+	echo
+	echo "== summary"
+	tar czf "$OUT/gpu-steps.tar.gz" -C "$OUT" steps 2>/dev/null || echo "WARNING: could not archive $STEPS"
+	if ! "$PY" bench/gpu/summarize.py --out "$OUT" --steps "$STEPS" --command "$COMMAND_LINE"; then
+		{
+			echo "# memscale GPU results (summarize.py failed; raw step table)"
+			echo
+			echo "- Date: $(date -Is 2>/dev/null || date)"
+			echo "- Command: $COMMAND_LINE"
+			echo
+			sed 's/\t/ | /g; s/^/| /; s/$/ |/' "$STEPS/steps.tsv"
+		} >"$OUT/gpu-results.md"
+		cat "$OUT/gpu-results.md"
+	fi
+	if [ "$PACK" = 1 ] && tar tzf "$OUT/gpu-steps.tar.gz" >/dev/null 2>&1; then
+		rm -rf "$STEPS"
+	fi
+	[ "$MADE_WORK" = 1 ] && rm -rf "$WORK"
+	echo "== done in $(($(date +%s) - START))s; results in $OUT (gpu-results.md)"
+	[ "$FAILED" = 0 ] && echo "all steps passed or were skipped" || echo "SOME STEPS FAILED (see the Steps table)"
+	return "$FAILED"
+}
+
+main 2>&1 | tee "$OUT/run_all.log"
+exit "${PIPESTATUS[0]}"

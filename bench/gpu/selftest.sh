@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# selftest.sh - check the bench/gpu scripts on a machine WITHOUT a GPU (about 1-2 minutes).
+#
+#   PYTHON=.venv/bin/python bash bench/gpu/selftest.sh
+#
+# Syntax, --dry-run of every script, the skip path (exit 0 with a SKIP message),
+# the CPU test modes (correctness + DTR + compare, GPT-2 driver with a tiny model,
+# the ctypes latency benchmark on the simulated device) and run_all.sh itself.
+# Needs build/libmemscale.so (make). Exit status 0 if every check passed.
+
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || exit 2
+cd "$ROOT" || exit 2
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT/pytorch_plugin${PYTHONPATH:+:$PYTHONPATH}"
+export MEMSCALE_LIBRARY=${MEMSCALE_LIBRARY:-$ROOT/build/libmemscale.so}
+T=$(mktemp -d "${TMPDIR:-/tmp}/memscale-gpu-selftest.XXXXXX") || exit 2
+FAIL=0
+G=bench/gpu
+
+check() { # check NAME COMMAND... : must exit 0
+	local name=$1
+	shift
+	if "$@" >"$T/$name.log" 2>&1; then
+		echo "ok   $name"
+	else
+		echo "FAIL $name (exit $?): $*"
+		tail -20 "$T/$name.log"
+		FAIL=1
+	fi
+}
+expect() { # expect NAME PATTERN FILE : FILE contains PATTERN
+	if grep -q -- "$2" "$3" 2>/dev/null; then
+		echo "ok   $1"
+	else
+		echo "FAIL $1: '$2' not in $3"
+		FAIL=1
+	fi
+}
+
+check bash-syntax bash -n $G/run_all.sh
+check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py
+check dry-alloc "$PY" $G/alloc_latency.py --dry-run
+check dry-correctness-native "$PY" $G/correctness.py --allocator native --save "$T/x.pt" --dry-run
+check dry-correctness-memscale "$PY" $G/correctness.py --allocator memscale --save "$T/x.pt" --dry-run
+check dry-correctness-compare "$PY" $G/correctness.py --compare a.pt b.pt --dry-run
+check dry-gpt2 "$PY" $G/gpt2_dtr.py --dry-run
+check dry-env "$PY" $G/env_info.py --dry-run
+
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	echo "note: this machine has a GPU; skipping the no-GPU skip checks"
+else
+	check skip-alloc "$PY" $G/alloc_latency.py --out "$T/al.json"
+	check skip-correctness "$PY" $G/correctness.py --allocator memscale --save "$T/m.pt" --out "$T/cm.json"
+	check skip-gpt2 "$PY" $G/gpt2_dtr.py --out-dir "$T/g0"
+	expect skip-correctness-json '"skipped"' "$T/cm.json"
+	expect skip-gpt2-json '"skipped"' "$T/g0/gpt2_dtr.json"
+fi
+
+# CPU test modes: the real code paths, tiny sizes.
+check cpu-alloc-sim "$PY" $G/alloc_latency.py --backend sim --no-cuda-baseline --row-seconds 0.2 --out "$T/sim.json"
+expect cpu-alloc-sim-rows '"median_ns"' "$T/sim.json"
+check cpu-correctness-native "$PY" $G/correctness.py --allocator native --device cpu --batch 4096 --save "$T/n.pt" --out "$T/n.json"
+check cpu-correctness-dtr "$PY" $G/correctness.py --allocator native --device cpu --batch 4096 --dtr-budget 110000000 --save "$T/d.pt" --out "$T/d.json"
+expect cpu-correctness-dtr-evicts '"evictions": [1-9]' "$T/d.json"
+check cpu-correctness-compare "$PY" $G/correctness.py --compare "$T/n.pt" "$T/d.pt" --out "$T/cmp.json"
+expect cpu-correctness-bitwise '"bitwise_equal": true' "$T/cmp.json"
+check cpu-gpt2-driver "$PY" $G/gpt2_dtr.py --device cpu --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 --batch 4 \
+	--steps 2 --warmup 1 --dropout 0.1 --out-dir "$T/g1" --work "$T/g1w" --time-budget 120 --max-batch 8 --max-probes 2 \
+	--cpu-fit-budget 4000000
+expect cpu-gpt2-grads '"grads_bitwise_equal": true' "$T/g1/gpt2_dtr.json"
+expect cpu-gpt2-budget '"dtr_peak_within_budget_plus_one_op": true' "$T/g1/gpt2_dtr.json"
+check cpu-gpt2-mini "$PY" $G/gpt2_dtr.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 \
+	--batch 4 --steps 2 --warmup 1 --out-dir "$T/g2" --work "$T/g2w" --time-budget 60 --skip-fit
+expect cpu-gpt2-mini-grads '"grads_bitwise_equal": true' "$T/g2/gpt2_dtr.json"
+
+# run_all.sh end to end (on a machine without a GPU every GPU step skips itself).
+check run-all env PYTHON="$PY" bash $G/run_all.sh --pack "$T/out"
+expect run-all-md "## Steps" "$T/out/gpu-results.md"
+n=$(find "$T/out" -type f | wc -l)
+if [ "$n" -le 8 ]; then echo "ok   run-all-files ($n files in OUT, the device tool returns at most 8)"; else
+	echo "FAIL run-all-files: $n files in OUT"
+	FAIL=1
+fi
+
+rm -rf "$T"
+[ "$FAIL" = 0 ] && echo "selftest: all passed" || echo "selftest: FAILED"
+exit "$FAIL"

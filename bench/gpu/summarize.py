@@ -1,0 +1,253 @@
+"""Write gpu-results.md and gpu-results.json from the step results of run_all.sh.
+
+Reads ``STEPS/steps.tsv`` (one line per step: name, status, exit code, seconds,
+command), ``STEPS/env.json`` and every ``STEPS/*.json`` and ``STEPS/*.log``;
+writes ``OUT/gpu-results.md`` (date, device, torch, the command lines, a table
+per step) and ``OUT/gpu-results.json`` (all step JSONs in one object).
+Standard library only; never fails on a missing or malformed step result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import _common
+
+
+def read_steps(steps: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        lines = (steps / "steps.tsv").read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) < 5:
+            continue
+        name, status, rc, seconds, cmd = parts[:5]
+        rows.append({"name": name, "status": status, "rc": rc, "seconds": seconds, "command": cmd})
+    return rows
+
+
+def refine(row: dict[str, Any], data: Any) -> str:
+    """The step's status: run_all's, refined by the step's own JSON (skipped / failed inside)."""
+    status = row["status"]
+    if status == "ok" and isinstance(data, dict):
+        inner = data.get("status")
+        if inner == "skipped":
+            return "skipped: " + str(data.get("reason", ""))[:160]
+        if inner not in (None, "ok"):
+            return f"{inner}"
+    return status
+
+
+def log_tail(steps: Path, name: str, n: int = 6) -> list[str]:
+    try:
+        lines = (steps / f"{name}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln for ln in lines if ln.strip()][-n:]
+
+
+def md_table_lines(steps: Path, name: str) -> list[str]:
+    """The markdown table lines (starting with '|') a step printed."""
+    try:
+        lines = (steps / f"{name}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln for ln in lines if ln.startswith("|")]
+
+
+def fb(v: Any) -> str:
+    return _common.fmt_bytes(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def fnum(v: Any, fmt: str = "{:.3f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
+    env = _common.read_json(steps / "env.json") or {}
+    rows = read_steps(steps)
+    results: dict[str, Any] = {"env": env, "command": command, "steps": []}
+    for path in sorted(steps.glob("*.json")):
+        if path.name != "env.json":
+            results[path.stem] = _common.read_json(path)
+    L: list[str] = []
+    L.append("# memscale on a GPU: results of bench/gpu/run_all.sh")
+    L.append("")
+    L.append(f"- Date: {env.get('date', _common.now_iso())}")
+    L.append(f"- Device: {env.get('device_name', 'unknown')} ({fb(env.get('total_memory'))}); nvidia-smi: {env.get('nvidia_smi')}")
+    L.append(f"- torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env.get('transformers')}, "
+             f"Python {env.get('python')}")
+    L.append(f"- memscale: {env.get('memscale_version')} ({env.get('memscale_library')}); commit {env.get('git_commit')}"
+             + (" (working tree has changes)" if env.get("git_dirty") else ""))
+    L.append(f"- Host: {env.get('host')}, {env.get('cpus')} CPUs, kernel {env.get('kernel')}")
+    L.append("")
+    L.append("Command:")
+    L.append("")
+    L.append(f"    {command}")
+    L.append("")
+    L.append("## Steps")
+    L.append("")
+    L.append("| step | status | exit | seconds | command |")
+    L.append("|---|---|---:|---:|---|")
+    for r in rows:
+        data = results.get(r["name"])
+        r["final_status"] = refine(r, data)
+        results["steps"].append(r)
+        cmd = r["command"].replace("|", "\\|")
+        L.append(f"| {r['name']} | {r['final_status']} | {r['rc']} | {r['seconds']} | `{cmd}` |")
+    L.append("")
+
+    # 1. C ABI
+    L.append("## 1. C ABI on the device")
+    L.append("")
+    for name in ("abi_test", "bench_driver"):
+        tail = log_tail(steps, name, 3)
+        if name == "abi_test":  # its log is long and ends with the verdict
+            tail = [t for t in tail if "passed" in t or "SKIPPED" in t] or tail
+        if tail:
+            L.append(f"{name} (last lines):")
+            L.append("")
+            L.extend("    " + t for t in tail)
+            L.append("")
+    bench = md_table_lines(steps, "bench_driver")
+    if bench:
+        L.append("bench_driver (MEMSCALE_BACKEND=cuda), cached malloc+free pair from C:")
+        L.append("")
+        L.extend(bench)
+        L.append("")
+    al = results.get("alloc_latency") or {}
+    if al.get("rows"):
+        floor = (al.get("ctypes_floor") or {}).get("median_ns")
+        L.append(f"alloc_latency.py: malloc+free pair through ctypes, ns per pair (median / min / p90); "
+                 f"ctypes floor (2 calls) {floor} ns; device {al.get('device', {}).get('name')}")
+        L.append("")
+        L.append("| size | memscale median | min | p90 | cuMemAlloc+cuMemFree median | min | p90 | cuMem/memscale |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in al["rows"]:
+            m, c = r.get("memscale") or {}, r.get("cuda") or {}
+            L.append(f"| {r.get('name')} | {m.get('median_ns')} | {m.get('min_ns')} | {m.get('p90_ns')} | "
+                     f"{c.get('median_ns', '-')} | {c.get('min_ns', '-')} | {c.get('p90_ns', '-')} | {r.get('speedup', '-')} |")
+        L.append("")
+        checks = al.get("device_pointer_checks")
+        if checks:
+            ok = all(c.get("ok") is not False for c in checks)
+            L.append(f"Device-memory check of memscale pointers (cuPointerGetAttribute + memset/copy round trip): "
+                     f"{'all passed' if ok else 'FAILED: ' + json.dumps(checks)}")
+            L.append("")
+    elif al:
+        L.append(f"alloc_latency: {al.get('status')} {al.get('reason') or al.get('error') or ''}")
+        L.append("")
+
+    # 2. correctness
+    L.append("## 2. Correctness: native vs memscale allocator (and memscale + DTR)")
+    L.append("")
+    L.append("| run | status | peak allocated (fwd+bwd) | losses | DTR budget | evictions | remats | error |")
+    L.append("|---|---|---:|---|---:|---:|---:|---|")
+    for name in ("correctness_native", "correctness_memscale", "correctness_memscale_dtr"):
+        d = results.get(name)
+        if not isinstance(d, dict):
+            L.append(f"| {name} | no result | | | | | | |")
+            continue
+        s = d.get("dtr_summary") or {}
+        losses = ", ".join(f"{x:.6f}" for x in d.get("losses") or [])
+        err = (d.get("error") or d.get("reason") or "").replace("|", "\\|")[:200]
+        L.append(f"| {name} | {d.get('status')} | {fb(d.get('peak_allocated_fwd_bwd'))} | {losses} | "
+                 f"{fb(d.get('dtr_budget')) if d.get('dtr_budget') else '-'} | {s.get('evictions', '-')} | "
+                 f"{s.get('rematerializations', '-')} | {err} |")
+    L.append("")
+    cmp_ = results.get("correctness_compare")
+    if isinstance(cmp_, dict) and cmp_.get("runs"):
+        L.append(f"Compared with {cmp_.get('reference')} (allclose rtol {cmp_.get('rtol')}, atol {cmp_.get('atol')}):")
+        L.append("")
+        L.append("| run | passed | bitwise equal | max abs diff | not close |")
+        L.append("|---|---|---|---:|---|")
+        for r in cmp_["runs"]:
+            L.append(f"| {Path(str(r.get('file'))).name} | {r.get('passed')} | {r.get('bitwise_equal')} | "
+                     f"{r.get('max_abs_diff')} | {r.get('error') or ', '.join(r.get('not_close') or []) or '-'} |")
+        L.append("")
+    elif isinstance(cmp_, dict):
+        L.append(f"Comparison: {cmp_.get('status')} {cmp_.get('reason') or cmp_.get('error') or ''}")
+        L.append("")
+
+    # 3. GPT-2
+    L.append("## 3. GPT-2 training: native vs memscale + DTR")
+    L.append("")
+    g = results.get("gpt2_dtr")
+    if isinstance(g, dict) and g.get("summary"):
+        s = g["summary"]
+        L.append(f"{s.get('model')}; batch {s.get('batch')}; device {s.get('device')}")
+        L.append("")
+        L.append("| what | value |")
+        L.append("|---|---|")
+        rows3 = [
+            ("native median step", fnum(s.get("native_median_step_s"), "{:.4f} s")),
+            ("native peak allocated", fb(s.get("native_peak_allocated"))),
+            ("DTR budget (fraction of native peak)", fb(s.get("dtr_budget"))),
+            ("memscale peak allocated under DTR", fb(s.get("dtr_peak_allocated"))),
+            ("peak <= budget + largest op output (logits, " + fb(s.get("dtr_largest_op_output_bytes")) + ")",
+             str(s.get("dtr_peak_within_budget_plus_one_op"))),
+            ("DTR median step", fnum(s.get("dtr_median_step_s"), "{:.4f} s")),
+            ("step time ratio DTR / native", fnum(s.get("step_time_ratio"), "{:.2f}")),
+            ("step-0 loss equal / gradients bitwise equal / allclose", f"{s.get('loss_equal')} / {s.get('grads_bitwise_equal')} / {s.get('grads_allclose')}"),
+            ("gradient max abs diff", str(s.get("grads_max_abs_diff"))),
+            ("evictions / rematerializations (all steps)", f"{s.get('evictions')} / {s.get('rematerializations')}"),
+            ("engine compute overhead", fnum(s.get("dtr_overhead"), "{:.3f}")),
+            ("largest batch, native (first failing)", f"{s.get('fit_native_max_batch')} ({s.get('fit_native_min_fail')}; {s.get('fit_native_stopped')})"),
+            ("largest batch, memscale + DTR (first failing)", f"{s.get('fit_memscale_max_batch')} ({s.get('fit_memscale_min_fail')}; {s.get('fit_memscale_stopped')})"),
+            ("batch ratio memscale / native", fnum(s.get("fit_batch_ratio"), "{:.2f}")),
+        ]
+        if s.get("dtr_error"):
+            rows3.append(("DTR run error", str(s.get("dtr_error")).replace("|", "\\|")[:300]))
+        for k, v in rows3:
+            L.append(f"| {k} | {v} |")
+        L.append("")
+        fit = g.get("fit") or {}
+        for key in ("native", "memscale"):
+            runs = (fit.get(key) or {}).get("runs") or []
+            if runs:
+                L.append(f"Probes, {key}:")
+                L.append("")
+                L.append("| batch | fits | reason | step times (s) | peak allocated | seconds |")
+                L.append("|---:|---|---|---|---:|---:|")
+                for r in runs:
+                    L.append(f"| {r.get('batch')} | {r.get('fits')} | {r.get('reason') or r.get('status') or ''} | "
+                             f"{r.get('step_times') or ''} | {fb(r.get('peak_allocated'))} | "
+                             f"{(r.get('process') or {}).get('seconds')} |")
+                L.append("")
+    elif isinstance(g, dict):
+        L.append(f"gpt2_dtr: {g.get('status')} {g.get('reason') or g.get('error') or ''}")
+        L.append("")
+    else:
+        L.append("gpt2_dtr: no result")
+        L.append("")
+    L.append("## Keeping these numbers")
+    L.append("")
+    L.append("Copy this file into `bench/results/` (for example `bench/results/gpu-<date>-<device>.md`) keeping the "
+             "date, device and command above; the raw step JSONs and logs are in `gpu-steps.tar.gz`.")
+    L.append("")
+    return "\n".join(L), results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for gpu-results.md / .json")
+    p.add_argument("--steps", required=True, help="directory with the step results")
+    p.add_argument("--command", default="bash bench/gpu/run_all.sh", help="the command line to record")
+    a = p.parse_args(argv)
+    md, results = build(Path(a.out), Path(a.steps), a.command)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "gpu-results.md").write_text(md)
+    _common.write_json(Path(a.out) / "gpu-results.json", results)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
