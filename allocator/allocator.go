@@ -244,14 +244,23 @@ func (a *Allocator) Malloc(size uint64, s device.Stream) (device.Ptr, error) {
 // gave p other streams, the memory is reused only after the work queued on
 // them so far has finished.
 func (a *Allocator) Free(p device.Ptr) error {
+	_, err := a.FreeRequested(p)
+	return err
+}
+
+// FreeRequested is Free that also returns the size Malloc was asked for, in
+// the same critical section: what the C ABI needs to check the size PyTorch
+// passes to free without a second lookup.
+func (a *Allocator) FreeRequested(p device.Ptr) (requested uint64, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	b := a.blocks[p]
 	if b == nil || b.state != stateAllocated {
-		return a.badPointer("Free", p, b)
+		return 0, a.badPointer("Free", p, b)
 	}
+	requested = b.req // before cacheFreed, which may merge b away
 	if b.streams != nil {
-		return a.freeWithEvents(b)
+		return requested, a.freeWithEvents(b)
 	}
 	pk := b.seg.pool
 	size := int64(b.size)
@@ -266,7 +275,7 @@ func (a *Allocator) Free(p device.Ptr) error {
 		a.trace.add(actFreeCompleted, b.addr, b.size, b.stream)
 	}
 	a.cacheFreed(b)
-	return nil
+	return requested, nil
 }
 
 // RecordStream tells the allocator that the allocation at p is also used by

@@ -604,3 +604,25 @@ func TestSetLimitReleasesCache(t *testing.T) {
 	require.NoError(t, a.Free(keep))
 	require.NoError(t, a.checkInvariants())
 }
+
+func TestFreeRequestedReturnsTheRequestedSize(t *testing.T) {
+	a, _ := newTestAllocator(t, Config{})
+	sizes := []uint64{1, 513, 4096, 1 << 20, 3<<20 + 7, 64 << 20}
+	ptrs := make([]device.Ptr, len(sizes))
+	for i, n := range sizes {
+		p, err := a.Malloc(n, 0)
+		require.NoError(t, err)
+		ptrs[i] = p
+	}
+	// Free in an order that makes neighbours coalesce: the size must be read
+	// before the block merges away.
+	for _, i := range []int{1, 0, 2, 4, 3, 5} {
+		got, err := a.FreeRequested(ptrs[i])
+		require.NoError(t, err)
+		assert.Equal(t, sizes[i], got, "size %d", sizes[i])
+	}
+	_, err := a.FreeRequested(ptrs[0])
+	require.ErrorIs(t, err, ErrDoubleFree)
+	_, err = a.FreeRequested(device.Ptr(0x1000))
+	require.ErrorIs(t, err, ErrUnknownPointer)
+}

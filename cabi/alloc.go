@@ -62,11 +62,11 @@ func memscale_go_free(ptr C.uintptr_t, size C.int64_t, dev C.int, stream C.uintp
 		if err != nil {
 			return fmt.Errorf("pointer %#x: %w", uintptr(p), err)
 		}
-		recorded, known := a.SizeOf(p)
-		if !known {
-			return freeUnknown(p, int64(size), int(dev), a)
+		recorded, err := a.FreeRequested(p)
+		if errors.Is(err, allocator.ErrUnknownPointer) || errors.Is(err, allocator.ErrDoubleFree) {
+			return freeElsewhere(p, int64(size), int(dev), err)
 		}
-		if err := a.Free(p); err != nil {
+		if err != nil {
 			return fmt.Errorf("pointer %#x (%d bytes) on device %d: %w", uintptr(p), recorded, int(dev), err)
 		}
 		if size < 0 || uint64(size) != recorded {
@@ -77,11 +77,11 @@ func memscale_go_free(ptr C.uintptr_t, size C.int64_t, dev C.int, stream C.uintp
 	})
 }
 
-// freeUnknown handles a pointer that device dev does not know: if another open
+// freeElsewhere handles a pointer that device dev does not own (notOurs is
+// its allocator's verdict: unknown pointer or double free): if another open
 // device owns it, it is freed there and the wrong device is reported;
-// otherwise the allocator's verdict (unknown pointer or double free) is
-// returned and nothing is freed.
-func freeUnknown(p device.Ptr, size int64, dev int, a *allocator.Allocator) error {
+// otherwise notOurs is returned and nothing is freed.
+func freeElsewhere(p device.Ptr, size int64, dev int, notOurs error) error {
 	for _, s := range openDevices() {
 		if s.ordinal == dev {
 			continue
@@ -94,13 +94,7 @@ func freeUnknown(p device.Ptr, size int64, dev int, a *allocator.Allocator) erro
 				uintptr(p), dev, s.ordinal, allocator.ErrUnknownPointer)
 		}
 	}
-	err := a.Free(p)
-	if err == nil {
-		// The allocator freed a pointer SizeOf did not know: a race with
-		// another thread's free of the same pointer, or an allocator bug.
-		return fmt.Errorf("pointer %#x (size %d) on device %d: freed although its size was unknown", uintptr(p), size, dev)
-	}
-	return fmt.Errorf("pointer %#x (size %d) on device %d: %w", uintptr(p), size, dev, err)
+	return fmt.Errorf("pointer %#x (size %d) on device %d: %w", uintptr(p), size, dev, notOurs)
 }
 
 //export memscale_go_init
