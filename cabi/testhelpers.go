@@ -29,3 +29,127 @@ func mallocFreePair(size int64) bool {
 	memscale_go_free(p, C.int64_t(size), 0, 0)
 	return errorCount() == before
 }
+
+// The wrappers below call the Go exports with Go types, for the tests and
+// the ABI fuzz target (test files cannot use cgo). C memory is used for every
+// array, as from C.
+
+// abiMalloc calls memscale_malloc's Go export.
+func abiMalloc(size int64, dev int, stream uintptr) uintptr {
+	return uintptr(memscale_go_malloc(C.int64_t(size), C.int(dev), C.uintptr_t(stream)))
+}
+
+// abiFree calls memscale_free's Go export.
+func abiFree(p uintptr, size int64, dev int, stream uintptr) {
+	memscale_go_free(C.uintptr_t(p), C.int64_t(size), C.int(dev), C.uintptr_t(stream))
+}
+
+// abiRecordStream calls memscale_record_stream's Go export.
+func abiRecordStream(p, stream uintptr) {
+	memscale_go_record_stream(C.uintptr_t(p), C.uintptr_t(stream))
+}
+
+// abiEmptyCache calls memscale_empty_cache's Go export.
+func abiEmptyCache() { memscale_go_empty_cache() }
+
+// abiAllocated calls memscale_allocated's Go export.
+func abiAllocated(dev int) int64 { return int64(memscale_go_allocated(C.int(dev))) }
+
+// abiDTRCreate calls memscale_dtr_create's Go export.
+func abiDTRCreate(config string) int64 {
+	cs := C.CString(config)
+	defer C.free(unsafe.Pointer(cs))
+	return int64(memscale_go_dtr_create(cs))
+}
+
+// abiDTRDestroy calls memscale_dtr_destroy's Go export.
+func abiDTRDestroy(h int64) int { return int(memscale_go_dtr_destroy(C.int64_t(h))) }
+
+// abiDTRTensor calls memscale_dtr_tensor's Go export.
+func abiDTRTensor(h, nbytes int64, pinned int32) int64 {
+	return int64(memscale_go_dtr_tensor(C.int64_t(h), C.int64_t(nbytes), C.int32_t(pinned)))
+}
+
+// abiDTRCall calls memscale_dtr_call's Go export with one output per entry of
+// sizes and alias; it returns the op id and the output ids.
+func abiDTRCall(h int64, inputs []int64, sizes []int64, alias []int32, cost int64, flags int32) (int64, []int64) {
+	in := cInt64s(inputs)
+	defer C.free(unsafe.Pointer(in))
+	sz := cInt64s(sizes)
+	defer C.free(unsafe.Pointer(sz))
+	al := (*C.int32_t)(C.calloc(C.size_t(len(alias)+1), 4))
+	defer C.free(unsafe.Pointer(al))
+	for i, a := range alias {
+		unsafe.Slice(al, len(alias))[i] = C.int32_t(a)
+	}
+	out := (*C.int64_t)(C.calloc(C.size_t(len(sizes)+1), 8))
+	defer C.free(unsafe.Pointer(out))
+	name := C.CString("fuzz_op")
+	defer C.free(unsafe.Pointer(name))
+	op := int64(memscale_go_dtr_call(C.int64_t(h), name, in, C.int32_t(len(inputs)), sz, al, C.int32_t(len(sizes)),
+		C.int64_t(cost), C.int32_t(flags), out))
+	ids := make([]int64, len(sizes))
+	for i, v := range unsafe.Slice(out, len(sizes)) {
+		ids[i] = int64(v)
+	}
+	return op, ids
+}
+
+// abiDTRRelease calls memscale_dtr_release's Go export.
+func abiDTRRelease(h, t int64) int { return int(memscale_go_dtr_release(C.int64_t(h), C.int64_t(t))) }
+
+// abiDTRLock calls memscale_dtr_lock's Go export.
+func abiDTRLock(h, t int64) int { return int(memscale_go_dtr_lock(C.int64_t(h), C.int64_t(t))) }
+
+// abiDTRUnlock calls memscale_dtr_unlock's Go export.
+func abiDTRUnlock(h, t int64) int { return int(memscale_go_dtr_unlock(C.int64_t(h), C.int64_t(t))) }
+
+// abiDTREvict calls memscale_dtr_evict's Go export with room for capacity
+// victims; it returns the count (or -1) and the victim ids.
+func abiDTREvict(h int64, capacity int32) (int32, []int64) {
+	ids := (*C.int64_t)(C.calloc(C.size_t(capacity)+1, 8))
+	defer C.free(unsafe.Pointer(ids))
+	acts := (*C.int32_t)(C.calloc(C.size_t(capacity)+1, 4))
+	defer C.free(unsafe.Pointer(acts))
+	n := int32(memscale_go_dtr_evict(C.int64_t(h), ids, acts, C.int32_t(capacity)))
+	var out []int64
+	if n > 0 {
+		for _, v := range unsafe.Slice(ids, n) {
+			out = append(out, int64(v))
+		}
+	}
+	return n, out
+}
+
+// abiDTRPlan calls memscale_dtr_plan's Go export; it returns the count (or
+// -1), the step kinds and the step ids.
+func abiDTRPlan(h, t int64, capacity int32) (int32, []int32, []int64) {
+	kinds := (*C.int32_t)(C.calloc(C.size_t(capacity)+1, 4))
+	defer C.free(unsafe.Pointer(kinds))
+	ids := (*C.int64_t)(C.calloc(C.size_t(capacity)+1, 8))
+	defer C.free(unsafe.Pointer(ids))
+	n := int32(memscale_go_dtr_plan(C.int64_t(h), C.int64_t(t), kinds, ids, C.int32_t(capacity)))
+	var ks []int32
+	var is []int64
+	if n > 0 {
+		for i := range int(n) {
+			ks = append(ks, int32(unsafe.Slice(kinds, n)[i]))
+			is = append(is, int64(unsafe.Slice(ids, n)[i]))
+		}
+	}
+	return n, ks, is
+}
+
+// abiDTRRematerialized calls memscale_dtr_rematerialized's Go export.
+func abiDTRRematerialized(h, op, cost int64) int {
+	return int(memscale_go_dtr_rematerialized(C.int64_t(h), C.int64_t(op), C.int64_t(cost)))
+}
+
+// cInt64s copies v into C memory (never NULL, so an empty array is valid).
+func cInt64s(v []int64) *C.int64_t {
+	p := (*C.int64_t)(C.calloc(C.size_t(len(v)+1), 8))
+	for i, x := range v {
+		unsafe.Slice(p, len(v))[i] = C.int64_t(x)
+	}
+	return p
+}

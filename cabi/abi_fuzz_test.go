@@ -1,0 +1,204 @@
+package main
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// FuzzABI drives the exports the way a careless caller could: mallocs of any
+// size (negative, zero, huge), frees of live, freed, interior and made-up
+// pointers with right and wrong sizes, record_stream, empty_cache, and the DTR
+// engine's calls with ids that exist and ids that do not. However wrong the
+// input, no call may panic (guard would record "internal error (panic)"), the
+// allocator must account exactly for what is live, and freeing what is live
+// must bring it back to zero.
+func FuzzABI(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 6, 7, 8, 10, 11})
+	f.Add([]byte("\x00\x10\x00\x00\x00\x02\x05\x06\x07\x07\x0a\x0b\x08\x0a"))
+	f.Add([]byte{0, 255, 255, 255, 255, 2, 9, 9, 9, 5, 0, 0, 0, 16, 0, 1})
+	f.Fuzz(fuzzABIOnce)
+}
+
+// TestABIRandomInputs runs FuzzABI's body on seeded random inputs, one after
+// another in one process (the library's state carries over, as in a host).
+func TestABIRandomInputs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	for range n {
+		data := make([]byte, rng.IntN(400))
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		fuzzABIOnce(t, data)
+	}
+}
+
+func fuzzABIOnce(t *testing.T, data []byte) {
+	require.Zero(t, abiAllocated(0), "a previous input leaked")
+	r := fuzzReader{data: data}
+	var lives []liveBlock
+	var freed []uintptr
+	h := abiDTRCreate(`{"budget": ` + itoa(int64(r.u16())*64) + `, "usage": "engine"}`)
+	require.Positive(t, h, lastError())
+	var ids []int64
+	pick := func() int64 {
+		if len(ids) == 0 || r.u8()%8 == 0 {
+			return int64(r.u16()) - 100 // often not an id at all
+		}
+		return ids[int(r.u8())%len(ids)]
+	}
+	for steps := 0; !r.done() && steps < 200; steps++ {
+		switch r.u8() % 12 {
+		case 0: // malloc, any size
+			size := int64(r.u32()) >> (r.u8() % 40)
+			if r.u8()%16 == 0 {
+				size = -size - 1
+			}
+			if r.u8()%32 == 0 {
+				size = 1 << 50
+			}
+			if p := abiMalloc(size, 0, uintptr(r.u8()%3)); p != 0 {
+				lives = append(lives, liveBlock{p, size})
+			}
+		case 1: // free, right size
+			if len(lives) > 0 {
+				i := int(r.u8()) % len(lives)
+				abiFree(lives[i].p, lives[i].size, 0, 0)
+				freed = append(freed, lives[i].p)
+				lives = append(lives[:i], lives[i+1:]...)
+			}
+		case 2: // free of a pointer that is not live: double, interior or made up
+			var p uintptr
+			switch {
+			case len(freed) > 0 && r.u8()%2 == 0:
+				p = freed[int(r.u8())%len(freed)]
+			case len(lives) > 0 && r.u8()%2 == 0:
+				p = lives[int(r.u8())%len(lives)].p + 512*uintptr(1+r.u8()%4)
+			default:
+				p = uintptr(r.u32())<<12 | 0x1000
+			}
+			if !isLive(p, lives) {
+				before := abiAllocated(0)
+				abiFree(p, int64(r.u16()), 0, 0)
+				require.Equal(t, before, abiAllocated(0), "a bad free changed the allocation count")
+			}
+		case 3: // record_stream
+			if len(lives) > 0 {
+				abiRecordStream(lives[int(r.u8())%len(lives)].p, uintptr(r.u8()%4))
+			}
+		case 4:
+			abiEmptyCache()
+		case 5: // free with a wrong size: reported, still freed
+			if len(lives) > 0 {
+				i := int(r.u8()) % len(lives)
+				abiFree(lives[i].p, lives[i].size+1, 0, 0)
+				lives = append(lives[:i], lives[i+1:]...)
+			}
+		case 6:
+			if id := abiDTRTensor(h, int64(r.u16())-8, int32(r.u8()%2)); id >= 0 {
+				ids = append(ids, id)
+			}
+		case 7: // an op with inputs that may not exist and outputs of any size
+			ins := make([]int64, r.u8()%4)
+			for i := range ins {
+				ins[i] = pick()
+			}
+			n := int(r.u8() % 4)
+			sizes := make([]int64, n)
+			alias := make([]int32, n)
+			for i := range sizes {
+				sizes[i] = int64(r.u16()) - 4
+				alias[i] = int32(r.u8()%6) - 2
+			}
+			if op, outs := abiDTRCall(h, ins, sizes, alias, int64(r.u16()), int32(r.u8()%3)); op >= 0 {
+				ids = append(ids, outs...)
+			}
+		case 8:
+			abiDTRRelease(h, pick())
+		case 9:
+			if t0 := pick(); r.u8()%2 == 0 {
+				abiDTRLock(h, t0)
+			} else {
+				abiDTRUnlock(h, t0)
+			}
+		case 10:
+			abiDTREvict(h, int32(r.u8()%5))
+		case 11: // plan, then report the re-runs in order as a caller would
+			n, kinds, steps := abiDTRPlan(h, pick(), int32(r.u8()%8))
+			for i := 0; i < int(n); i++ {
+				if kinds[i] == 0 {
+					abiDTRRematerialized(h, steps[i], -1)
+				}
+			}
+		}
+		require.NotContains(t, lastError(), "internal error (panic)")
+		var sum int64
+		for _, l := range lives {
+			sum += max(l.size, 0)
+		}
+		require.GreaterOrEqual(t, abiAllocated(0), sum, "live allocations not accounted for")
+	}
+	require.Equal(t, 0, abiDTRDestroy(h), lastError())
+	for _, l := range lives {
+		abiFree(l.p, l.size, 0, 0)
+	}
+	require.Zero(t, abiAllocated(0), "freeing everything live must leave nothing allocated")
+	require.False(t, strings.Contains(lastError(), "panic"), lastError())
+}
+
+// liveBlock is an allocation the fuzz target holds.
+type liveBlock struct {
+	p    uintptr
+	size int64
+}
+
+func isLive(p uintptr, lives []liveBlock) bool {
+	for _, l := range lives {
+		if l.p == p {
+			return true
+		}
+	}
+	return false
+}
+
+func itoa(v int64) string {
+	var b [20]byte
+	i := len(b)
+	if v == 0 {
+		return "0"
+	}
+	for v > 0 {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return string(b[i:])
+}
+
+// fuzzReader hands out the fuzz input's bytes as small integers, and zeros
+// once the input is used up.
+type fuzzReader struct {
+	data []byte
+	off  int
+}
+
+func (r *fuzzReader) done() bool { return r.off >= len(r.data) }
+
+func (r *fuzzReader) u8() uint8 {
+	if r.done() {
+		return 0
+	}
+	r.off++
+	return r.data[r.off-1]
+}
+
+func (r *fuzzReader) u16() uint16 { return binary.LittleEndian.Uint16([]byte{r.u8(), r.u8()}) }
+
+func (r *fuzzReader) u32() uint32 { return uint32(r.u16()) | uint32(r.u16())<<16 }
