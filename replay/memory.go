@@ -25,8 +25,10 @@ type MemoryModel interface {
 	// UsageSource returns the engine's usage source, or nil to let the
 	// engine count resident bytes.
 	UsageSource() func() uint64
-	// Alloc places size bytes.
-	Alloc(size uint64) (Block, error)
+	// Alloc places size bytes. pinned says the storage is never evicted
+	// nor freed before the run ends (a constant: a parameter or an input),
+	// so a placing model can keep it apart from short-lived storages.
+	Alloc(size uint64, pinned bool) (Block, error)
 	// Free releases a block.
 	Free(b Block) error
 	// Peak returns the highest usage seen.
@@ -43,7 +45,7 @@ func (Counting) Name() string { return "counting" }
 func (Counting) UsageSource() func() uint64 { return nil }
 
 // Alloc implements MemoryModel; it always fits.
-func (Counting) Alloc(uint64) (Block, error) { return 0, nil }
+func (Counting) Alloc(uint64, bool) (Block, error) { return 0, nil }
 
 // Free implements MemoryModel.
 func (Counting) Free(Block) error { return nil }
@@ -54,16 +56,17 @@ func (Counting) Peak() uint64 { return 0 }
 // reserve places one block per size (non-counting models), before the
 // storages they are for exist in the engine, so that the victims evicted to
 // make them fit cannot be those storages. A block that does not fit makes
-// the engine evict one more victim. The blocks are left in r.reserved until
+// the engine evict one more victim. pinned is passed to the model's Alloc
+// (the blocks are for pinned storages). The blocks are left in r.reserved until
 // the caller hands them to storages (take); if the run stops first, even
 // half-way through the sizes, freeAll gives them back.
-func (r *runner) reserve(sizes ...uint64) error {
+func (r *runner) reserve(pinned bool, sizes ...uint64) error {
 	if len(r.reserved) > 0 {
 		return fmt.Errorf("placing %d blocks: %d blocks of the previous placement were not handed to storages", len(sizes), len(r.reserved))
 	}
 	for _, size := range sizes {
 		for {
-			b, err := r.mem.Alloc(size)
+			b, err := r.mem.Alloc(size, pinned)
 			if err == nil {
 				r.reserved = append(r.reserved, b)
 				break
@@ -124,7 +127,7 @@ func (r *runner) rerunPlaced(op rc.OpID, target rc.TensorID) error {
 			roots = append(roots, st.Root)
 		}
 	}
-	if err := r.reserve(sizes...); err != nil {
+	if err := r.reserve(false, sizes...); err != nil {
 		return err
 	}
 	if err := r.eng.RematerializedFor(op, target, -1); err != nil {

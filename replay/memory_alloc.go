@@ -51,10 +51,22 @@ func (m *AllocatorModel) Name() string { return "allocator" }
 // UsageSource implements MemoryModel: the allocator's allocated bytes.
 func (m *AllocatorModel) UsageSource() func() uint64 { return m.a.Allocated }
 
-// Alloc implements MemoryModel. An out-of-memory error of the allocator
-// wraps ErrNoRoom.
-func (m *AllocatorModel) Alloc(size uint64) (Block, error) {
-	p, err := m.a.Malloc(size, 0)
+// pinnedStream is the allocator stream of pinned storages. The allocator
+// keeps its segments per (pool, stream), so pinned storages get segments of
+// their own: a real program allocates its parameters before any activation,
+// while a trace brings them in one layer at a time, between short-lived
+// activations, which would fragment the pool for good.
+const pinnedStream device.Stream = 1
+
+// Alloc implements MemoryModel. Pinned storages are placed on a stream of
+// their own, apart from transient ones. An out-of-memory error of the
+// allocator wraps ErrNoRoom.
+func (m *AllocatorModel) Alloc(size uint64, pinned bool) (Block, error) {
+	s := device.Stream(0)
+	if pinned {
+		s = pinnedStream
+	}
+	p, err := m.a.Malloc(size, s)
 	if err != nil {
 		if errors.Is(err, device.ErrOutOfMemory) {
 			return 0, fmt.Errorf("%w: %w", ErrNoRoom, err)

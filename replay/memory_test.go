@@ -54,7 +54,7 @@ type cappedMemory struct {
 func (m *cappedMemory) Name() string               { return "capped" }
 func (m *cappedMemory) UsageSource() func() uint64 { return nil }
 func (m *cappedMemory) Peak() uint64               { return m.peak }
-func (m *cappedMemory) Alloc(size uint64) (Block, error) {
+func (m *cappedMemory) Alloc(size uint64, _ bool) (Block, error) {
 	if m.used+size > m.capacity {
 		return 0, fmt.Errorf("%d bytes with %d of %d in use: %w", size, m.used, m.capacity, ErrNoRoom)
 	}

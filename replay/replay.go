@@ -261,7 +261,7 @@ func (r *runner) step(in *rc.Instr) error {
 			return err
 		}
 		if !r.counter {
-			if err := r.reserve(in.Size); err != nil {
+			if err := r.reserve(true, in.Size); err != nil {
 				return err
 			}
 		}
@@ -359,7 +359,7 @@ func (r *runner) call(in *rc.Instr) error {
 				sizes = append(sizes, o.Size)
 			}
 		}
-		if err := r.reserve(sizes...); err != nil {
+		if err := r.reserve(false, sizes...); err != nil {
 			return err
 		}
 	}
@@ -505,7 +505,7 @@ func (r *runner) swapIn(root rc.TensorID) error {
 		return err
 	}
 	if !r.counter {
-		if err := r.reserve(size); err != nil {
+		if err := r.reserve(false, size); err != nil {
 			return err
 		}
 	}

@@ -193,7 +193,7 @@ type stingyMemory struct {
 func (m *stingyMemory) Name() string               { return "stingy" }
 func (m *stingyMemory) UsageSource() func() uint64 { return func() uint64 { return m.used } }
 func (m *stingyMemory) Peak() uint64               { return m.peak }
-func (m *stingyMemory) Alloc(size uint64) (Block, error) {
+func (m *stingyMemory) Alloc(size uint64, _ bool) (Block, error) {
 	if m.used+size > m.capacity-150 {
 		return 0, fmt.Errorf("%d bytes with %d in use: %w", size, m.used, ErrNoRoom)
 	}
