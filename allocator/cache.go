@@ -136,32 +136,30 @@ func (a *Allocator) countInactive(b *block, d int64) {
 func (a *Allocator) coalesce(b *block) *block {
 	if p := b.prev; p != nil && p.state == stateFree && !p.quick {
 		a.removeFree(p)
-		p.size += b.size
-		p.next = b.next
-		if b.next != nil {
-			b.next.prev = p
-		}
-		if b.freedAt > p.freedAt {
-			p.freedAt = b.freedAt
-		}
-		delete(a.blocks, b.addr)
-		a.dropBlock(b)
+		a.absorbNext(p)
 		b = p
 	}
 	if n := b.next; n != nil && n.state == stateFree && !n.quick {
 		a.removeFree(n)
-		b.size += n.size
-		b.next = n.next
-		if n.next != nil {
-			n.next.prev = b
-		}
-		if n.freedAt > b.freedAt {
-			b.freedAt = n.freedAt
-		}
-		delete(a.blocks, n.addr)
-		a.dropBlock(n)
+		a.absorbNext(b)
 	}
 	return b
+}
+
+// absorbNext merges b's right neighbour into b, which keeps the later of
+// their free times.
+func (a *Allocator) absorbNext(b *block) {
+	n := b.next
+	b.size += n.size
+	b.next = n.next
+	if n.next != nil {
+		n.next.prev = b
+	}
+	if n.freedAt > b.freedAt {
+		b.freedAt = n.freedAt
+	}
+	delete(a.blocks, n.addr)
+	a.dropBlock(n)
 }
 
 // insertFree coalesces the detached free block b and puts the result in the

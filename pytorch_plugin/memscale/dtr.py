@@ -914,16 +914,21 @@ class _Entry:
                     rkw[name] = c.t
         return ins, rargs, targs, rkw, tkw, keys, missing
 
+    def _lock_resident(self, cells: list[_Cell], locked: list[_Cell]) -> None:
+        """Lock the resident cells, appending each to ``locked`` as it is locked
+        (so a caller can unlock exactly those if a later lock fails)."""
+        for c in cells:
+            if c.t is not None:
+                if self.f_lock(self.h, c.tid) < 0:
+                    raise self._fail(f"lock of tensor {c.tid}")
+                locked.append(c)
+
     def _make_resident(self, ins: list[_Cell]) -> list[_Cell]:
         """Rebuild evicted inputs; returns the cells locked (unlock after the op)."""
         h = self.h
         locked: list[_Cell] = []
         try:
-            for c in ins:
-                if c.t is not None:
-                    if self.f_lock(h, c.tid) < 0:
-                        raise self._fail(f"lock of tensor {c.tid}")
-                    locked.append(c)
+            self._lock_resident(ins, locked)
             for c in ins:
                 if c.t is None:
                     self.materialize(c)
@@ -1799,11 +1804,7 @@ class _Entry:
         h = self.h
         locked: list[_Cell] = []
         try:
-            for c in cells:
-                if c.t is not None:
-                    if self.f_lock(h, c.tid) < 0:
-                        raise self._fail(f"lock of tensor {c.tid}")
-                    locked.append(c)
+            self._lock_resident(cells, locked)
             for c in cells:
                 if c.t is None:
                     try:
