@@ -97,6 +97,10 @@ type Config struct {
 	// SimulatorCompat implies it (the DTR authors' simulator drops released
 	// storages at once). Setting it measures what the default is worth.
 	DropNeededReleased bool
+	// Record keeps the program the engine is told about (Recording), so
+	// that the step can be replayed under other configurations (package
+	// autotune). It costs about 100 bytes per op.
+	Record bool
 	// ExactScan chooses victims by scanning every candidate instead of
 	// using the index (same result, slower; for tests and measurements).
 	ExactScan bool
@@ -194,6 +198,7 @@ type Engine struct {
 	pendAt  int
 	plans   []planHold // committed plans not run to the end, innermost last
 	scratch []rc.StorageID
+	rec     *recorder // nil unless cfg.Record
 }
 
 // New returns an engine.
@@ -228,6 +233,9 @@ func New(cfg Config) (*Engine, error) {
 		e.sel = newIndexSelector(e)
 	}
 	e.tr.setLowered(e.sel.lowered)
+	if cfg.Record {
+		e.rec = &recorder{}
+	}
 	return e, nil
 }
 
@@ -287,6 +295,7 @@ func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
 	}
 	e.grow(nbytes)
 	e.refresh(s)
+	e.recConstant(t, nbytes)
 	return t
 }
 
@@ -299,6 +308,14 @@ type Output = rc.OutSpec
 // clock after the op, and are returned in order. Reads of the inputs are
 // reported with Access (the C ABI does it for every input before Call).
 func (e *Engine) Call(name string, inputs []rc.TensorID, outs []Output, cost int64, flags rc.OpFlags) (rc.OpID, []rc.TensorID, error) {
+	op, ids, err := e.call(name, inputs, outs, cost, flags)
+	if err == nil {
+		e.recCall(name, inputs, outs, cost, ids)
+	}
+	return op, ids, err
+}
+
+func (e *Engine) call(name string, inputs []rc.TensorID, outs []Output, cost int64, flags rc.OpFlags) (rc.OpID, []rc.TensorID, error) {
 	start := e.clock
 	op, err := e.g.AddOp(name, inputs, outs, cost, flags, start+cost)
 	if err != nil {
@@ -349,10 +366,11 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 		outs[i] = Output{Size: e.g.StorageOf(inputs[m]).Size, Alias: -1}
 	}
 	peak := e.peak
-	op, ids, err := e.Call(name, inputs, outs, cost, flags)
+	op, ids, err := e.call(name, inputs, outs, cost, flags)
 	if err != nil {
 		return 0, nil, err
 	}
+	e.recMutate(name, inputs, mutated, cost, ids)
 	for i, m := range mutated {
 		old := e.g.Tensor(inputs[m]).Storage
 		nw := e.g.Tensor(ids[i]).Storage
@@ -373,7 +391,7 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 	}
 	e.peak = max(peak, e.usage)
 	for _, m := range mutated {
-		if err := e.Release(inputs[m]); err != nil {
+		if err := e.release(inputs[m]); err != nil {
 			return 0, nil, fmt.Errorf("evict: mutate %s: %w", name, err)
 		}
 	}
@@ -442,6 +460,7 @@ func (e *Engine) Pin(t rc.TensorID) error {
 	}
 	e.g.Storage(x.Storage).Pins++
 	e.refresh(x.Storage)
+	e.recRef(rc.KindPin, t)
 	return nil
 }
 
@@ -476,6 +495,7 @@ func (e *Engine) Retain(t rc.TensorID) error {
 	}
 	x.Refs++
 	st.Refs++
+	e.recRef(rc.KindCopy, t)
 	return nil
 }
 
@@ -484,6 +504,14 @@ func (e *Engine) Retain(t rc.TensorID) error {
 // banished (freed for good) once nothing that is still referenced can need
 // it. Storages freed this way are handed out by the next Evict call.
 func (e *Engine) Release(t rc.TensorID) error {
+	if err := e.release(t); err != nil {
+		return err
+	}
+	e.recRef(rc.KindRelease, t)
+	return nil
+}
+
+func (e *Engine) release(t rc.TensorID) error {
 	x, err := e.tensor(t)
 	if err != nil {
 		return fmt.Errorf("evict: release: %w", err)

@@ -51,6 +51,8 @@ func (k Kind) String() string {
 		return "RELEASE"
 	case KindAnnotate:
 		return "ANNOTATE"
+	case KindPin:
+		return "PIN"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -73,6 +73,10 @@ type Options struct {
 	// simulator: depth first, locking an op's resident inputs just before
 	// rebuilding its missing ones.
 	Plans bool
+	// Record has the engine record the program it runs (evict.Config.Record)
+	// and returns the recording in Result.Recording: the trace as the C ABI
+	// would have reported it, which package autotune tunes on.
+	Record bool
 }
 
 // Result is the outcome of one replay.
@@ -111,6 +115,9 @@ type Result struct {
 	Instructions int `json:"instructions"`
 	// Wall is the replay's wall time.
 	Wall time.Duration `json:"wall_ns"`
+	// Recording is the engine's recording of the program (Options.Record;
+	// up to where the run stopped).
+	Recording *rc.Trace `json:"-"`
 }
 
 // Feasible reports whether the run finished.
@@ -174,6 +181,7 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 	cfg := opt.Engine
 	cfg.Budget = opt.Budget
 	cfg.Usage = r.mem.UsageSource()
+	cfg.Record = cfg.Record || opt.Record
 	eng, err := evict.New(cfg)
 	if err != nil {
 		return Result{}, fmt.Errorf("replay: %w", err)
@@ -211,6 +219,13 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 		r.res.Peak = r.mem.Peak()
 	}
 	r.res.VictimSearches, r.res.VictimSearchTime = st.VictimSearches, time.Duration(st.VictimSearchNS)
+	if opt.Record {
+		rec, rerr := eng.Recording()
+		if rerr != nil && err == nil {
+			err = fmt.Errorf("replay: %w", rerr)
+		}
+		r.res.Recording = rec
+	}
 	r.res.Wall = time.Since(start)
 	return r.res, err
 }
@@ -284,6 +299,13 @@ func (r *runner) step(in *rc.Instr) error {
 		return r.release(r.ids[in.T])
 	case rc.KindAnnotate:
 		return nil
+	case rc.KindPin:
+		// a recorded engine's pin (a gradient kept): resident for good
+		id := r.ids[in.T]
+		if err := r.materialize(id); err != nil {
+			return err
+		}
+		return r.eng.Pin(id)
 	}
 	return fmt.Errorf("unknown instruction kind %d", in.Kind)
 }

@@ -1,0 +1,129 @@
+package evict
+
+import (
+	"errors"
+	"fmt"
+
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// errNotRecording is what Recording returns for an engine created without
+// Config.Record.
+var errNotRecording = errors.New("evict: this engine does not record its program (Config.Record is off)")
+
+// recorder keeps, for an engine created with Config.Record, the program it
+// was told about as a trace: external tensors, ops, in-place ops, new
+// references, releases and pins, in order, with the measured costs. What the
+// engine itself does (evictions, rebuilds) is not recorded: a replay of the
+// recording under another policy makes its own. Tensor IDs are dense, so
+// the map from engine tensors to trace numbers is a slice.
+type recorder struct {
+	b   rc.Builder
+	ids []int32 // rc.TensorID -> trace tensor number
+	err error   // the first inconsistency; recording stopped there
+}
+
+func (r *recorder) bind(t rc.TensorID, n int32) {
+	for int64(len(r.ids)) <= int64(t) {
+		r.ids = append(r.ids, -1)
+	}
+	r.ids[t] = n
+}
+
+func (r *recorder) num(t rc.TensorID) int32 {
+	if t < 0 || int64(t) >= int64(len(r.ids)) {
+		return -1
+	}
+	return r.ids[t]
+}
+
+func (r *recorder) nums(ts []rc.TensorID) []int32 {
+	out := make([]int32, len(ts))
+	for i, t := range ts {
+		out[i] = r.num(t)
+	}
+	return out
+}
+
+// fail stops the recording at its first error.
+func (r *recorder) fail(err error) {
+	if r.err == nil && err != nil {
+		r.err = err
+	}
+}
+
+func (e *Engine) recConstant(t rc.TensorID, size uint64) {
+	if r := e.rec; r != nil && r.err == nil {
+		r.bind(t, r.b.Constant(size))
+	}
+}
+
+func (e *Engine) recCall(name string, inputs []rc.TensorID, outs []Output, cost int64, ids []rc.TensorID) {
+	r := e.rec
+	if r == nil || r.err != nil {
+		return
+	}
+	spec := make([]rc.Out, len(outs))
+	for i, o := range outs {
+		spec[i] = rc.Out{Size: o.Size, Alias: o.Alias}
+	}
+	got, err := r.b.Call(name, r.nums(inputs), spec, cost)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	for i, t := range ids {
+		r.bind(t, got[i])
+	}
+}
+
+func (e *Engine) recMutate(name string, inputs []rc.TensorID, mutated []int, cost int64, ids []rc.TensorID) {
+	r := e.rec
+	if r == nil || r.err != nil {
+		return
+	}
+	got, err := r.b.Mutate(name, r.nums(inputs), mutated, cost)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	for i, t := range ids {
+		r.bind(t, got[i])
+	}
+}
+
+// recRef records Retain (copy), Release or Pin of t.
+func (e *Engine) recRef(kind rc.Kind, t rc.TensorID) {
+	r := e.rec
+	if r == nil || r.err != nil {
+		return
+	}
+	n := r.num(t)
+	switch kind {
+	case rc.KindCopy:
+		r.fail(r.b.Copy(n))
+	case rc.KindRelease:
+		r.fail(r.b.Release(n))
+	case rc.KindPin:
+		r.fail(r.b.Pin(n))
+	}
+}
+
+// Recording returns the program the engine has been told about so far, as
+// a trace that package replay can run under any budget and configuration:
+// every NewTensor is a CONSTANT (an unpinned external tensor, which can only
+// be swapped, is replayed as a pinned one), every Call a CALL, every Mutate a
+// MUTATE, every Retain a COPY, every Release a RELEASE and every Pin a PIN;
+// the tensors still referenced are its outputs. It fails for an engine
+// created without Config.Record, or when the program did something the
+// recording could not follow (the error says what; the engine itself was
+// not affected).
+func (e *Engine) Recording() (*rc.Trace, error) {
+	if e.rec == nil {
+		return nil, errNotRecording
+	}
+	if e.rec.err != nil {
+		return nil, fmt.Errorf("evict: recording stopped after %d instructions: %w", e.rec.b.Len(), e.rec.err)
+	}
+	return e.rec.b.Trace(), nil
+}
