@@ -345,3 +345,11 @@ char* memscale_dtr_stats_json(int64_t h) {
 	}
 	return memscale_go_dtr_stats_json(h);
 }
+
+char* memscale_dtr_tune(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_dtr_tune(h);
+}

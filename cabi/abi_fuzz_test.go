@@ -45,7 +45,12 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 	r := fuzzReader{data: data}
 	var lives []liveBlock
 	var freed []uintptr
-	h := abiDTRCreate(`{"budget": ` + itoa(int64(r.u16())*64) + `, "usage": "engine"}`)
+	auto := r.u8()%2 == 0
+	policy := ""
+	if auto {
+		policy = `, "heuristic": "auto"`
+	}
+	h := abiDTRCreate(`{"budget": ` + itoa(int64(r.u16())*64) + `, "usage": "engine"` + policy + `}`)
 	require.Positive(t, h, lastError())
 	var ids []int64
 	pick := func() int64 {
@@ -144,6 +149,15 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 			sum += max(l.size, 0)
 		}
 		require.GreaterOrEqual(t, abiAllocated(0), sum, "live allocations not accounted for")
+	}
+	if js := abiDTRTune(h); js == "" {
+		require.NotContains(t, lastError(), "panic")
+		if !auto {
+			require.Contains(t, lastError(), "does not record")
+		}
+	} else {
+		require.True(t, auto, "a non-recording engine was tuned")
+		require.Contains(t, js, `"config"`)
 	}
 	require.Equal(t, 0, abiDTRDestroy(h), lastError())
 	for _, l := range lives {

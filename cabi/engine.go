@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/memscale/memscale/autotune"
 	"github.com/memscale/memscale/evict"
 	rc "github.com/memscale/memscale/recompute"
 )
@@ -459,6 +460,69 @@ func memscale_go_dtr_stats_json(h C.int64_t) *C.char {
 		b, err := json.Marshal(d.eng.Stats())
 		if err != nil {
 			return fmt.Errorf("encoding stats: %w", err)
+		}
+		out = cString(string(b))
+		return nil
+	})
+	return out
+}
+
+// tuneReport is the JSON memscale_dtr_tune returns.
+type tuneReport struct {
+	Config          map[string]any `json:"config"`
+	Choice          string         `json:"choice"`
+	Feasible        bool           `json:"feasible"`
+	Overhead        float64        `json:"overhead"`
+	DefaultOverhead float64        `json:"default_overhead"`
+	Budget          uint64         `json:"budget"`
+	Instructions    int            `json:"instructions"`
+	WallNS          int64          `json:"wall_ns"`
+	Trials          []tuneTrial    `json:"trials"`
+}
+
+type tuneTrial struct {
+	Candidate string  `json:"candidate"`
+	Status    string  `json:"status"`
+	Overhead  float64 `json:"overhead"`
+}
+
+// tune replays the engine's recording under its budget with every
+// candidate of package autotune and reports the choice.
+func tune(eng *evict.Engine) (tuneReport, error) {
+	tr, err := eng.Recording()
+	if err != nil {
+		return tuneReport{}, err
+	}
+	base := eng.Config()
+	base.Usage, base.OnEvict, base.Record = nil, nil, false
+	rep, err := autotune.Tune(tr, autotune.Options{Budget: eng.Budget(), Base: base, Plans: true})
+	if err != nil {
+		return tuneReport{}, err
+	}
+	out := tuneReport{
+		Config: rep.Best.ConfigJSON(), Choice: rep.Best.String(), Feasible: rep.Feasible, Overhead: rep.Overhead(),
+		Budget: eng.Budget(), Instructions: rep.Instructions, WallNS: rep.Wall.Nanoseconds(),
+	}
+	if first := rep.Trials[0].Result; first.Feasible() {
+		out.DefaultOverhead = first.Overhead
+	}
+	for _, t := range rep.Trials {
+		out.Trials = append(out.Trials, tuneTrial{Candidate: t.Candidate.String(), Status: t.Result.Status.String(), Overhead: t.Result.Overhead})
+	}
+	return out, nil
+}
+
+//export memscale_go_dtr_tune
+func memscale_go_dtr_tune(h C.int64_t) *C.char {
+	var out *C.char
+	withEngine("memscale_dtr_tune", h, func(d *dtrHandle) error {
+		rep, err := tune(d.eng)
+		if err != nil {
+			return err
+		}
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return fmt.Errorf("encoding the tuning report: %w", err)
 		}
 		out = cString(string(b))
 		return nil

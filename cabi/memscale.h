@@ -171,6 +171,19 @@ int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 /* The swapped storage of t was copied back (a swap-in step, or on demand). */
 int memscale_dtr_swapped_in(int64_t h, int64_t t);
 char* memscale_dtr_stats_json(int64_t h);
+/* Choose the configuration for the steps to come: replay the program this
+ * engine recorded (created with "heuristic": "auto" or "record": true) under
+ * its budget with every candidate configuration (heuristic and exponents,
+ * the DTR authors' reference algorithms included) and return JSON:
+ * {"config": {the keys to merge into the next memscale_dtr_create},
+ *  "choice": name, "feasible": bool, "overhead": the choice's,
+ *  "default_overhead": the default heuristic's (0 = it did not finish),
+ *  "budget", "instructions", "wall_ns", "trials": [{"candidate", "status",
+ *  "overhead"}]}. Free it with memscale_string_free. NULL on error: an engine
+ * that does not record, no budget, a recording that could not follow the
+ * program. It runs for as long as the replays take (milliseconds to seconds);
+ * call it when the step is over. */
+char* memscale_dtr_tune(int64_t h);
 
 #ifdef __cplusplus
 }

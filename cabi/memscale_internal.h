@@ -58,6 +58,7 @@ extern int32_t memscale_go_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_
 extern int memscale_go_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 extern int memscale_go_dtr_swapped_in(int64_t h, int64_t t);
 extern char* memscale_go_dtr_stats_json(int64_t h);
+extern char* memscale_go_dtr_tune(int64_t h);
 
 /* C helpers for the Go side (abi.c). */
 

@@ -153,3 +153,8 @@ func cInt64s(v []int64) *C.int64_t {
 	}
 	return p
 }
+
+// abiDTRTune calls memscale_dtr_tune; "" means it failed (see lastError).
+func abiDTRTune(h int64) string {
+	return goStringAndFree(memscale_go_dtr_tune(C.int64_t(h)))
+}

@@ -22,7 +22,7 @@ type UsageSource struct {
 var configKeys = []string{
 	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
 	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
-	"keep_needed_released",
+	"keep_needed_released", "record",
 }
 
 // DecodeConfig parses the JSON configuration of memscale_dtr_create on top
@@ -32,7 +32,8 @@ var configKeys = []string{
 //	 "recomp_time_factor": f, "recomp_memory_factor": f,
 //	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
-//	 "simulator_compat": bool, "keep_needed_released": bool}
+//	 "simulator_compat": bool, "keep_needed_released": bool,
+//	 "record": bool (Config.Record; "heuristic": "auto" implies it)}
 //
 // Every key is optional; an empty input or "{}" gives base. An unknown key,
 // a value of the wrong type or out of range is an error naming the key, the
@@ -98,6 +99,10 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 				err = fmt.Errorf("dtr config: keep_needed_released %s: want true or false", v)
 			}
 			cfg.DropNeededReleased = !keep
+		case "record":
+			if json.Unmarshal(v, &cfg.Record) != nil {
+				err = fmt.Errorf("dtr config: record %s: want true or false", v)
+			}
 		default:
 			err = fmt.Errorf("dtr config: unknown key %q (accepted: %s)", k, strings.Join(configKeys, ", "))
 		}

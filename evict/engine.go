@@ -233,7 +233,7 @@ func New(cfg Config) (*Engine, error) {
 		e.sel = newIndexSelector(e)
 	}
 	e.tr.setLowered(e.sel.lowered)
-	if cfg.Record {
+	if cfg.Record || cfg.Heuristic == Auto {
 		e.rec = &recorder{}
 	}
 	return e, nil

@@ -41,6 +41,11 @@ const (
 	// first power), because neither recency signal alone predicts reuse
 	// well across models.
 	AncSqrt
+	// Auto is a policy, not a score: the engine scores with
+	// DefaultHeuristic and records its program (Config.Record), so that at
+	// the end of the step the caller can have package autotune choose the
+	// configuration for the steps that follow (memscale_dtr_tune).
+	Auto
 	numHeuristics
 )
 
@@ -57,6 +62,7 @@ var heuristicNames = [numHeuristics]string{
 	Size:     "size",
 	DTREqAnc: "dtr-eq-anc",
 	AncSqrt:  "anc-sqrt",
+	Auto:     "auto",
 }
 
 // String returns the heuristic's configuration name.
@@ -67,9 +73,9 @@ func (h Heuristic) String() string {
 	return fmt.Sprintf("Heuristic(%d)", uint8(h))
 }
 
-// Resolve maps Default to the heuristic it stands for.
+// Resolve maps Default and Auto to the heuristic they score with.
 func (h Heuristic) Resolve() Heuristic {
-	if h == Default {
+	if h == Default || h == Auto {
 		return DefaultHeuristic
 	}
 	return h
@@ -84,17 +90,17 @@ func (h Heuristic) stale() bool {
 	return true
 }
 
-// Heuristics returns every heuristic except Default.
+// Heuristics returns every scoring heuristic: all but Default and Auto.
 func Heuristics() []Heuristic {
-	out := make([]Heuristic, 0, numHeuristics-1)
-	for h := Heuristic(1); h < numHeuristics; h++ {
+	out := make([]Heuristic, 0, numHeuristics-2)
+	for h := Heuristic(1); h < Auto; h++ {
 		out = append(out, h)
 	}
 	return out
 }
 
 // ParseHeuristic parses a heuristic name ("dtr", "dtr-eq", "dtr-local",
-// "msps", "lru", "size", "dtr-eq-anc", "anc-sqrt", "default";
+// "msps", "lru", "size", "dtr-eq-anc", "anc-sqrt", "auto", "default";
 // case-insensitive, "_" accepted for "-", "" means default).
 func ParseHeuristic(s string) (Heuristic, error) {
 	n := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")

@@ -68,15 +68,20 @@ type Heuristic string
 // (evict.DefaultHeuristic). It is evict.Default's name.
 const HeuristicDefault Heuristic = "default"
 
+// HeuristicAuto is the tuning policy (evict.Auto): score with the default
+// heuristic, record the step, and let package autotune choose the
+// configuration of the steps that follow.
+const HeuristicAuto Heuristic = "auto"
+
 // Heuristics lists the accepted MEMSCALE_HEURISTIC values: every heuristic
-// of the engine (evict.Heuristics), then HeuristicDefault.
+// of the engine (evict.Heuristics), then HeuristicAuto and HeuristicDefault.
 func Heuristics() []Heuristic {
 	hs := evict.Heuristics()
-	out := make([]Heuristic, 0, len(hs)+1)
+	out := make([]Heuristic, 0, len(hs)+2)
 	for _, h := range hs {
 		out = append(out, Heuristic(h.String()))
 	}
-	return append(out, HeuristicDefault)
+	return append(out, HeuristicAuto, HeuristicDefault)
 }
 
 // LogLevels lists the accepted MEMSCALE_LOG_LEVEL values (those of

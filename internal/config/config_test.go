@@ -124,7 +124,7 @@ func TestLoadErrors(t *testing.T) {
 		{"limit unit", EnvMemoryLimit, "12G", []string{`MEMSCALE_MEMORY_LIMIT="12G"`, `unknown unit "G"`}},
 		{"backend", EnvBackend, "rocm", []string{`MEMSCALE_BACKEND="rocm"`, "auto, cuda, sim"}},
 		{"heuristic", EnvHeuristic, "random",
-			[]string{`MEMSCALE_HEURISTIC="random"`, "dtr, dtr-eq, dtr-local, msps, lru, size, dtr-eq-anc, anc-sqrt, default"}},
+			[]string{`MEMSCALE_HEURISTIC="random"`, "dtr, dtr-eq, dtr-local, msps, lru, size, dtr-eq-anc, anc-sqrt, auto, default"}},
 		{"heuristic with a space", EnvHeuristic, "dtr eq", []string{`MEMSCALE_HEURISTIC="dtr eq"`, "anc-sqrt"}},
 		{"evictee percent", EnvEvicteeMinSize, "5%", []string{"MEMSCALE_EVICTEE_MIN_SIZE", "percentage"}},
 		{"time factor zero", EnvRecompTimeFactor, "0", []string{"MEMSCALE_RECOMP_TIME_FACTOR", "greater than 0"}},
@@ -264,7 +264,7 @@ func TestHeuristicsAreTheEngines(t *testing.T) {
 	for _, h := range evict.Heuristics() {
 		want = append(want, Heuristic(h.String()))
 	}
-	assert.Equal(t, append(want, HeuristicDefault), Heuristics())
+	assert.Equal(t, append(want, HeuristicAuto, HeuristicDefault), Heuristics())
 	for _, h := range append(evict.Heuristics(), evict.Default) {
 		t.Run(h.String(), func(t *testing.T) {
 			c, err := Load(env(map[string]string{EnvHeuristic: h.String()}))
