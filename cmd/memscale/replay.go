@@ -88,7 +88,7 @@ func memoryModel(name string) (sweep.MemoryFactory, error) {
 func parseReplayArgs(args []string, stdout io.Writer) (replayOptions, error) {
 	fs := newFlagSet("replay", replaySynopsis, stdout)
 	ratios := fs.String("ratios", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "budget ratios (fractions of the baseline peak, in (0,1]): a comma list; lo..hi or lo..hi/step ranges are accepted")
-	heur := fs.String("heuristic", "default", "comma list of heuristics ("+heuristicNames()+"), or all")
+	heur := fs.String("heuristic", "auto", "comma list of heuristics ("+heuristicNames()+"), or all")
 	memory := fs.String("memory", "count", "memory model: count (bytes, as the DTR simulator) or allocator")
 	csvPath := fs.String("csv", "", "write every run to this CSV file")
 	jsonPath := fs.String("json", "", "write the report to this JSON file")
@@ -169,7 +169,8 @@ func parseOverheadLimit(s string) (float64, error) {
 
 // heuristicNames lists the heuristic names for the help text.
 func heuristicNames() string {
-	return strings.Join(heuristicOrder(), ", ") + "; default = " + evict.Default.Resolve().String()
+	return strings.Join(heuristicOrder(), ", ") + "; default = " + evict.Default.Resolve().String() +
+		"; auto = the default heuristic for a first step, then the configuration tuned on it"
 }
 
 // replayCommand runs `memscale replay`.
@@ -364,7 +365,7 @@ func heuristicOrder() []string {
 	for _, h := range evict.Heuristics() {
 		names = append(names, h.String())
 	}
-	return names
+	return append(names, evict.Auto.String())
 }
 
 // progressLine is a status line rewritten in place with \r.

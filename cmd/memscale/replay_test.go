@@ -30,7 +30,7 @@ func TestParseReplayArgs(t *testing.T) {
 	def := replayOptions{
 		traces:        []string{"t.log"},
 		ratios:        sweep.DefaultRatios(),
-		heuristics:    []evict.Heuristic{evict.Default.Resolve()},
+		heuristics:    []evict.Heuristic{evict.Auto},
 		memory:        "count",
 		overheadLimit: 2,
 		jobs:          runtime.GOMAXPROCS(0),
@@ -64,7 +64,7 @@ func TestParseReplayArgs(t *testing.T) {
 		{name: "ratio range", args: []string{"t.log", "--ratios", "0.2..0.9"},
 			want: with(func(o *replayOptions) { o.ratios = []float64{0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9} })},
 		{name: "all heuristics", args: []string{"t.log", "--heuristic", "all"},
-			want: with(func(o *replayOptions) { o.heuristics = evict.Heuristics() })},
+			want: with(func(o *replayOptions) { o.heuristics = append(evict.Heuristics(), evict.Auto) })},
 		{name: "memory allocator parses", args: []string{"t.log", "--memory", "allocator"},
 			want: with(func(o *replayOptions) { o.memory = "allocator" })},
 		{name: "memory counting alias", args: []string{"t.log", "--memory", "Counting"},

@@ -62,7 +62,7 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 			search = FormatDuration(r.VictimSearchMean)
 		}
 		rows = append(rows, []string{
-			r.Heuristic, FormatRatio(r.Ratio), FormatBytes(r.Budget), status, OverheadCell(r, limit),
+			HeuristicCell(r), FormatRatio(r.Ratio), FormatBytes(r.Budget), status, OverheadCell(r, limit),
 			strconv.FormatInt(r.Evictions, 10), strconv.FormatInt(r.Rematerializations, 10),
 			FormatBytes(r.Peak), search, FormatDuration(r.Wall),
 		})
@@ -78,7 +78,7 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 		fr := make([][]string, 0, len(t.Frontier))
 		for _, i := range t.Frontier {
 			r := &t.Runs[i]
-			fr = append(fr, []string{"", FormatRatio(r.Ratio), FormatBytes(r.Budget), OverheadCell(r, limit), r.Heuristic})
+			fr = append(fr, []string{"", FormatRatio(r.Ratio), FormatBytes(r.Budget), OverheadCell(r, limit), HeuristicCell(r)})
 		}
 		if ew.err == nil {
 			ew.err = writeAligned(w, []string{"", "ratio", "budget", "overhead", "heuristic"}, []bool{false, true, true, true, false}, fr)
@@ -94,6 +94,15 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 	}
 	ew.printf("\n")
 	return ew.err
+}
+
+// HeuristicCell names a run's heuristic; for the auto policy with the
+// configuration it chose ("auto: dtr[t=2]").
+func HeuristicCell(r *RunResult) string {
+	if r.Tuned == "" {
+		return r.Heuristic
+	}
+	return r.Heuristic + ": " + r.Tuned
 }
 
 // ViolationLine describes a budget violation.
@@ -142,6 +151,7 @@ var csvHeader = []string{
 	"status", "reason", "overhead", "compute_ns", "evictions", "eager_evictions", "banished", "rematerializations",
 	"swaps_out", "swaps_in", "peak_bytes", "victim_searches", "victim_search_ns", "victim_search_mean_ns",
 	"instructions", "wall_ns", "budget_violated", "pareto", "close_error",
+	"tuned", "tune_ns", "first_step_status", "first_step_overhead",
 }
 
 // WriteCSV writes every run of the report, one row each, with a header.
@@ -162,7 +172,8 @@ func WriteCSV(w io.Writer, rep *Report) error {
 				i64(r.Banished), i64(r.Rematerializations), i64(r.SwapsOut), i64(r.SwapsIn), u64(r.Peak),
 				i64(r.VictimSearches), i64(int64(r.VictimSearchTime)), i64(int64(r.VictimSearchMean)),
 				strconv.Itoa(r.Instructions), i64(int64(r.Wall)), strconv.FormatBool(r.BudgetViolated), strconv.FormatBool(r.Pareto),
-				r.CloseError,
+				r.CloseError, r.Tuned, i64(int64(r.TuneWall)), r.FirstStepStatus,
+				strconv.FormatFloat(r.FirstStepOverhead, 'g', -1, 64),
 			}
 			if err := cw.Write(rec); err != nil {
 				return fmt.Errorf("writing CSV: %w", err)

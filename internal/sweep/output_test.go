@@ -88,8 +88,9 @@ func TestWriteCSV(t *testing.T) {
 	assert.Equal(t, "true", row["pareto"])
 	assert.Equal(t, "8589934592", row["baseline_peak_bytes"])
 	assert.Equal(t, "nothing evictable", recs[1][9])
-	assert.Equal(t, "true", recs[4][len(csvHeader)-3], "budget_violated")
-	assert.Equal(t, "close_error", csvHeader[len(csvHeader)-1])
+	assert.Equal(t, "true", recs[4][len(csvHeader)-7], "budget_violated")
+	assert.Equal(t, "close_error", csvHeader[len(csvHeader)-5])
+	assert.Equal(t, "first_step_overhead", csvHeader[len(csvHeader)-1])
 	assert.Error(t, WriteCSV(failWriter{}, rep))
 }
 

@@ -111,7 +111,9 @@ func ParseHeuristics(s string) ([]evict.Heuristic, error) {
 	var out []evict.Heuristic
 	seen := map[evict.Heuristic]bool{}
 	add := func(h evict.Heuristic) {
-		h = h.Resolve()
+		if h == evict.Default {
+			h = h.Resolve()
+		}
 		if !seen[h] {
 			seen[h] = true
 			out = append(out, h)
@@ -126,6 +128,7 @@ func ParseHeuristics(s string) ([]evict.Heuristic, error) {
 			for _, h := range evict.Heuristics() {
 				add(h)
 			}
+			add(evict.Auto)
 			continue
 		}
 		h, err := evict.ParseHeuristic(item)

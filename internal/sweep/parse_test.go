@@ -62,7 +62,7 @@ func TestParseRatios(t *testing.T) {
 }
 
 func TestParseHeuristics(t *testing.T) {
-	all := evict.Heuristics()
+	all := append(evict.Heuristics(), evict.Auto)
 	tests := []struct {
 		in      string
 		want    []evict.Heuristic

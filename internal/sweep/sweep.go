@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memscale/memscale/autotune"
 	"github.com/memscale/memscale/evict"
 	rc "github.com/memscale/memscale/recompute"
 	"github.com/memscale/memscale/replay"
@@ -138,6 +139,15 @@ type RunResult struct {
 	BudgetViolated bool `json:"budget_violated"`
 	// Pareto is set when the run is on its trace's Pareto frontier.
 	Pareto bool `json:"pareto"`
+	// For the auto policy: the results above are the second step's, run
+	// with Tuned, the configuration package autotune chose (in TuneWall)
+	// from the first step, which ran the default heuristic and ended with
+	// FirstStepStatus and FirstStepOverhead. Wall covers both steps, not
+	// the tuning.
+	Tuned             string        `json:"tuned,omitempty"`
+	TuneWall          time.Duration `json:"tune_ns,omitempty"`
+	FirstStepStatus   string        `json:"first_step_status,omitempty"`
+	FirstStepOverhead float64       `json:"first_step_overhead,omitempty"`
 }
 
 // Feasible reports whether the run finished under its budget.
@@ -424,16 +434,51 @@ func baseline(in Input) (*rc.Trace, *TraceReport, error) {
 	return tr, rep, nil
 }
 
-// runOne replays tr with heuristic h at ratio of the baseline peak.
+// runOne replays tr with heuristic h at ratio of the baseline peak. The
+// auto policy runs as training would: a first step with the default
+// heuristic and the engine recording, a tuning pass over the recording
+// (package autotune, counting bytes), and a second step with the chosen
+// configuration, which is what the run reports.
 func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio float64) (out RunResult) {
 	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: replay.Budget(ratio, t.Baseline.Peak), Memory: replay.Counting{}.Name()}
-	opt := replay.Options{Budget: out.Budget, Engine: cfg.Engine, OverheadLimit: cfg.OverheadLimit, Check: cfg.Check}
-	opt.Engine.Heuristic = h
+	engine := cfg.Engine
+	engine.Heuristic = h
+	if h == evict.Auto {
+		first, err := replayOnce(tr, cfg, out.Budget, engine, true, &out)
+		if err != nil {
+			return out
+		}
+		out.FirstStepStatus, out.FirstStepOverhead = first.Status.String(), first.Overhead
+		program := first.Recording
+		if !first.Feasible() || program == nil {
+			// a first step that did not finish recorded only part of the
+			// step; the program is the trace (the recording of a finished
+			// step is identical to it: replay's TestRecordingReplaysIdentically)
+			program = tr
+		}
+		base := cfg.Engine
+		base.Heuristic = evict.Default
+		tuned, err := autotune.Tune(program, autotune.Options{Budget: out.Budget, Base: base, Workers: 1, OverheadLimit: cfg.OverheadLimit})
+		if err != nil {
+			out.Status, out.Reason = StatusError, err.Error()
+			return out
+		}
+		out.Tuned, out.TuneWall = tuned.Best.String(), tuned.Wall
+		engine = tuned.Best.Apply(cfg.Engine)
+	}
+	_, _ = replayOnce(tr, cfg, out.Budget, engine, false, &out)
+	return out
+}
+
+// replayOnce runs one replay with a fresh memory model and fills out's
+// results; an error (also recorded in out) means out is final.
+func replayOnce(tr *rc.Trace, cfg Config, budget uint64, engine evict.Config, record bool, out *RunResult) (res replay.Result, err error) {
+	opt := replay.Options{Budget: budget, Engine: engine, OverheadLimit: cfg.OverheadLimit, Check: cfg.Check, Record: record}
 	if cfg.Memory != nil {
-		m, err := cfg.Memory(out.Budget)
+		m, err := cfg.Memory(budget)
 		if err != nil {
 			out.Status, out.Reason = StatusError, fmt.Sprintf("memory model: %v", err)
-			return out
+			return res, err
 		}
 		opt.Memory = m
 		if c, ok := m.(io.Closer); ok {
@@ -444,7 +489,7 @@ func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio f
 			}()
 		}
 	}
-	res, err := replay.Run(tr, opt)
+	res, err = replay.Run(tr, opt)
 	out.Memory = res.Memory
 	out.Status = res.Status.String()
 	out.Reason = res.Reason
@@ -457,13 +502,14 @@ func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio f
 	out.Rematerializations, out.SwapsOut, out.SwapsIn = res.Rematerializations, res.SwapsOut, res.SwapsIn
 	out.Peak = res.Peak
 	out.VictimSearches, out.VictimSearchTime = res.VictimSearches, res.VictimSearchTime
+	out.VictimSearchMean = 0
 	if res.VictimSearches > 0 {
 		out.VictimSearchMean = res.VictimSearchTime / time.Duration(res.VictimSearches)
 	}
 	out.Instructions = res.Instructions
-	out.Wall = res.Wall
+	out.Wall += res.Wall
 	out.BudgetViolated = out.Peak > out.Budget
-	return out
+	return res, err
 }
 
 // finishTrace fills in the frontier and the violations.

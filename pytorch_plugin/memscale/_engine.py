@@ -64,6 +64,7 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_swapped_in": (ctypes.c_int, [_i64, _i64]),
     # char*: declared c_void_p so the pointer survives for memscale_string_free.
     "memscale_dtr_stats_json": (ctypes.c_void_p, [_i64]),
+    "memscale_dtr_tune": (ctypes.c_void_p, [_i64]),
 }
 
 _lock = threading.Lock()
@@ -133,6 +134,7 @@ class Functions:
         "rematerialized",
         "swapped_in",
         "stats_json",
+        "tune",
     )
 
     def __init__(self, handle: ctypes.CDLL) -> None:
@@ -347,13 +349,36 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (``memscale_dtr_stats_json``)."""
-        ptr = self.fn.stats_json(self.handle)
-        if not ptr:
-            raise _fail("memscale_dtr_stats_json")
-        if isinstance(ptr, str):  # a pure-Python stand-in (tests)
-            result = json.loads(ptr)
-        else:
-            result = _lib.take_json(ptr, "memscale_dtr_stats_json")
-        if not isinstance(result, dict):
-            raise MemscaleError(f"memscale_dtr_stats_json returned {type(result).__name__}, expected an object")
-        return result
+        return _json_object(self.fn.stats_json(self.handle), "memscale_dtr_stats_json")
+
+    def tune(self) -> dict[str, Any]:
+        """The engine's choice of configuration for the steps to come
+        (``memscale_dtr_tune``).
+
+        Replays the program this engine recorded (created with ``"heuristic":
+        "auto"`` or ``"record": true``) under its budget with every candidate
+        configuration; runs for as long as the replays take, so call it when
+        the step is over. Keys: ``config`` (the keys to merge into the next
+        engine's configuration), ``choice``, ``feasible``, ``overhead``,
+        ``default_overhead``, ``budget``, ``instructions``, ``wall_ns``,
+        ``trials``.
+
+        Raises:
+            MemscaleError: the engine does not record, has no budget, or its
+                recording could not be replayed (the message says which).
+        """
+        return _json_object(self.fn.tune(self.handle), "memscale_dtr_tune")
+
+
+def _json_object(ptr: Any, what: str) -> dict[str, Any]:
+    """The JSON object behind a ``char*`` result of ``what`` (freed), or the
+    library's error when it is NULL."""
+    if not ptr:
+        raise _fail(what)
+    if isinstance(ptr, str):  # a pure-Python stand-in (tests)
+        result = json.loads(ptr)
+    else:
+        result = _lib.take_json(ptr, what)
+    if not isinstance(result, dict):
+        raise MemscaleError(f"{what} returned {type(result).__name__}, expected an object")
+    return result
