@@ -77,6 +77,10 @@ class Summary:
         peak_usage: highest usage seen by a budgeted region, in bytes.
         budget: the budget of the latest region (``None``: unbudgeted).
         baseline_peak: peak usage of the unbudgeted baseline step, when one ran.
+        tuning: the latest region's ``summary()["tuning"]``: ``None`` until the
+            engine tuned a budgeted region (an explicit heuristic never tunes),
+            else its choice, ``overhead``, ``default_overhead``, ``wall_ns``,
+            ``instructions`` and ``config``, or ``{"error": message}``.
     """
 
     steps: int = 0
@@ -90,6 +94,7 @@ class Summary:
     peak_usage: int = 0
     budget: int | None = None
     baseline_peak: int | None = None
+    tuning: dict[str, Any] | None = None
 
     @property
     def overhead(self) -> float:
@@ -120,6 +125,8 @@ class Summary:
         )
         if self.bytes_saved is not None:
             text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"
+        if self.tuning is not None:
+            text += f", tuned: {self.tuning.get('choice') or 'failed: ' + str(self.tuning.get('error'))}"
         return text
 
 
@@ -293,6 +300,7 @@ class _Steps:
                 out.peak_usage = max(out.peak_usage, int(current.get("peak_usage", 0) or 0))
             budget = current.get("budget")
             out.budget = int(budget) if budget else None
+            out.tuning = current.get("tuning") or out.tuning
         return out
 
     def log_summary(self, what: str) -> None:

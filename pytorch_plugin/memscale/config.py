@@ -187,8 +187,11 @@ class Config:
         evictee_min_size: tensors smaller than this many bytes are never evicted.
         recomp_time_factor: weight of recompute time in the engine's score.
         recomp_memory_factor: weight of memory in the engine's score.
-        heuristic: engine heuristic name (one of :func:`heuristics`); ``None``
-            lets the engine choose.
+        heuristic: engine heuristic name (one of :func:`heuristics`); ``None``:
+            ``MEMSCALE_HEURISTIC`` when set, else the engine tunes (the first
+            budgeted step records the program with the default heuristic,
+            the engine chooses the configuration of later steps by replaying
+            it; see :func:`memscale.dtr`).
         log_summary: log the per-run summary (evictions, rematerializations,
             overhead) when a wrapped run ends and from the Trainer callback.
         device_memory: the "device memory" percentages are taken of. ``None``:

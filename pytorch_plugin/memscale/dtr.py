@@ -71,6 +71,15 @@ Design, in the order an op meets it:
   of every parameter seen in the region is replaced by the plain tensor, so an
   optimizer step after the region works on ordinary tensors. The engine instance
   is destroyed; its counters accumulate into :meth:`DTRRegion.summary`.
+* **Tuning.** A budgeted region with no heuristic given (argument or
+  ``MEMSCALE_HEURISTIC``) creates its engines with ``"heuristic": "auto"``: the
+  engine scores with its default heuristic and records the step. When such an
+  entry ends without an exception, the engine replays the recording under the
+  budget with every candidate configuration (``memscale_dtr_tune``, before the
+  instance is destroyed); its ``config`` is merged into the configuration of
+  every later entry, which therefore runs the engine's choice and records
+  nothing. Python only carries the choice forward. A changed budget forgets it;
+  a failed tuning is logged and later entries use the default heuristic.
 
 Usage is counted by the engine: on the CPU (and whenever the memscale allocator is
 not installed) as the sum of resident registered bytes (``"usage": "engine"``); on
@@ -89,6 +98,7 @@ referenced); on CUDA an op's cost is approximate (see above).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
@@ -104,7 +114,17 @@ from ._engine import ACTION_SWAP, NO_RECOMPUTE, STEP_SWAP_IN
 from .config import check_heuristic, parse_size
 from .errors import ConfigError, MemscaleError
 
-__all__ = ["DEFAULT_EVICTEE_MIN_SIZE", "DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"]
+__all__ = [
+    "DEFAULT_EVICTEE_MIN_SIZE",
+    "DEFAULT_HEURISTIC",
+    "DTRRegion",
+    "DTRTensor",
+    "EvictedTensorError",
+    "dtr",
+    "unwrap",
+]
+
+log = logging.getLogger("memscale")
 
 _Tensor = torch.Tensor
 _mk_wrapper = torch.Tensor._make_wrapper_subclass
@@ -115,6 +135,28 @@ _aten = torch.ops.aten
 #: ``MEMSCALE_EVICTEE_MIN_SIZE`` says otherwise: evicting a scalar (a loss) saves
 #: nothing and can cost a re-run of everything it was computed from.
 DEFAULT_EVICTEE_MIN_SIZE: Final[int] = 1024
+
+#: The heuristic of a budgeted region when neither ``heuristic`` nor
+#: ``MEMSCALE_HEURISTIC`` names one: the engine's tuning policy. Such an entry
+#: scores with the engine's default heuristic and records its program; at exit
+#: the engine replays the recording with every candidate configuration
+#: (``memscale_dtr_tune``) and later entries run the configuration it chose.
+DEFAULT_HEURISTIC: Final[str] = "auto"
+
+#: What later entries run when tuning failed: the engine's default heuristic,
+#: not recording (tuning is not retried every step).
+_UNTUNED: Final[dict[str, Any]] = {"heuristic": "default"}
+
+#: Keys of a tuning report kept in :meth:`DTRRegion.summary`'s ``"tuning"``.
+_TUNING_KEYS: Final[tuple[str, ...]] = (
+    "choice",
+    "feasible",
+    "overhead",
+    "default_overhead",
+    "wall_ns",
+    "instructions",
+    "config",
+)
 
 #: Tests set this: every op then checks that Python's mirror of the engine's usage
 #: (used to skip making room when there is room) equals the engine's.
@@ -593,7 +635,12 @@ class _Entry:
 
     def __init__(self, region: DTRRegion, config: dict[str, Any], sink: Any) -> None:
         self.region = region
+        self.config = config
         self.eng = _engine.Engine(config)
+        # The engine records this entry's program for memscale_dtr_tune.
+        self.tunes = config.get("heuristic") == DEFAULT_HEURISTIC
+        self.tuning: dict[str, Any] | None = None  # the engine's report
+        self.tune_error: str | None = None
         fn = self.eng.fn
         self.h = self.eng.handle
         self.f_call = fn.call
@@ -1765,6 +1812,8 @@ class _Entry:
                         t = g._c.t
                         p.grad = t if t is not None else None
             stats = self.eng.stats()
+            if ok and self.tunes and self.budget > 0:
+                self._tune()
         finally:
             self.closed = True
             for wr in list(self.live.values()):
@@ -1793,6 +1842,15 @@ class _Entry:
             self.eng.close()
         stats["bytes_evicted_py"] = self.bytes_evicted
         return stats
+
+    def _tune(self) -> None:
+        """Have the engine choose the configuration of later entries
+        (``memscale_dtr_tune``); a failure is kept, not raised: the step
+        itself succeeded."""
+        try:
+            self.tuning = self.eng.tune()
+        except MemscaleError as exc:
+            self.tune_error = str(exc)
 
     def _materialize_all(self, cells: list[_Cell]) -> None:
         """Make every escaping cell resident at once (all locked until done).
@@ -1947,6 +2005,10 @@ class DTRRegion:
         self._peak = 0
         self._entries = 0
         self._last: dict[str, Any] = {}
+        # The engine's tuning: the keys merged into later entries' config
+        # (None: not tuned), and what summary() reports.
+        self._tuned_config: dict[str, Any] | None = None
+        self._tuning: dict[str, Any] | None = None
 
     # ------------------------------------------------------------- settings
 
@@ -1975,7 +2037,13 @@ class DTRRegion:
 
     @budget.setter
     def budget(self, value: int | str | None) -> None:
-        self._budget = self._resolve_budget(value)
+        """Set the budget; a changed budget forgets the tuned configuration
+        (the next entry records and tunes again)."""
+        nbytes = self._resolve_budget(value)
+        if nbytes != self._budget:
+            self._tuned_config = None
+            self._tuning = None
+        self._budget = nbytes
         e = self._entry
         if e is not None:
             e.eng.set_budget(self._budget)
@@ -1992,9 +2060,12 @@ class DTRRegion:
         min_size = self._evictee_min_size
         if min_size is None and "MEMSCALE_EVICTEE_MIN_SIZE" not in os.environ:
             min_size = DEFAULT_EVICTEE_MIN_SIZE
+        heuristic = self._heuristic
+        if heuristic is None and self._budget > 0 and "MEMSCALE_HEURISTIC" not in os.environ:
+            heuristic = DEFAULT_HEURISTIC  # nothing to tune without a budget
         cfg: dict[str, Any] = {
             "budget": self._budget,
-            "heuristic": self._heuristic,
+            "heuristic": heuristic,
             "recomp_time_factor": self._recomp_time_factor,
             "recomp_memory_factor": self._recomp_memory_factor,
             "evictee_min_size": min_size,
@@ -2005,6 +2076,8 @@ class DTRRegion:
             cfg["device"] = device
         if self._offload_limit is not None:
             cfg["offload_limit"] = self._offload_limit
+        if heuristic == DEFAULT_HEURISTIC and self._tuned_config is not None:
+            cfg.update(self._tuned_config)
         return cfg
 
     # ------------------------------------------------------------ lifecycle
@@ -2030,11 +2103,34 @@ class DTRRegion:
             self._entry = None
             self._mode = None
             stats = entry.close(ok=exc_type is None)
-            self._accumulate(stats)
+            self._accumulate(stats, entry.config)
+            self._keep_tuning(entry)
             if self._sink is not None:
                 self._sink.stop()
 
-    def _accumulate(self, stats: dict[str, Any]) -> None:
+    def _keep_tuning(self, entry: _Entry) -> None:
+        """Carry the engine's choice (or a tuning failure) to later entries."""
+        if entry.tuning is not None:
+            report = entry.tuning
+            self._tuned_config = dict(report.get("config") or {})
+            self._tuning = {key: report.get(key) for key in _TUNING_KEYS}
+            log.info(
+                "memscale.dtr: tuned for budget %d bytes in %.1f ms: %s (overhead %.3f, default heuristic %.3f)",
+                self._budget,
+                (report.get("wall_ns") or 0) / 1e6,
+                report.get("choice"),
+                report.get("overhead") or 0.0,
+                report.get("default_overhead") or 0.0,
+            )
+        elif entry.tune_error is not None:
+            self._tuned_config = dict(_UNTUNED)
+            self._tuning = {"error": entry.tune_error}
+            log.warning(
+                "memscale.dtr: tuning failed (%s); later entries use the engine's default heuristic",
+                entry.tune_error,
+            )
+
+    def _accumulate(self, stats: dict[str, Any], config: dict[str, Any]) -> None:
         self._entries += 1
         last: dict[str, Any] = {}
         for key in _STAT_KEYS:
@@ -2049,6 +2145,7 @@ class DTRRegion:
         self._peak = max(self._peak, last["peak_usage"])
         last["overhead"] = _overhead(last["base_cost_ns"], last["remat_cost_ns"])
         last["engine"] = stats
+        last["config"] = {k: v for k, v in config.items() if v is not None}
         self._last = last
 
     # -------------------------------------------------------------- results
@@ -2059,7 +2156,11 @@ class DTRRegion:
         Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
         ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
         (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry),
-        ``budget`` (bytes, 0 = unlimited), ``entries``.
+        ``budget`` (bytes, 0 = unlimited), ``entries``, ``tuning``: ``None``
+        until the engine tuned this region, else ``choice``, ``feasible``,
+        ``overhead``, ``default_overhead``, ``wall_ns``, ``instructions`` and
+        ``config`` (the keys later entries run with) of its report, or
+        ``{"error": message}`` when tuning failed.
         """
         totals = dict(self._totals)
         peak = self._peak
@@ -2077,10 +2178,12 @@ class DTRRegion:
         out["peak_usage"] = peak
         out["budget"] = self._budget
         out["entries"] = self._entries + (1 if e is not None else 0)
+        out["tuning"] = None if self._tuning is None else dict(self._tuning)
         return out
 
     def last_summary(self) -> dict[str, Any]:
-        """The counters of the last completed entry (``engine``: its raw stats)."""
+        """The counters of the last completed entry (``engine``: its raw stats;
+        ``config``: the configuration its engine was created with)."""
         return dict(self._last)
 
     def reset_summary(self) -> None:
@@ -2139,9 +2242,15 @@ def dtr(
         budget: memory budget: bytes, ``"8GiB"``-style, ``"75%"`` of the GPU's
             memory, or ``None`` for no budget (ops are recorded, nothing is
             evicted: the way to measure a step's peak).
-        heuristic: the engine's eviction heuristic (``"dtr"``, ``"dtr-eq"``,
-            ``"dtr-local"``, ``"msps"``, ``"lru"``, ``"size"``; ``None``: the
-            engine's default).
+        heuristic: the engine's eviction heuristic (one of
+            :func:`memscale.config.heuristics`: ``"dtr"``, ``"dtr-eq"``,
+            ``"anc-sqrt"``, ``"lru"``, ...). ``None``: ``MEMSCALE_HEURISTIC``
+            when set, else, under a budget, ``"auto"``: the first entry
+            scores with the engine's default heuristic and records its
+            program, the engine then chooses a configuration by replaying it
+            (``memscale_dtr_tune``) and later entries run that choice (see
+            ``summary()["tuning"]``; a changed budget tunes again). Any other
+            name is used as given, without tuning.
         recompute: allow evicting by dropping and recomputing.
         swap: allow evicting by copying to host memory.
         evictee_min_size: tensors smaller than this are never evicted.
