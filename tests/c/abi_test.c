@@ -74,6 +74,7 @@ FN(memscale_dtr_tensor);
 FN(memscale_dtr_call);
 FN(memscale_dtr_evict);
 FN(memscale_dtr_stats_json);
+FN(memscale_dtr_tune);
 
 static const char* dtr_exports[] = {
     "memscale_dtr_create",   "memscale_dtr_destroy",         "memscale_dtr_set_budget",
@@ -81,7 +82,7 @@ static const char* dtr_exports[] = {
     "memscale_dtr_access",   "memscale_dtr_lock",            "memscale_dtr_unlock",
     "memscale_dtr_pin",      "memscale_dtr_release",         "memscale_dtr_evict",
     "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
-    "memscale_dtr_stats_json",
+    "memscale_dtr_stats_json", "memscale_dtr_tune",
 };
 
 // ---- reporting --------------------------------------------------------------
@@ -569,6 +570,63 @@ static void test_dtr_allocator_usage(void* h) {
 	expect_error(before, "dtr usage allocator on device 1", "memscale_dtr_create", "device 1", NULL);
 }
 
+// test_dtr_tune runs a step on an engine with the auto policy (a chain of
+// activations kept for a backward pass, under half of its peak, evicting
+// as told), tunes it, and creates the next engine from the chosen config.
+static void test_dtr_tune(void) {
+	int before = p_memscale_error_count();
+	const int n = 12;
+	const int64_t act = 1000;
+	char cfg[256];
+	snprintf(cfg, sizeof cfg, "{\"budget\": %lld, \"heuristic\": \"auto\", \"usage\": \"engine\"}",
+	         (long long)(act * n / 2));
+	int64_t e = p_memscale_dtr_create(cfg);
+	check(e > 0, "dtr_create with heuristic auto (%lld)", (long long)e);
+	if (e <= 0) return;
+	int64_t x = p_memscale_dtr_tensor(e, 100, 1);
+	int64_t ids[16];
+	int32_t acts[16];
+	int ok = x >= 0;
+	for (int i = 0; i < n && ok; i++) {
+		int64_t sizes[1] = {act};
+		int32_t alias[1] = {-1};
+		int64_t out[1];
+		int64_t in[1] = {x};
+		ok = p_memscale_dtr_call(e, "layer", in, 1, sizes, alias, 1, 1000 * (i + 1), 0, out) >= 0;
+		while (ok && p_memscale_dtr_evict(e, ids, acts, 16) > 0) {
+		}
+		x = out[0];
+	}
+	check(ok, "auto engine: a chain of %d ops under half its peak", n);
+	char* js = p_memscale_dtr_tune(e);
+	check(js != NULL && contains(js, "\"config\"") && contains(js, "\"choice\"") && json_balanced(js),
+	      "dtr_tune returns the choice as JSON: %.120s", js ? js : p_memscale_last_error());
+	if (js != NULL) {
+		// the "config" object is what the next engine is created with
+		char* start = strstr(js, "\"config\":");
+		char* end = start ? strchr(start, '}') : NULL;
+		if (start && end) {
+			start += strlen("\"config\":");
+			char next[512];
+			snprintf(next, sizeof next, "%.*s", (int)(end - start + 1), start);
+			int64_t e2 = p_memscale_dtr_create(next);
+			check(e2 > 0, "the tuned config creates an engine: %s", next);
+			if (e2 > 0) p_memscale_dtr_destroy(e2);
+		} else {
+			check(0, "dtr_tune JSON has a config object");
+		}
+		p_memscale_string_free(js);
+	}
+	check(p_memscale_dtr_destroy(e) == 0, "dtr_destroy of the auto engine");
+	expect_no_error(before, "dtr tune");
+
+	before = p_memscale_error_count();
+	e = p_memscale_dtr_create("{\"budget\": 1000, \"heuristic\": \"dtr\"}");
+	check(e > 0 && p_memscale_dtr_tune(e) == NULL, "dtr_tune of an engine that does not record is NULL");
+	expect_error(before, "dtr_tune without recording", "memscale_dtr_tune", "does not record", NULL);
+	if (e > 0) p_memscale_dtr_destroy(e);
+}
+
 // ---- threads and fork ---------------------------------------------------------
 
 static volatile int stop_worker;
@@ -648,8 +706,9 @@ static int child_dtr_after_fork(void) {
 		bad |= 1 << 15;
 	if (p_memscale_dtr_evict(fork_engine, ids, acts, 4) != -1) bad |= 1 << 16;
 	if (p_memscale_dtr_stats_json(fork_engine) != NULL) bad |= 1 << 17;
+	if (p_memscale_dtr_tune(fork_engine) != NULL) bad |= 1 << 21;
 	if (p_memscale_dtr_destroy(fork_engine) != -1) bad |= 1 << 18;
-	if (p_memscale_error_count() != before + 7) bad |= 1 << 19;
+	if (p_memscale_error_count() != before + 8) bad |= 1 << 19;
 	if (!contains(p_memscale_last_error(), "fork")) bad |= 1 << 20;
 	return bad;
 }
@@ -904,6 +963,7 @@ int main(int argc, char** argv) {
 		LOAD(memscale_dtr_call);
 		LOAD(memscale_dtr_evict);
 		LOAD(memscale_dtr_stats_json);
+		LOAD(memscale_dtr_tune);
 	}
 
 	if (device_mode && !probe_device()) {
@@ -919,6 +979,7 @@ int main(int argc, char** argv) {
 	test_last_error_storage();
 	if (!skip_dtr) {
 		test_dtr_allocator_usage(h);
+		test_dtr_tune();
 	}
 	test_threads();
 	test_fork();
