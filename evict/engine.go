@@ -234,7 +234,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.tr.setLowered(e.sel.lowered)
 	if cfg.Record || cfg.Heuristic == Auto {
-		e.rec = &recorder{}
+		e.rec = &recorder{limit: MaxRecordedInstructions}
 	}
 	return e, nil
 }

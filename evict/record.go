@@ -11,6 +11,12 @@ import (
 // Config.Record.
 var errNotRecording = errors.New("evict: this engine does not record its program (Config.Record is off)")
 
+// MaxRecordedInstructions bounds a recording (about 150 bytes each): an
+// engine that lives longer than a step (a region entered once for a whole
+// training run) stops recording there and frees what it kept, and Recording
+// says so, instead of growing without end.
+const MaxRecordedInstructions = 1 << 20
+
 // recorder keeps, for an engine created with Config.Record, the program it
 // was told about as a trace: external tensors, ops, in-place ops, new
 // references, releases and pins, in order, with the measured costs. What the
@@ -18,9 +24,11 @@ var errNotRecording = errors.New("evict: this engine does not record its program
 // recording under another policy makes its own. Tensor IDs are dense, so
 // the map from engine tensors to trace numbers is a slice.
 type recorder struct {
-	b   rc.Builder
-	ids []int32 // rc.TensorID -> trace tensor number
-	err error   // the first inconsistency; recording stopped there
+	b       rc.Builder
+	ids     []int32 // rc.TensorID -> trace tensor number
+	limit   int     // MaxRecordedInstructions (tests lower it)
+	err     error   // the first inconsistency; recording stopped there
+	stopped int     // instructions recorded when it stopped
 }
 
 func (r *recorder) bind(t rc.TensorID, n int32) {
@@ -45,16 +53,21 @@ func (r *recorder) nums(ts []rc.TensorID) []int32 {
 	return out
 }
 
-// fail stops the recording at its first error.
+// fail stops the recording at its first error, or when it is full.
 func (r *recorder) fail(err error) {
+	if r.err == nil && err == nil && r.b.Len() >= r.limit {
+		err = fmt.Errorf("the program is longer than %d instructions (MaxRecordedInstructions); a step that long is not tuned", r.limit)
+	}
 	if r.err == nil && err != nil {
-		r.err = err
+		r.err, r.stopped = err, r.b.Len()
+		r.b, r.ids = rc.Builder{}, nil // keep nothing that can no longer be used
 	}
 }
 
 func (e *Engine) recConstant(t rc.TensorID, size uint64) {
 	if r := e.rec; r != nil && r.err == nil {
 		r.bind(t, r.b.Constant(size))
+		r.fail(nil)
 	}
 }
 
@@ -75,6 +88,7 @@ func (e *Engine) recCall(name string, inputs []rc.TensorID, outs []Output, cost 
 	for i, t := range ids {
 		r.bind(t, got[i])
 	}
+	r.fail(nil)
 }
 
 func (e *Engine) recMutate(name string, inputs []rc.TensorID, mutated []int, cost int64, ids []rc.TensorID) {
@@ -90,6 +104,7 @@ func (e *Engine) recMutate(name string, inputs []rc.TensorID, mutated []int, cos
 	for i, t := range ids {
 		r.bind(t, got[i])
 	}
+	r.fail(nil)
 }
 
 // recRef records Retain (copy), Release or Pin of t.
@@ -123,7 +138,7 @@ func (e *Engine) Recording() (*rc.Trace, error) {
 		return nil, errNotRecording
 	}
 	if e.rec.err != nil {
-		return nil, fmt.Errorf("evict: recording stopped after %d instructions: %w", e.rec.b.Len(), e.rec.err)
+		return nil, fmt.Errorf("evict: recording stopped after %d instructions: %w", e.rec.stopped, e.rec.err)
 	}
 	return e.rec.b.Trace(), nil
 }
