@@ -161,7 +161,11 @@ func TestWriteSweepTable(t *testing.T) {
 		}
 	}
 
-	p("## 2. memscale's default: %s", evict.DefaultHeuristic)
+	p("## 2. memscale's default heuristic: %s", evict.DefaultHeuristic)
+	p("")
+	p("memscale's default *policy* is `auto`: this heuristic for the first step, then the configuration package")
+	p("autotune chooses by replaying the recorded step (bench/results/dtr-sweep-auto.md: at or below the best")
+	p("reference heuristic in every cell). This section is the heuristic alone, i.e. the first step.")
 	p("")
 	p("Score = (c + cost of the evicted-ancestor closure) / (m * sqrt(staleness)): h_MSPS's numerator (what")
 	p("recomputing the storage really costs), and the geometric mean of h_MSPS (no staleness) and h_DTR (staleness")
