@@ -17,11 +17,23 @@ on a shared machine hit both sides alike:
    unbudgeted region first), against the plain step. The four runs take turns
    step by step; each reports the median step time (first step skipped), the
    engine's counters and whether its losses were bitwise the plain run's.
+3. Tuning (``--part tuning``): the same GPT-2 step under 50 % and 30 % of its
+   peak with the region's default heuristic (``"auto"``: the first step records
+   the program and the engine tunes on it at exit, later steps run its choice)
+   against ``heuristic="anc-sqrt"`` (the engine's default heuristic, no
+   tuning), the runs taking turns step by step with a plain run. Reported:
+   median step time and engine compute overhead of steps 2..N, the first
+   step's time, the tuning's choice, its wall time and the overheads its
+   replays predicted.
 
 Usage (from the repository root, with the library built):
 
     MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 \\
         .venv/bin/python bench/plugin_bench.py --markdown bench/results/plugin-bench.md
+
+``--part overhead`` runs 1 and 2 and rewrites the Markdown file; ``--part
+tuning`` runs 3 and appends its section to the file; ``--part all`` (the
+default) does both.
 """
 
 from __future__ import annotations
@@ -80,8 +92,8 @@ def per_op(reps: int, n: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, Any]]]:
-    """Peak of the step and one result row per run (plain first)."""
+def _gpt2() -> tuple[Any, Any]:
+    """``make()`` of the benchmark's GPT-2 (same weights each time) and its batch."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -98,6 +110,12 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
         m.train()
         return m
 
+    return make, ids
+
+
+def _gpt2_step(ids: Any) -> Any:
+    """``step(model, region, i) -> (seconds, loss)``: forward + backward, seeded."""
+
     def step(model: Any, region: Any, i: int) -> tuple[float, Any]:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100 + i)
@@ -112,6 +130,13 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
             loss = region.unwrap(loss)
         return time.perf_counter() - t0, loss.detach().clone()
 
+    return step
+
+
+def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, Any]]]:
+    """Peak of the step and one result row per run (plain first)."""
+    make, ids = _gpt2()
+    step = _gpt2_step(ids)
     free = dtr(None)
     m = make()
     for i in range(2):
@@ -140,14 +165,151 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
     return peak, runs
 
 
+def gpt2_tuning(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, Any]]]:
+    """Default (auto, tuned after step 1) against ``anc-sqrt`` under each
+    fraction of the GPT-2 step's peak: one row per run, plain first."""
+    make, ids = _gpt2()
+    step = _gpt2_step(ids)
+    free = dtr(None)
+    m = make()
+    for i in range(2):
+        step(m, free, i)
+    peak = free.summary()["peak_usage"]
+    runs: list[dict[str, Any]] = [{"name": "plain", "frac": None, "region": None}]
+    for f in fractions:
+        budget = int(peak * f)
+        runs.append({"name": "default (auto)", "frac": f, "region": dtr(budget)})
+        runs.append({"name": "anc-sqrt", "frac": f, "region": dtr(budget, heuristic="anc-sqrt")})
+    for r in runs:
+        r["model"] = make()
+        r["times"], r["losses"], r["entries"] = [], [], []
+    for i in range(steps):
+        for r in runs:  # turn by turn
+            dt, loss = step(r["model"], r["region"], i)
+            r["times"].append(dt)
+            r["losses"].append(loss)
+            if r["region"] is not None:
+                r["entries"].append(r["region"].last_summary())
+    base = statistics.median(runs[0]["times"][1:])
+    for r in runs:
+        r["first"] = r["times"][0]
+        r["median"] = statistics.median(r["times"][1:])
+        r["min"] = min(r["times"][1:])
+        r["ratio"] = r["median"] / base
+        r["bitwise"] = all(torch.equal(a, b) for a, b in zip(runs[0]["losses"], r["losses"]))
+        if r["region"] is not None:
+            later = r["entries"][1:]
+            b = sum(e["base_cost_ns"] for e in later)
+            c = sum(e["remat_cost_ns"] for e in later)
+            r["overhead"] = (b + c) / b if b else 1.0
+            r["first_overhead"] = r["entries"][0]["overhead"]
+            r["evictions"] = statistics.median(e["evictions"] for e in later)
+            r["remats"] = statistics.median(e["rematerializations"] for e in later)
+            r["tuning"] = r["region"].summary()["tuning"]
+            r["heuristic"] = later[-1]["engine"].get("heuristic", "?") if later else "?"
+        del r["model"]
+    return peak, runs
+
+
+def tuning_section(steps: int, peak: int, runs: list[dict[str, Any]], cmd: str) -> str:
+    """The Markdown section of :func:`gpt2_tuning`'s results."""
+    head = [
+        "budget (of peak)", "run", "steps 2..N s (median)", "min", "ratio to plain (median)", "step 1 s",
+        "overhead steps 2..N", "overhead step 1", "evictions/step", "remats/step", "ran", "losses bitwise",
+    ]
+    rows = []
+    for r in runs:
+        if r["region"] is None:
+            rows.append(
+                ["-", "plain", f"{r['median']:.3f}", f"{r['min']:.3f}", "1.00", f"{r['first']:.3f}"] + ["-"] * 5 + ["yes"]
+            )
+            continue
+        rows.append(
+            [
+                f"{r['frac']:.0%}", r["name"], f"{r['median']:.3f}", f"{r['min']:.3f}", f"{r['ratio']:.2f}",
+                f"{r['first']:.3f}",
+                f"{r['overhead']:.3f}", f"{r['first_overhead']:.3f}", f"{r['evictions']:.0f}", f"{r['remats']:.0f}",
+                r["heuristic"] + (" (tuned)" if r["tuning"] else ""), "yes" if r["bitwise"] else "NO",
+            ]
+        )
+    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(x) + " |" for x in rows]
+    tuned = []
+    for r in runs:
+        t = r.get("tuning")
+        if not t:
+            continue
+        if "error" in t:
+            tuned.append(f"- {r['frac']:.0%}: tuning failed: {t['error']}")
+            continue
+        tuned.append(
+            f"- {r['frac']:.0%}: chose `{t['choice']}` (config `{t['config']}`) in {t['wall_ns'] / 1e6:.0f} ms "
+            f"over {t['instructions']} recorded instructions; replay-predicted overhead {t['overhead']:.3f} "
+            f"vs {t['default_overhead']:.3f} for the default heuristic"
+        )
+    return f"""
+## Tuning: the default (`auto`) against `anc-sqrt`
+
+Date: 2026-11-21. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end;
+torch {torch.__version__}. The GPT-2 step above (peak {format_bytes(peak)}), {steps} steps per run, the runs taking
+turns step by step. `default (auto)` is `dtr(budget)`: its first step scores with the default
+heuristic and records the program, and at the region's exit the engine replays the recording
+with every candidate configuration (`memscale_dtr_tune`); steps 2..N run the choice.
+`anc-sqrt` is `dtr(budget, heuristic="anc-sqrt")` (the engine's default heuristic, never tuned).
+"overhead" is the engine's (base + rematerialization cost) / base over the steps named; "step 1 s"
+of the auto run contains the recording and the tuning.
+
+Command (repository root, library built):
+
+    {cmd}
+
+{chr(10).join(table)}
+
+{chr(10).join(tuned)}
+"""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=15, help="repetitions of the per-op loop")
     p.add_argument("--ops", type=int, default=1000, help="loop iterations (2 ops each)")
     p.add_argument("--steps", type=int, default=7, help="GPT-2 steps per run (the first is skipped)")
     p.add_argument("--markdown", help="write the results to this Markdown file")
+    p.add_argument(
+        "--part",
+        choices=("all", "overhead", "tuning"),
+        default="all",
+        help="overhead: per-op and budget measurements (rewrite --markdown); tuning: auto vs anc-sqrt "
+        "(append to --markdown); all: both",
+    )
     args = p.parse_args()
+    if args.part in ("all", "overhead"):
+        overhead_part(args)
+    if args.part in ("all", "tuning"):
+        tuning_part(args)
+    return 0
 
+
+def tuning_part(args: argparse.Namespace) -> None:
+    """Run :func:`gpt2_tuning`, print its section, append it to ``--markdown``."""
+    t_start = time.perf_counter()
+    peak, runs = gpt2_tuning(args.steps, [0.5, 0.3])
+    cmd = (
+        "MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 .venv/bin/python bench/plugin_bench.py "
+        f"--part tuning --steps {args.steps}" + (f" --markdown {args.markdown}" if args.markdown else "")
+    )
+    text = tuning_section(args.steps, peak, runs, cmd)
+    print(text)
+    print(f"tuning part done in {time.perf_counter() - t_start:.0f} s")
+    if args.markdown:
+        path = Path(args.markdown)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(text)
+        print(f"appended to {args.markdown}")
+
+
+def overhead_part(args: argparse.Namespace) -> None:
+    """Measurements 1 and 2; rewrites ``--markdown``."""
     t_start = time.perf_counter()
     ops = per_op(args.reps, args.ops)
     print(
@@ -183,7 +345,7 @@ def main() -> int:
     if args.markdown:
         cmd = (
             "MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 .venv/bin/python bench/plugin_bench.py "
-            f"--reps {args.reps} --ops {args.ops} --steps {args.steps} --markdown {args.markdown}"
+            f"--part overhead --reps {args.reps} --ops {args.ops} --steps {args.steps} --markdown {args.markdown}"
         )
         text = f"""# PyTorch plugin: DTR region overhead
 
@@ -204,7 +366,7 @@ variants taking turns, median of {args.reps} runs:
 |---|---|---|
 | plain PyTorch | {ops['plain'] / 1e3:.2f} | - |
 | `dtr(None)` (recorded, never evicted) | {ops['unbudgeted'] / 1e3:.2f} | {(ops['unbudgeted'] - ops['plain']) / 1e3:.2f} |
-| `dtr(1 TiB)` (budgeted path, no eviction; engine default heuristic) | {ops['budgeted'] / 1e3:.2f} | {(ops['budgeted'] - ops['plain']) / 1e3:.2f} |
+| `dtr(1 TiB)` (budgeted path, no eviction; default: `auto`, tuned after the first entry) | {ops['budgeted'] / 1e3:.2f} | {(ops['budgeted'] - ops['plain']) / 1e3:.2f} |
 | `dtr(1 TiB, heuristic="dtr-eq")` (the same, union-find heuristic) | {ops['budgeted_eq'] / 1e3:.2f} | {(ops['budgeted_eq'] - ops['plain']) / 1e3:.2f} |
 
 Target: <= 25 us per op. Per op the region enters a `TorchDispatchMode`, maps the
@@ -232,7 +394,6 @@ cost (see above) and, on this shared 2-core machine, noise from other jobs.
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(text)
         print(f"wrote {args.markdown}")
-    return 0
 
 
 if __name__ == "__main__":

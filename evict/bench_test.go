@@ -11,9 +11,9 @@ import (
 
 // benchEngine builds an engine holding n candidate storages: outputs of
 // ops that read one or two earlier tensors, with random sizes and costs.
-func benchEngine(b *testing.B, h Heuristic, n int, scan bool) (*Engine, *rand.Rand) {
+func benchEngine(b *testing.B, cfg Config, n int) (*Engine, *rand.Rand) {
 	b.Helper()
-	e, err := New(Config{Heuristic: h, ExactScan: scan})
+	e, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -57,22 +57,26 @@ func benchOp(b *testing.B, e *Engine, rng *rand.Rand, live *[]rc.TensorID) {
 // the upkeep the heuristic's tracker does on an eviction and a new op).
 func BenchmarkVictimSelection(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		h    Heuristic
-		scan bool
+		name   string
+		h      Heuristic
+		scan   bool
+		tf, mf float64
 	}{
-		{"default", Default, false},
-		{"dtr-eq-anc", DTREqAnc, false},
-		{"dtr-eq", DTREq, false},
-		{"dtr", DTR, false},
-		{"msps", MSPS, false},
-		{"lru", LRU, false},
-		{"dtr-local", DTRLocal, false},
-		{"default-exact-scan", Default, true},
+		{"default", Default, false, 0, 0},
+		// configurations the auto policy chooses on the DTR traces
+		{"anc-sqrt[t=0.5,m=2]", AncSqrt, false, 0.5, 2},
+		{"dtr[t=2,m=2]", DTR, false, 2, 2},
+		{"dtr-eq-anc", DTREqAnc, false, 0, 0},
+		{"dtr-eq", DTREq, false, 0, 0},
+		{"dtr", DTR, false, 0, 0},
+		{"msps", MSPS, false, 0, 0},
+		{"lru", LRU, false, 0, 0},
+		{"dtr-local", DTRLocal, false, 0, 0},
+		{"default-exact-scan", Default, true, 0, 0},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			const n = 100_000
-			e, rng := benchEngine(b, tc.h, n, tc.scan)
+			e, rng := benchEngine(b, Config{Heuristic: tc.h, ExactScan: tc.scan, RecompTimeFactor: tc.tf, RecompMemoryFactor: tc.mf}, n)
 			live := make([]rc.TensorID, 0, n)
 			for t := 0; t < e.Graph().NumTensors(); t++ {
 				live = append(live, rc.TensorID(t))
