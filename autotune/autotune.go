@@ -16,6 +16,7 @@ package autotune
 import (
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"strconv"
 	"strings"
@@ -132,9 +133,11 @@ type Options struct {
 	// Plans replays the way the C ABI rebuilds (replay.Options.Plans): set
 	// it when tuning for the plugin.
 	Plans bool
-	// Memory returns a fresh memory model per replay; nil means counting
-	// bytes.
-	Memory func() replay.MemoryModel
+	// Memory returns a fresh memory model per replay (closed after it when
+	// it is an io.Closer); nil means counting bytes. Tune with the model
+	// the steps will run on: a configuration that is best counting bytes
+	// need not be best with real placement.
+	Memory func() (replay.MemoryModel, error)
 	// Workers is the number of replays run at once (0 = GOMAXPROCS).
 	Workers int
 	// OverheadLimit abandons any candidate past it (0 =
@@ -270,7 +273,14 @@ func (t *tuner) try(i int) error {
 		Plans:         t.opt.Plans,
 	}
 	if t.opt.Memory != nil {
-		ro.Memory = t.opt.Memory()
+		m, err := t.opt.Memory()
+		if err != nil {
+			return fmt.Errorf("autotune: candidate %s: memory model: %w", t.cands[i], err)
+		}
+		ro.Memory = m
+		if c, ok := m.(io.Closer); ok {
+			defer c.Close()
+		}
 	}
 	res, err := replay.Run(t.tr, ro)
 	if err != nil {

@@ -437,7 +437,7 @@ func baseline(in Input) (*rc.Trace, *TraceReport, error) {
 // runOne replays tr with heuristic h at ratio of the baseline peak. The
 // auto policy runs as training would: a first step with the default
 // heuristic and the engine recording, a tuning pass over the recording
-// (package autotune, counting bytes), and a second step with the chosen
+// (package autotune, on the run's memory model), and a second step with the chosen
 // configuration, which is what the run reports.
 func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio float64) (out RunResult) {
 	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: replay.Budget(ratio, t.Baseline.Peak), Memory: replay.Counting{}.Name()}
@@ -458,7 +458,12 @@ func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio f
 		}
 		base := cfg.Engine
 		base.Heuristic = evict.Default
-		tuned, err := autotune.Tune(program, autotune.Options{Budget: out.Budget, Base: base, Workers: 1, OverheadLimit: cfg.OverheadLimit})
+		topt := autotune.Options{Budget: out.Budget, Base: base, Workers: 1, OverheadLimit: cfg.OverheadLimit}
+		if cfg.Memory != nil {
+			// tune on the memory model the steps run on
+			topt.Memory = func() (replay.MemoryModel, error) { return cfg.Memory(out.Budget) }
+		}
+		tuned, err := autotune.Tune(program, topt)
 		if err != nil {
 			out.Status, out.Reason = StatusError, err.Error()
 			return out
