@@ -19,21 +19,6 @@ import (
 // test is skipped.
 const tunedOutEnv = "MEMSCALE_TUNED_SWEEP_OUT"
 
-var titles = map[string]string{
-	"resnet32": "ResNet-32 (56)", "tv_densenet121": "DenseNet-121 (84)", "transformer": "Transformer (10)",
-	"lstm": "LSTM (512)", "unet": "U-Net (6)",
-}
-
-func cell(r replay.Result) string {
-	switch r.Status {
-	case replay.OOM:
-		return "oom"
-	case replay.OverLimit:
-		return ">2x"
-	}
-	return fmt.Sprintf("%.3f", r.Overhead)
-}
-
 func milli(x float64) int64 { return int64(math.Round(x * 1000)) }
 
 // TestWriteTunedSweepTable writes bench/results/dtr-sweep-auto.md, the
@@ -117,7 +102,7 @@ func TestWriteTunedSweepTable(t *testing.T) {
 				switch {
 				case !next.Feasible():
 					vs = "infeasible"
-					worse = append(worse, fmt.Sprintf("%s %.1f", titles[tc.Name], ratio))
+					worse = append(worse, fmt.Sprintf("%s %.1f", sharedtraces.Title(tc.Name), ratio))
 				case next.Overhead <= best.Overhead:
 					atOrBelow++
 					if next.Overhead < best.Overhead {
@@ -126,7 +111,7 @@ func TestWriteTunedSweepTable(t *testing.T) {
 					vs = fmt.Sprintf("%+.3f", float64(milli(next.Overhead)-milli(best.Overhead))/1000)
 				default:
 					vs = fmt.Sprintf("%+.4f", next.Overhead-best.Overhead)
-					worse = append(worse, fmt.Sprintf("%s %.1f (%s)", titles[tc.Name], ratio, vs))
+					worse = append(worse, fmt.Sprintf("%s %.1f (%s)", sharedtraces.Title(tc.Name), ratio, vs))
 				}
 			} else if next.Feasible() {
 				vs = "only memscale feasible"
@@ -135,8 +120,8 @@ func TestWriteTunedSweepTable(t *testing.T) {
 			if !rep.Feasible {
 				choice = "(none finished)"
 			}
-			p("| %s | %.1f | %s | %s | %s | %s | %s | %s | %.2f s |", titles[tc.Name], ratio, cell(first), choice, cell(next),
-				bestCell, vs, cell(alloc), rep.Wall.Seconds())
+			p("| %s | %.1f | %s | %s | %s | %s | %s | %s | %.2f s |", sharedtraces.Title(tc.Name), ratio, first.Short(), choice, next.Short(),
+				bestCell, vs, alloc.Short(), rep.Wall.Seconds())
 		}
 	}
 	p("")

@@ -53,6 +53,19 @@ func (r *recorder) nums(ts []rc.TensorID) []int32 {
 	return out
 }
 
+// bindAll maps an op's outputs ids to the trace numbers the builder gave
+// them, or stops the recording at the builder's error.
+func (r *recorder) bindAll(ids []rc.TensorID, got []int32, err error) {
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	for i, t := range ids {
+		r.bind(t, got[i])
+	}
+	r.fail(nil)
+}
+
 // fail stops the recording at its first error, or when it is full.
 func (r *recorder) fail(err error) {
 	if r.err == nil && err == nil && r.b.Len() >= r.limit {
@@ -81,14 +94,7 @@ func (e *Engine) recCall(name string, inputs []rc.TensorID, outs []Output, cost 
 		spec[i] = rc.Out{Size: o.Size, Alias: o.Alias}
 	}
 	got, err := r.b.Call(name, r.nums(inputs), spec, cost)
-	if err != nil {
-		r.fail(err)
-		return
-	}
-	for i, t := range ids {
-		r.bind(t, got[i])
-	}
-	r.fail(nil)
+	r.bindAll(ids, got, err)
 }
 
 func (e *Engine) recMutate(name string, inputs []rc.TensorID, mutated []int, cost int64, ids []rc.TensorID) {
@@ -97,14 +103,7 @@ func (e *Engine) recMutate(name string, inputs []rc.TensorID, mutated []int, cos
 		return
 	}
 	got, err := r.b.Mutate(name, r.nums(inputs), mutated, cost)
-	if err != nil {
-		r.fail(err)
-		return
-	}
-	for i, t := range ids {
-		r.bind(t, got[i])
-	}
-	r.fail(nil)
+	r.bindAll(ids, got, err)
 }
 
 // recRef records Retain (copy), Release or Pin of t.

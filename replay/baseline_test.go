@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"os"
 	"testing"
 
 	"github.com/memscale/memscale/internal/sharedtraces"
@@ -11,10 +10,7 @@ import (
 
 func loadTrace(t testing.TB, path string) *rc.Trace {
 	t.Helper()
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	tr, err := rc.ReadTrace(f, rc.ParseOptions{})
+	tr, err := rc.LoadTrace(path)
 	require.NoError(t, err)
 	return tr
 }

@@ -123,6 +123,18 @@ type Result struct {
 // Feasible reports whether the run finished.
 func (r Result) Feasible() bool { return r.Status == OK }
 
+// Short formats the result the way the DTR paper's tables do: "oom", ">2x"
+// (past the overhead limit) or the overhead to 3 decimals.
+func (r Result) Short() string {
+	switch r.Status {
+	case OOM:
+		return "oom"
+	case OverLimit:
+		return ">2x"
+	}
+	return fmt.Sprintf("%.3f", r.Overhead)
+}
+
 // errStop carries a status that ends a run early.
 type errStop struct {
 	status Status

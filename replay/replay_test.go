@@ -52,15 +52,7 @@ var referenceTable = map[string]map[float64]map[evict.Heuristic]string{
 }
 
 // cell formats a result the way the reference table does.
-func cell(r Result) string {
-	switch r.Status {
-	case OOM:
-		return "oom"
-	case OverLimit:
-		return ">2x"
-	}
-	return fmt.Sprintf("%.3f", r.Overhead)
-}
+func cell(r Result) string { return r.Short() }
 
 // TestReproducesReferenceTable replays every cell of the reference table in
 // simulator mode and requires the same outcome to three decimals. In -short

@@ -20,11 +20,6 @@ import (
 // minutes).
 const sweepOutEnv = "MEMSCALE_SWEEP_OUT"
 
-var traceTitles = map[string]string{
-	"resnet32": "ResNet-32 (56)", "tv_densenet121": "DenseNet-121 (84)", "transformer": "Transformer (10)",
-	"lstm": "LSTM (512)", "unet": "U-Net (6)",
-}
-
 type sweepTrace struct {
 	name string
 	tr   *rc.Trace
@@ -78,7 +73,7 @@ func TestWriteSweepTable(t *testing.T) {
 	p("| trace | peak bytes | compute ns | instructions |")
 	p("|---|---:|---:|---:|")
 	for _, st := range traces {
-		p("| %s | %d | %d | %d |", traceTitles[st.name], st.base.Peak, st.base.Compute, len(st.tr.Instrs))
+		p("| %s | %d | %d | %d |", sharedtraces.Title(st.name), st.base.Peak, st.base.Compute, len(st.tr.Instrs))
 	}
 	p("")
 	p("These equal the simulator's baselines exactly (TestBaselineExact).")
@@ -117,7 +112,7 @@ func TestWriteSweepTable(t *testing.T) {
 	p("%s", sep)
 	for _, st := range traces {
 		for _, h := range refHeuristics {
-			row := fmt.Sprintf("| %s | %s |", traceTitles[st.name], h)
+			row := fmt.Sprintf("| %s | %s |", sharedtraces.Title(st.name), h)
 			for _, r := range sweepRatios {
 				c := cell(ref[key{st.name, h, r}])
 				if want, ok := referenceTable[st.name][r][h]; ok {
@@ -200,13 +195,13 @@ func TestWriteSweepTable(t *testing.T) {
 				if d.Status != OK {
 					vs = "infeasible"
 					miss++
-					misses = append(misses, fmt.Sprintf("%s %.1f", traceTitles[st.name], r))
+					misses = append(misses, fmt.Sprintf("%s %.1f", sharedtraces.Title(st.name), r))
 				} else {
 					delta := milli(d.Overhead) - milli(best.Overhead)
 					vs = fmt.Sprintf("%+.3f", float64(delta)/1000)
 					if delta > 0 {
 						miss++
-						misses = append(misses, fmt.Sprintf("%s %.1f (%s)", traceTitles[st.name], r, vs))
+						misses = append(misses, fmt.Sprintf("%s %.1f (%s)", sharedtraces.Title(st.name), r, vs))
 					}
 				}
 			} else if d.Status == OK {
@@ -220,7 +215,7 @@ func TestWriteSweepTable(t *testing.T) {
 			case es.Status != OK && d.Status == OK:
 				vsE = "e* " + cell(es)
 			}
-			p("| %s | %.1f | %s | %d | %d | %s | %s | %s | %s |", traceTitles[st.name], r, cell(d), d.Evictions,
+			p("| %s | %.1f | %s | %d | %d | %s | %s | %s | %s |", sharedtraces.Title(st.name), r, cell(d), d.Evictions,
 				d.Rematerializations, bestCell, vs, vsE, cell(alloc[key{st.name, evict.Default, r}]))
 		}
 	}

@@ -88,3 +88,19 @@ func ForTest(t Skipper) []Trace {
 	}
 	return traces
 }
+
+// titles are the shared traces' models as the DTR paper names them, with
+// the batch size in brackets.
+var titles = map[string]string{
+	"resnet32": "ResNet-32 (56)", "tv_densenet121": "DenseNet-121 (84)", "transformer": "Transformer (10)",
+	"lstm": "LSTM (512)", "unet": "U-Net (6)",
+}
+
+// Title returns the model of a shared trace as the DTR paper names it
+// ("ResNet-32 (56)"), or name itself for a trace it does not know.
+func Title(name string) string {
+	if t, ok := titles[name]; ok {
+		return t
+	}
+	return name
+}

@@ -1,10 +1,7 @@
 package sweep
 
 import (
-	"bufio"
-	"compress/gzip"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -26,45 +23,6 @@ type Input struct {
 	// Trace, when set, is the parsed trace (Path is then only reported);
 	// otherwise Run parses Path.
 	Trace *rc.Trace
-}
-
-// Load parses the DTR trace at path. A gzip-compressed file (recognised by
-// its magic bytes, whatever its name) is decompressed on the fly. Errors name
-// the file.
-func Load(path string) (*rc.Trace, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("trace %s: %w", path, err)
-	}
-	defer f.Close()
-	tr, err := Read(f)
-	if err != nil {
-		return nil, fmt.Errorf("trace %s: %w", path, err)
-	}
-	return tr, nil
-}
-
-// Read parses a DTR trace from r, decompressing it if it is gzip.
-func Read(r io.Reader) (*rc.Trace, error) {
-	br := bufio.NewReaderSize(r, 1<<16)
-	magic, err := br.Peek(2)
-	if err != nil && err != io.EOF {
-		return nil, fmt.Errorf("reading: %w", err)
-	}
-	var src io.Reader = br
-	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
-		}
-		defer zr.Close()
-		src = zr
-	}
-	tr, err := rc.ReadTrace(src, rc.ParseOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return tr, nil
 }
 
 // SharedLister lists the shared traces (sharedtraces.List in production).

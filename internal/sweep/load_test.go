@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	rc "github.com/memscale/memscale/recompute"
+
 	"github.com/memscale/memscale/internal/sharedtraces"
 )
 
@@ -21,11 +23,11 @@ func TestLoadPlainAndGzip(t *testing.T) {
 	// gzip is recognised by content, not by name
 	gzNoExt := writeFile(t, dir, "chain-gz.log", text, true)
 
-	want, err := Load(plain)
+	want, err := rc.LoadTrace(plain)
 	require.NoError(t, err)
 	require.NotEmpty(t, want.Instrs)
 	for _, p := range []string{gz, gzNoExt} {
-		got, err := Load(p)
+		got, err := rc.LoadTrace(p)
 		require.NoError(t, err, p)
 		assert.Equal(t, want, got, p)
 	}
@@ -49,7 +51,7 @@ func TestLoadErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := writeFile(t, dir, tc.name, tc.content, tc.gz)
-			_, err := Load(p)
+			_, err := rc.LoadTrace(p)
 			require.Error(t, err)
 			for _, w := range tc.wantErr {
 				assert.Contains(t, err.Error(), w)
@@ -59,13 +61,13 @@ func TestLoadErrors(t *testing.T) {
 	t.Run("corrupt gzip", func(t *testing.T) {
 		p := filepath.Join(dir, "corrupt.gz")
 		require.NoError(t, os.WriteFile(p, []byte{0x1f, 0x8b, 0, 1, 2, 3}, 0o644))
-		_, err := Load(p)
+		_, err := rc.LoadTrace(p)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "corrupt.gz")
 		assert.Contains(t, err.Error(), "gzip")
 	})
 	t.Run("missing file", func(t *testing.T) {
-		_, err := Load(filepath.Join(dir, "absent.log"))
+		_, err := rc.LoadTrace(filepath.Join(dir, "absent.log"))
 		require.Error(t, err)
 		assert.True(t, errors.Is(err, os.ErrNotExist))
 		assert.Contains(t, err.Error(), "absent.log")

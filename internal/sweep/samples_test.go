@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	rc "github.com/memscale/memscale/recompute"
+
 	"github.com/memscale/memscale/replay"
 )
 
@@ -23,7 +25,7 @@ func TestRecordedSamplesReplay(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(paths), 2, "samples/traces should hold the GPT-2 and BERT traces")
 	for _, path := range paths {
-		tr, err := Load(path)
+		tr, err := rc.LoadTrace(path)
 		require.NoError(t, err, path)
 		base, err := replay.Run(tr, replay.Options{})
 		require.NoError(t, err, path)

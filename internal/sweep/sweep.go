@@ -416,7 +416,7 @@ func baseline(in Input) (*rc.Trace, *TraceReport, error) {
 	if tr == nil {
 		t0 := time.Now()
 		var err error
-		if tr, err = Load(in.Path); err != nil {
+		if tr, err = rc.LoadTrace(in.Path); err != nil {
 			return nil, nil, err
 		}
 		parse = time.Since(t0)

@@ -132,7 +132,7 @@ func contains(xs []int, x int) bool {
 // (run with -race): replay.Run must only read it, and the results must not
 // depend on the number of workers.
 func TestRunSharesParsedTrace(t *testing.T) {
-	tr, err := Read(strings.NewReader(chainTrace(12, 256)))
+	tr, err := rc.DecodeTrace(strings.NewReader(chainTrace(12, 256)))
 	require.NoError(t, err)
 	snapshot := cloneTrace(tr)
 	in := []Input{{Name: "a", Path: "mem", Trace: tr}, {Name: "b", Path: "mem", Trace: tr}}
