@@ -53,6 +53,15 @@ func TestCandidates(t *testing.T) {
 	}
 }
 
+func TestEngineCandidates(t *testing.T) {
+	cs := EngineCandidates()
+	require.Len(t, cs, 52)
+	assert.Equal(t, Candidates()[0], cs[0])
+	for _, c := range cs {
+		assert.False(t, c.SimulatorCompat, "%s", c)
+	}
+}
+
 func TestCandidateString(t *testing.T) {
 	for _, tc := range []struct {
 		c    Candidate

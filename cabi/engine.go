@@ -487,7 +487,7 @@ type tuneTrial struct {
 }
 
 // tune replays the engine's recording under its budget with every
-// candidate of package autotune and reports the choice.
+// candidate of autotune.EngineCandidates and reports the choice.
 func tune(eng *evict.Engine) (tuneReport, error) {
 	tr, err := eng.Recording()
 	if err != nil {
@@ -495,7 +495,8 @@ func tune(eng *evict.Engine) (tuneReport, error) {
 	}
 	base := eng.Config()
 	base.Usage, base.OnEvict, base.Record = nil, nil, false
-	rep, err := autotune.Tune(tr, autotune.Options{Budget: eng.Budget(), Base: base, Plans: true})
+	rep, err := autotune.Tune(tr, autotune.Options{Budget: eng.Budget(), Base: base, Plans: true,
+		Candidates: autotune.EngineCandidates()})
 	if err != nil {
 		return tuneReport{}, err
 	}

@@ -173,8 +173,9 @@ int memscale_dtr_swapped_in(int64_t h, int64_t t);
 char* memscale_dtr_stats_json(int64_t h);
 /* Choose the configuration for the steps to come: replay the program this
  * engine recorded (created with "heuristic": "auto" or "record": true) under
- * its budget with every candidate configuration (heuristic and exponents,
- * the DTR authors' reference algorithms included) and return JSON:
+ * its budget with every candidate configuration (each heuristic with the
+ * exponents recomp_time_factor and recomp_memory_factor in {0.5, 1, 2}; 52 in
+ * all) and return JSON:
  * {"config": {the keys to merge into the next memscale_dtr_create},
  *  "choice": name, "feasible": bool, "overhead": the choice's,
  *  "default_overhead": the default heuristic's (0 = it did not finish),

@@ -38,7 +38,10 @@ func TestTuneReportsAChoiceTheNextEngineAccepts(t *testing.T) {
 	assert.Equal(t, "anc-sqrt", rep.Choice, "nothing is evicted: every candidate ties and the default is first")
 	assert.Equal(t, uint64(1000000), rep.Budget)
 	assert.Equal(t, 40, rep.Instructions, "1 constant, 20 calls, 19 releases")
-	assert.Len(t, rep.Trials, 57)
+	assert.Len(t, rep.Trials, 52)
+	for _, tr := range rep.Trials {
+		assert.NotContains(t, tr.Candidate, "sim", "a live engine is not offered simulator mode")
+	}
 	assert.InDelta(t, 1.0, rep.Overhead, 0.01)
 	assert.Equal(t, rep.Overhead, rep.DefaultOverhead)
 

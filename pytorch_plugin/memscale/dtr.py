@@ -2061,7 +2061,9 @@ class DTRRegion:
         if min_size is None and "MEMSCALE_EVICTEE_MIN_SIZE" not in os.environ:
             min_size = DEFAULT_EVICTEE_MIN_SIZE
         heuristic = self._heuristic
-        if heuristic is None and self._budget > 0 and "MEMSCALE_HEURISTIC" not in os.environ:
+        env_heuristic = os.environ.get("MEMSCALE_HEURISTIC")
+        env_auto = env_heuristic is not None and env_heuristic.strip().lower() == DEFAULT_HEURISTIC
+        if heuristic is None and self._budget > 0 and (env_heuristic is None or env_auto):
             heuristic = DEFAULT_HEURISTIC  # nothing to tune without a budget
         cfg: dict[str, Any] = {
             "budget": self._budget,

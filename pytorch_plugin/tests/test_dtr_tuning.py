@@ -195,6 +195,15 @@ def test_environment_heuristic_does_not_tune(
     assert all("heuristic" not in rec["last"]["config"] for rec in got)  # the engine reads the variable
 
 
+def test_environment_auto_tunes(tune_calls: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_HEURISTIC", "Auto")
+    region = dtr(int(_peak("mlp") * 0.5))
+    got = _train(_mlp, region, steps=2)
+    assert len(tune_calls) == 1
+    assert region.summary()["tuning"]["choice"]
+    assert got[0]["last"]["config"]["heuristic"] == "auto"
+
+
 def test_unbudgeted_region_does_not_tune(tune_calls: list[dict[str, Any]]) -> None:
     region = dtr(None)
     got = _train(_mlp, region, steps=2)
