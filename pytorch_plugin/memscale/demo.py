@@ -49,6 +49,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _tuning_line(tuning: dict[str, Any] | None) -> str:
+    """The engine's choice at the end of step 1, as the demo prints it."""
+    if not tuning:
+        return "no (explicit heuristic)"
+    if "error" in tuning:
+        return f"failed: {tuning['error']}"
+    return (
+        f"{tuning['choice']} in {tuning['wall_ns'] / 1e6:.0f} ms (replayed overhead "
+        f"{tuning['overhead']:.3f} vs {tuning['default_overhead']:.3f} for the default heuristic)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit status."""
     args = _parse(argv)
@@ -181,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         ("evictions", f"{s['evictions']}"),
         ("rematerializations", f"{s['rematerializations']}"),
         ("compute overhead", f"{s['overhead']:.3f}x (recomputed {s['remat_cost_ns'] / 1e6:.0f} ms of {s['base_cost_ns'] / 1e6:.0f} ms)"),
+        ("tuned after step 1", _tuning_line(s.get("tuning"))),
         ("step time", f"{statistics.median(times[skip:]):.3f} s vs {statistics.median(ref_times[skip:]):.3f} s plain ({ratio:.2f}x)"),
         ("unbudgeted region step", f"{statistics.median(free_times[skip:]):.3f} s (op recording only)"),
         ("losses", ", ".join(f"{float(x):.4f}" for x in losses) + ("  (bitwise equal to plain)" if same else "  (DIFFER from plain!)")),
