@@ -61,3 +61,15 @@ def deadline(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def assert_same_steps(ref: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> None:
+    """Assert two runs' recorded steps are bitwise equal: the loss, every
+    gradient, and the buffers and parameters when the steps recorded them."""
+    import torch
+
+    for step, (a, b) in enumerate(zip(ref, got, strict=True)):
+        assert torch.equal(a["loss"], b["loss"]), f"{what} step {step}: loss {b['loss']} != {a['loss']}"
+        for kind, key in (("gradient", "grads"), ("buffer", "buffers"), ("parameter", "params")):
+            for name, x in a.get(key, {}).items():
+                assert torch.equal(x, b[key][name]), f"{what} step {step}: {kind} of {name} differs"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import check_dtr_usage, deadline
+from _helpers import assert_same_steps, check_dtr_usage, deadline
 
 from memscale import MemscaleError
 
@@ -185,16 +185,6 @@ def _train(
     return out
 
 
-def _assert_same(ref: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> None:
-    for step, (a, b) in enumerate(zip(ref, got, strict=True)):
-        assert torch.equal(a["loss"], b["loss"]), f"{what} step {step}: loss {b['loss']} != {a['loss']}"
-        for name, g in a["grads"].items():
-            assert torch.equal(g, b["grads"][name]), f"{what} step {step}: gradient of {name} differs"
-        for name, buf in a["buffers"].items():
-            assert torch.equal(buf, b["buffers"][name]), f"{what} step {step}: buffer {name} differs"
-        for name, p in a["params"].items():
-            assert torch.equal(p, b["params"][name]), f"{what} step {step}: parameter {name} differs"
-
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_dtr_model_bitwise_under_budgets(model: str) -> None:
@@ -203,7 +193,7 @@ def test_dtr_model_bitwise_under_budgets(model: str) -> None:
 
     free = dtr(None)
     unbudgeted = _train(make, free)
-    _assert_same(ref, unbudgeted, f"{model} unbudgeted")
+    assert_same_steps(ref, unbudgeted, f"{model} unbudgeted")
     peak = free.summary()["peak_usage"]
     print(f"{model}: unbudgeted peak {peak} bytes")
     assert peak > 0
@@ -213,7 +203,7 @@ def test_dtr_model_bitwise_under_budgets(model: str) -> None:
         budget = int(peak * frac)
         region = dtr(budget)
         got = _train(make, region)
-        _assert_same(ref, got, f"{model} at {frac:.0%} of peak")
+        assert_same_steps(ref, got, f"{model} at {frac:.0%} of peak")
         s = region.summary()
         assert s["entries"] == STEPS
         assert s["evictions"] > 0, f"{model} at {frac:.0%}: nothing evicted ({s})"

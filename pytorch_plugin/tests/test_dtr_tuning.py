@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import check_dtr_usage, deadline
+from _helpers import assert_same_steps, check_dtr_usage, deadline
 
 import memscale
 from memscale import Config, MemscaleError
@@ -127,12 +127,6 @@ def _train(make: Make, region: Any = None, steps: int = STEPS) -> list[dict[str,
     return out
 
 
-def _assert_same(ref: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> None:
-    for step, (a, b) in enumerate(zip(ref, got, strict=True)):
-        assert torch.equal(a["loss"], b["loss"]), f"{what} step {step}: loss {b['loss']} != {a['loss']}"
-        for name, g in a["grads"].items():
-            assert torch.equal(g, b["grads"][name]), f"{what} step {step}: gradient of {name} differs"
-
 
 _PEAKS: dict[str, int] = {}
 
@@ -154,7 +148,7 @@ def test_default_region_tunes_after_the_first_step(tune_calls: list[dict[str, An
     budget = int(_peak("mlp") * 0.5)
     region = dtr(budget)
     got = _train(_mlp, region)
-    _assert_same(ref, got, "mlp at 50% (tuned)")
+    assert_same_steps(ref, got, "mlp at 50% (tuned)")
 
     first, second, third = got
     assert first["last"]["config"]["heuristic"] == DEFAULT_HEURISTIC
@@ -262,7 +256,7 @@ def test_forced_simulator_compat_choice_trains_bitwise(
     budget = int(_peak(model) * frac)
     region = dtr(budget)
     got = _train(MODELS[model], region)
-    _assert_same(ref, got, f"{model} at {frac:.0%} with the forced choice")
+    assert_same_steps(ref, got, f"{model} at {frac:.0%} with the forced choice")
     assert len(calls) == 1
     for rec in got[1:]:
         config = rec["last"]["config"]
@@ -304,7 +298,7 @@ def test_tune_failure_warns_and_training_continues(
     region = dtr(int(_peak("mlp") * 0.5))
     with caplog.at_level(logging.WARNING, logger="memscale"):
         got = _train(_mlp, region)
-    _assert_same(ref, got, "mlp after a failed tuning")
+    assert_same_steps(ref, got, "mlp after a failed tuning")
     assert len(calls) == 1, "tuning retried"
     assert region.summary()["tuning"] == {"error": "memscale_dtr_tune: replay went wrong"}
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "tuning failed" in r.getMessage()]
