@@ -254,11 +254,11 @@ func Tune(tr *rc.Trace, opt Options) (Report, error) {
 		return Report{}, err
 	}
 	rep := Report{Trials: t.trials, Instructions: len(tr.Instrs)}
-	for i, tr := range t.trials {
-		if !tr.Result.Feasible() {
+	for i, trial := range t.trials {
+		if !trial.Result.Feasible() {
 			continue
 		}
-		if !rep.Feasible || tr.Result.Overhead < rep.Trials[rep.BestIndex].Result.Overhead {
+		if !rep.Feasible || trial.Result.Overhead < rep.Trials[rep.BestIndex].Result.Overhead {
 			rep.Feasible, rep.BestIndex = true, i
 		}
 	}

@@ -133,15 +133,20 @@ def _gpt2_step(ids: Any) -> Any:
     return step
 
 
-def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, Any]]]:
-    """Peak of the step and one result row per run (plain first)."""
-    make, ids = _gpt2()
-    step = _gpt2_step(ids)
+def _step_peak(make: Any, step: Any) -> int:
+    """The step's peak usage, measured by an unbudgeted region over two steps."""
     free = dtr(None)
     m = make()
     for i in range(2):
         step(m, free, i)
-    peak = free.summary()["peak_usage"]
+    return int(free.summary()["peak_usage"])
+
+
+def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, Any]]]:
+    """Peak of the step and one result row per run (plain first)."""
+    make, ids = _gpt2()
+    step = _gpt2_step(ids)
+    peak = _step_peak(make, step)
     runs: list[dict[str, Any]] = [{"name": "plain", "region": None, "budget": 0}]
     for f in fractions:
         runs.append({"name": f"{f:.0%}", "region": dtr(int(peak * f)), "budget": int(peak * f)})
@@ -170,11 +175,7 @@ def gpt2_tuning(steps: int, fractions: list[float]) -> tuple[int, list[dict[str,
     fraction of the GPT-2 step's peak: one row per run, plain first."""
     make, ids = _gpt2()
     step = _gpt2_step(ids)
-    free = dtr(None)
-    m = make()
-    for i in range(2):
-        step(m, free, i)
-    peak = free.summary()["peak_usage"]
+    peak = _step_peak(make, step)
     runs: list[dict[str, Any]] = [{"name": "plain", "frac": None, "region": None}]
     for f in fractions:
         budget = int(peak * f)

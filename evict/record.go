@@ -26,6 +26,7 @@ const MaxRecordedInstructions = 1 << 20
 type recorder struct {
 	b       rc.Builder
 	ids     []int32 // rc.TensorID -> trace tensor number
+	args    []int32 // nums' result, reused (the builder copies it)
 	limit   int     // MaxRecordedInstructions (tests lower it)
 	err     error   // the first inconsistency; recording stopped there
 	stopped int     // instructions recorded when it stopped
@@ -45,12 +46,13 @@ func (r *recorder) num(t rc.TensorID) int32 {
 	return r.ids[t]
 }
 
+// nums maps op inputs to trace numbers, in a buffer reused by the next call.
 func (r *recorder) nums(ts []rc.TensorID) []int32 {
-	out := make([]int32, len(ts))
-	for i, t := range ts {
-		out[i] = r.num(t)
+	r.args = r.args[:0]
+	for _, t := range ts {
+		r.args = append(r.args, r.num(t))
 	}
-	return out
+	return r.args
 }
 
 // bindAll maps an op's outputs ids to the trace numbers the builder gave
@@ -89,11 +91,7 @@ func (e *Engine) recCall(name string, inputs []rc.TensorID, outs []Output, cost 
 	if r == nil || r.err != nil {
 		return
 	}
-	spec := make([]rc.Out, len(outs))
-	for i, o := range outs {
-		spec[i] = rc.Out{Size: o.Size, Alias: o.Alias}
-	}
-	got, err := r.b.Call(name, r.nums(inputs), spec, cost)
+	got, err := r.b.Call(name, r.nums(inputs), outs, cost)
 	r.bindAll(ids, got, err)
 }
 

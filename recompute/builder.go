@@ -17,9 +17,9 @@ const KindPin Kind = KindAnnotate + 1
 // returned, or a tensor with no reference left, fails and records nothing.
 // The zero value is ready to use.
 type Builder struct {
-	tr   Trace
-	refs []int32  // tensor -> references held by the program
-	size []uint64 // tensor -> size of the storage it lives in
+	instrs []Instr
+	refs   []int32  // tensor -> references held by the program
+	size   []uint64 // tensor -> size of the storage it lives in
 }
 
 func (b *Builder) check(what string, t int32) error {
@@ -36,17 +36,16 @@ func (b *Builder) newTensor(size uint64) int32 {
 	t := int32(len(b.refs))
 	b.refs = append(b.refs, 1)
 	b.size = append(b.size, size)
-	b.tr.Names = append(b.tr.Names, fmt.Sprintf("t%d", t))
 	return t
 }
 
 func (b *Builder) add(in Instr) {
-	in.Line = len(b.tr.Instrs) + 1
-	b.tr.Instrs = append(b.tr.Instrs, in)
+	in.Line = len(b.instrs) + 1
+	b.instrs = append(b.instrs, in)
 }
 
 // Len returns the number of instructions recorded so far.
-func (b *Builder) Len() int { return len(b.tr.Instrs) }
+func (b *Builder) Len() int { return len(b.instrs) }
 
 // Constant records an external tensor of size bytes (CONSTANT) and returns
 // its number.
@@ -57,10 +56,10 @@ func (b *Builder) Constant(size uint64) int32 {
 }
 
 // Call records an op (CALL) that read args, took time nanoseconds and
-// produced outs; each Out's T is ignored and the new tensor numbers are
-// returned in order. An alias output lives in the storage of the argument it
-// names.
-func (b *Builder) Call(op string, args []int32, outs []Out, time int64) ([]int32, error) {
+// produced outs, and returns the new tensor numbers in order. An alias
+// output lives in the storage of the argument it names (its Size is
+// ignored). args is copied.
+func (b *Builder) Call(op string, args []int32, outs []OutSpec, time int64) ([]int32, error) {
 	for _, a := range args {
 		if err := b.check("call "+op, a); err != nil {
 			return nil, err
@@ -74,14 +73,12 @@ func (b *Builder) Call(op string, args []int32, outs []Out, time int64) ([]int32
 	in := Instr{Kind: KindCall, Op: op, Args: append([]int32(nil), args...), Outs: make([]Out, len(outs)), Time: time}
 	ids := make([]int32, len(outs))
 	for i, o := range outs {
-		size := o.Size
 		if o.Alias >= 0 {
-			size = b.size[args[o.Alias]]
-		}
-		ids[i] = b.newTensor(size)
-		in.Outs[i] = Out{T: ids[i], Size: o.Size, Alias: o.Alias}
-		if o.Alias >= 0 {
-			in.Outs[i].Size = 0
+			ids[i] = b.newTensor(b.size[args[o.Alias]])
+			in.Outs[i] = Out{T: ids[i], Alias: o.Alias}
+		} else {
+			ids[i] = b.newTensor(o.Size)
+			in.Outs[i] = Out{T: ids[i], Size: o.Size, Alias: -1}
 		}
 	}
 	b.add(in)
@@ -90,7 +87,7 @@ func (b *Builder) Call(op string, args []int32, outs []Out, time int64) ([]int32
 
 // Mutate records an in-place op (MUTATE) that read args and overwrote the
 // ones at the indices mutated: each gets a new version (returned in order),
-// and the old version loses a reference.
+// and the old version loses a reference. args is copied.
 func (b *Builder) Mutate(op string, args []int32, mutated []int, time int64) ([]int32, error) {
 	for _, a := range args {
 		if err := b.check("mutate "+op, a); err != nil {
@@ -147,16 +144,18 @@ func (b *Builder) Pin(t int32) error {
 	return nil
 }
 
-// Trace returns the recording so far: its instructions, and as outputs the
-// tensors still referenced, in order of creation. The builder can go on
-// recording; the returned trace shares nothing with it.
+// Trace returns the recording so far: its instructions, tensor names t0,
+// t1, ..., and as outputs the tensors still referenced, in order of
+// creation. The builder can go on recording without changing the returned
+// trace (recorded instructions are never modified, so they are shared).
 func (b *Builder) Trace() *Trace {
 	tr := &Trace{
-		Instrs: append([]Instr(nil), b.tr.Instrs...),
-		Names:  append([]string(nil), b.tr.Names...),
-		Lines:  len(b.tr.Instrs),
+		Instrs: append([]Instr(nil), b.instrs...),
+		Names:  make([]string, len(b.refs)),
+		Lines:  len(b.instrs),
 	}
 	for t, n := range b.refs {
+		tr.Names[t] = fmt.Sprintf("t%d", t)
 		if n > 0 {
 			tr.Outputs = append(tr.Outputs, int32(t))
 		}

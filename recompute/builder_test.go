@@ -9,7 +9,7 @@ import (
 func TestBuilderErrorsRecordNothing(t *testing.T) {
 	var b Builder
 	w := b.Constant(10)
-	ys, err := b.Call("mm", []int32{w}, []Out{{Size: 20, Alias: -1}, {Alias: 0}}, 5)
+	ys, err := b.Call("mm", []int32{w}, []OutSpec{{Size: 20, Alias: -1}, {Alias: 0}}, 5)
 	require.NoError(t, err)
 	require.Equal(t, []int32{1, 2}, ys)
 	require.NoError(t, b.Release(ys[0]))
@@ -21,7 +21,7 @@ func TestBuilderErrorsRecordNothing(t *testing.T) {
 	}{
 		{"call unknown", func() error { _, err := b.Call("f", []int32{7}, nil, 1); return err }, "unknown tensor 7"},
 		{"call released", func() error { _, err := b.Call("f", []int32{ys[0]}, nil, 1); return err }, "no references left"},
-		{"alias out of range", func() error { _, err := b.Call("f", []int32{w}, []Out{{Alias: 1}}, 1); return err }, "aliases argument 1 of 1"},
+		{"alias out of range", func() error { _, err := b.Call("f", []int32{w}, []OutSpec{{Alias: 1}}, 1); return err }, "aliases argument 1 of 1"},
 		{"mutate index", func() error { _, err := b.Mutate("f_", []int32{w}, []int{1}, 1); return err }, "mutated index 1 out of range"},
 		{"copy negative", func() error { return b.Copy(-1) }, "unknown tensor -1"},
 		{"release twice", func() error { return b.Release(ys[0]) }, "no references left"},
