@@ -9,6 +9,91 @@ import (
 	"strings"
 )
 
+// Config configures an Engine.
+type Config struct {
+	// Budget is the memory budget in bytes; 0 means unlimited.
+	Budget uint64
+	// Heuristic chooses victims (Default = DefaultHeuristic).
+	Heuristic Heuristic
+	// RecompTimeFactor is the exponent on the cost term (0 means 1).
+	RecompTimeFactor float64
+	// RecompMemoryFactor is the exponent on the size term (0 means 1).
+	RecompMemoryFactor float64
+	// EvicteeMinSize keeps storages smaller than this out of the candidate
+	// set.
+	EvicteeMinSize uint64
+	// SwapBandwidth is the host<->device bandwidth in bytes/s used for the
+	// swap-or-recompute decision; 0 means never swap.
+	SwapBandwidth float64
+	// Usage, when set, reports the memory in use (e.g. the allocator's
+	// allocated bytes); otherwise the engine counts the bytes of resident
+	// storages.
+	Usage func() uint64
+	// SimulatorCompat reproduces the DTR authors' simulator
+	// (RuntimeV2EagerOptimized) exactly: a released storage is dropped but
+	// stays recomputable forever, a pinned storage stays resident after its
+	// last reference is released, and zero-byte storages are candidates.
+	// By default a released storage whose dependents are all released is
+	// banished (freed and forgotten), which frees released parameters and
+	// keeps neighbourhood costs honest, and zero-byte storages are never
+	// victims (evicting them frees nothing).
+	SimulatorCompat bool
+	// DropNeededReleased turns off a default of the engine: a released
+	// storage (no references left) that an evicted, still referenced storage
+	// was computed from directly is kept - it is not evicted when its last
+	// reference goes, and it does not rank
+	// before every referenced storage, but stays an ordinary candidate
+	// scored by the heuristic, until that storage is rebuilt, released or
+	// banished. Without it, DTR may evict a storage that is cheap to rebuild
+	// only because its parent is resident (a gradient whose parent is
+	// locked while the backward op that reads it runs), then drop the
+	// parent as soon as the program releases it, which makes the rebuild
+	// re-run everything the parent came from (a deep chain: the whole
+	// forward and backward so far, rebuilt one nested plan per layer).
+	// SimulatorCompat implies it (the DTR authors' simulator drops released
+	// storages at once). Setting it measures what the default is worth.
+	DropNeededReleased bool
+	// Record keeps the program the engine is told about (Recording), so
+	// that the step can be replayed under other configurations (package
+	// autotune). It costs about 100 bytes per op.
+	Record bool
+	// ExactScan chooses victims by scanning every candidate instead of
+	// using the index (same result, slower; for tests and measurements).
+	ExactScan bool
+	// OnEvict, when set, is called for every storage the engine takes out
+	// of device memory: budget victims, eager evictions and banished
+	// storages (observability and debugging).
+	OnEvict func(v Victim, why EvictReason)
+}
+
+// EvictReason says why a storage left device memory.
+type EvictReason uint8
+
+// Eviction reasons.
+const (
+	// ReasonBudget: chosen by the budget loop.
+	ReasonBudget EvictReason = iota
+	// ReasonEager: its last reference was released.
+	ReasonEager
+	// ReasonBanish: released for good.
+	ReasonBanish
+)
+
+func (c Config) validate() error {
+	if c.Heuristic >= numHeuristics {
+		return fmt.Errorf("evict: unknown heuristic %d", c.Heuristic)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"recomp_time_factor", c.RecompTimeFactor}, {"recomp_memory_factor", c.RecompMemoryFactor}, {"swap_bandwidth", c.SwapBandwidth}} {
+		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("evict: %s %v: must be a finite number >= 0", f.name, f.v)
+		}
+	}
+	return nil
+}
+
 // UsageSource says where an engine created from JSON reads its memory usage.
 type UsageSource struct {
 	// Allocator is true for "usage": "allocator": the allocated bytes of the

@@ -1,0 +1,191 @@
+// The budget loop: candidates, keys and scores, and choosing and taking out
+// victims.
+// See doc.go for the design.
+
+package evict
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// eligible reports whether s may be chosen as a victim.
+func (e *Engine) eligible(st *rc.Storage) bool {
+	return st.State == rc.Resident && st.Locks == 0 && st.Pins == 0 && (st.Size > 0 || e.cfg.SimulatorCompat) &&
+		st.Size >= e.cfg.EvicteeMinSize && (!st.NoRecompute || e.cfg.SwapBandwidth > 0)
+}
+
+// refresh puts s into or out of the candidate set after a change.
+func (e *Engine) refresh(s rc.StorageID) {
+	if e.eligible(e.g.Storage(s)) {
+		e.sel.add(s)
+	} else {
+		e.sel.remove(s)
+	}
+}
+
+// key returns s's current (true) key.
+func (e *Engine) key(s rc.StorageID) key { return e.keyOf(s, true) }
+
+// lowKey returns a key that never sorts s later than its true key does: the
+// same key with the tracker's cheap lower bound of the cost in place of the
+// cost (see tracker.bound). The candidate index stores it when a storage
+// becomes a candidate or its score may have fallen, and computes the true
+// key only for a storage about to be chosen. Where the bound might not
+// order like the cost (a recomp_time_factor exponent, whose math.Pow is not
+// guaranteed monotonic to the last bit, or a zero size, where both would
+// divide by zero) it is the true key.
+func (e *Engine) lowKey(s rc.StorageID) key {
+	return e.keyOf(s, e.tf != 1 || e.g.Storage(s).Size == 0)
+}
+
+// keyOf returns s's key with the cost (exact) or its lower bound.
+func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
+	st := e.g.Storage(s)
+	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat && !e.feedsEvicted(st)}
+	m := float64(st.Size)
+	if e.mf != 1 {
+		m = math.Pow(m, e.mf)
+	}
+	switch e.h {
+	case LRU:
+		k.a = 1
+	case Size:
+		k.a = 1 / m
+	default:
+		var c float64
+		if exact {
+			c = float64(e.tr.cost(s))
+		} else {
+			c = float64(e.tr.bound(s))
+		}
+		if e.tf != 1 {
+			c = math.Pow(c, e.tf)
+		}
+		k.a = c / m
+		if e.h == AncSqrt {
+			// a/sqrt(s) orders like a^2/s: keep the exact comparator
+			k.a *= k.a
+		}
+	}
+	return k
+}
+
+// Score returns t's storage's current heuristic score (lower = evicted
+// first; +Inf when it was used at this very clock).
+func (e *Engine) Score(t rc.TensorID) (float64, error) {
+	x, err := e.tensor(t)
+	if err != nil {
+		return 0, fmt.Errorf("evict: score: %w", err)
+	}
+	sc := e.key(x.Storage).score(e.clock, e.stale)
+	if e.h == AncSqrt {
+		sc = math.Sqrt(sc)
+	}
+	return sc, nil
+}
+
+// Evict is the budget loop. It first hands out storages freed by Release
+// since the last call, then, while usage + extra is over the budget, chooses
+// victims, marks them evicted (or swapped) and writes them to out, up to
+// len(out). If it returns len(out), call again. It fails, wrapping
+// ErrNoEvictable and naming usage and budget, only when usage + extra is
+// over the budget, nothing is evictable and nothing was written.
+func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
+	n := 0
+	for n < len(out) && e.pendAt < len(e.pending) {
+		out[n] = e.pending[e.pendAt]
+		e.pendAt++
+		n++
+	}
+	if e.cfg.Budget == 0 {
+		return n, nil
+	}
+	var gone uint64 // bytes evicted here that an external usage source still counts
+	for n < len(out) {
+		u := e.Usage()
+		if e.cfg.Usage != nil {
+			u = sub(u, gone)
+		}
+		if u+extra <= e.cfg.Budget {
+			break
+		}
+		s, ok := e.pick()
+		if !ok {
+			if n > 0 {
+				break
+			}
+			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%s)",
+				u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
+		}
+		out[n] = e.evictStorage(s)
+		if e.cfg.OnEvict != nil {
+			e.cfg.OnEvict(out[n], ReasonBudget)
+		}
+		gone += out[n].Size
+		n++
+	}
+	return n, nil
+}
+
+// EvictOne evicts the best victim regardless of the budget (for a memory
+// model that failed to place a block although the budget allows it).
+func (e *Engine) EvictOne() (Victim, error) {
+	s, ok := e.pick()
+	if !ok {
+		return Victim{}, fmt.Errorf("evict: usage %d, budget %d: %w", e.Usage(), e.cfg.Budget, ErrNoEvictable)
+	}
+	v := e.evictStorage(s)
+	if e.cfg.OnEvict != nil {
+		e.cfg.OnEvict(v, ReasonBudget)
+	}
+	return v, nil
+}
+
+func sub(a, b uint64) uint64 {
+	if b > a {
+		return 0
+	}
+	return a - b
+}
+
+func (e *Engine) pick() (rc.StorageID, bool) {
+	t0 := time.Now()
+	s, ok := e.sel.pick(e.clock)
+	e.stats.VictimSearches++
+	e.stats.VictimSearchNS += int64(time.Since(t0))
+	return s, ok
+}
+
+// transferNS is the modelled one-way copy time of n bytes.
+func (e *Engine) transferNS(n uint64) int64 {
+	return int64(float64(n) / e.cfg.SwapBandwidth * 1e9)
+}
+
+// evictStorage takes the victim s out of memory and says how.
+func (e *Engine) evictStorage(s rc.StorageID) Victim {
+	st := e.g.Storage(s)
+	v := Victim{Tensor: st.Root, Action: Drop, Size: st.Size}
+	if e.cfg.SwapBandwidth > 0 {
+		// swap when copying out and back is cheaper than recomputing
+		if st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s) {
+			v.Action = Swap
+		}
+	}
+	if v.Action == Swap {
+		e.sel.remove(s)
+		e.g.SwapOut(s)
+		e.usage -= st.Size
+		e.stats.SwapsOut++
+		d := e.transferNS(st.Size)
+		e.stats.SwapCostNS += d
+		e.clock += d
+		return v
+	}
+	e.dropStorage(s)
+	e.stats.Evictions++
+	return v
+}
