@@ -68,20 +68,20 @@ func (c Candidate) Apply(base evict.Config) evict.Config {
 }
 
 // ConfigJSON returns the candidate as the keys memscale_dtr_create accepts
-// (evict.DecodeConfig), to be merged into the next engine's configuration.
+// (evict.Config.JSON's "heuristic", "recomp_time_factor",
+// "recomp_memory_factor" and "simulator_compat"), to be merged into the next
+// engine's configuration. The exponents are always given (0 means 1), so
+// the merge replaces whatever the next configuration had.
 func (c Candidate) ConfigJSON() map[string]any {
-	tf, mf := c.RecompTimeFactor, c.RecompMemoryFactor
-	if tf == 0 {
-		tf = 1
+	c.Heuristic = c.Heuristic.Resolve()
+	if c.RecompTimeFactor == 0 {
+		c.RecompTimeFactor = 1
 	}
-	if mf == 0 {
-		mf = 1
+	if c.RecompMemoryFactor == 0 {
+		c.RecompMemoryFactor = 1
 	}
-	return map[string]any{
-		"heuristic":          c.Heuristic.Resolve().String(),
-		"recomp_time_factor": tf, "recomp_memory_factor": mf,
-		"simulator_compat": c.SimulatorCompat,
-	}
+	return c.Apply(evict.Config{}).JSON(evict.UsageSource{},
+		"heuristic", "recomp_time_factor", "recomp_memory_factor", "simulator_compat")
 }
 
 // exponents are the values tried for recomp_time_factor and

@@ -91,10 +91,18 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 // Evict is the budget loop. It first hands out storages freed by Release
 // since the last call, then, while usage + extra is over the budget, chooses
 // victims, marks them evicted (or swapped) and writes them to out, up to
-// len(out). If it returns len(out), call again. It fails, wrapping
-// ErrNoEvictable and naming usage and budget, only when usage + extra is
-// over the budget, nothing is evictable and nothing was written.
+// len(out). If it returns len(out), call again. extra is the size of what
+// the caller is about to allocate (an op's outputs, a re-run, a swap-in).
+//
+// It fails, wrapping ErrNoEvictable and naming usage and budget, only when
+// usage + extra is over the budget, nothing is evictable and nothing was
+// written; and, before doing anything, with a *TooLargeError when extra > 0
+// alone is larger than the budget. Once the engine is finished (Finish) it
+// fails neither way: it evicts what it can and returns.
 func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
+	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget && !e.finished {
+		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: e.pinnedBytes()}
+	}
 	n := 0
 	for n < len(out) && e.pendAt < len(e.pending) {
 		out[n] = e.pending[e.pendAt]
@@ -115,7 +123,7 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 		}
 		s, ok := e.pick()
 		if !ok {
-			if n > 0 {
+			if n > 0 || e.finished {
 				break
 			}
 			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%s)",
@@ -129,6 +137,26 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// Finish marks the engine finished (see Engine): the program's step is
+// over, and the caller is about to make resident every tensor that escapes
+// it. Calling it again changes nothing.
+func (e *Engine) Finish() { e.finished = true }
+
+// Finished reports whether Finish was called.
+func (e *Engine) Finished() bool { return e.finished }
+
+// pinnedBytes returns the bytes of the pinned resident storages (for the
+// error of an allocation larger than the budget).
+func (e *Engine) pinnedBytes() uint64 {
+	var n uint64
+	for s := 0; s < e.g.NumStorages(); s++ {
+		if st := e.g.Storage(rc.StorageID(s)); st.State == rc.Resident && st.Pins > 0 {
+			n += st.Size
+		}
+	}
+	return n
 }
 
 // EvictOne evicts the best victim regardless of the budget (for a memory
@@ -169,6 +197,7 @@ func (e *Engine) transferNS(n uint64) int64 {
 func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	st := e.g.Storage(s)
 	v := Victim{Tensor: st.Root, Action: Drop, Size: st.Size}
+	e.stats.BytesEvicted += st.Size
 	if e.cfg.SwapBandwidth > 0 {
 		// swap when copying out and back is cheaper than recomputing
 		if st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s) {

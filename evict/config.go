@@ -1,12 +1,10 @@
+// The engine's configuration and its defaults. See doc.go for the design.
+
 package evict
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
-	"sort"
-	"strings"
 )
 
 // Config configures an Engine.
@@ -103,125 +101,48 @@ type UsageSource struct {
 	Device int
 }
 
-// configKeys are the keys DecodeConfig accepts.
-var configKeys = []string{
-	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
-	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
-	"keep_needed_released", "record",
+// RegionEvicteeMinSize is the minimum evictee size of a DTR region (the
+// configuration key "defaults": "region"): storages smaller than this are
+// never evicted by a region. Evicting a scalar such as a loss saves nothing
+// and can cost a re-run of everything it came from.
+const RegionEvicteeMinSize = 1024
+
+// Defaults are what the settings of a configuration decoded by Decode
+// default to: the engine's defaults with the environment's settings applied,
+// and which of those the environment set. The DTR region's defaults
+// ("defaults": "region") give way to the settings the environment made.
+type Defaults struct {
+	// Config is the base configuration: the engine's defaults with the
+	// environment's settings (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR,
+	// MEMSCALE_EVICTEE_MIN_SIZE) applied.
+	Config Config
+	// HeuristicSet reports that MEMSCALE_HEURISTIC is set (not blank);
+	// Config.Heuristic is its value.
+	HeuristicSet bool
+	// EvicteeMinSizeSet reports that MEMSCALE_EVICTEE_MIN_SIZE is set (not
+	// blank); Config.EvicteeMinSize is its value.
+	EvicteeMinSizeSet bool
 }
 
-// DecodeConfig parses the JSON configuration of memscale_dtr_create on top
-// of base (the defaults, e.g. from the environment):
-//
-//	{"budget": bytes (0 = unlimited), "heuristic": name (see ParseHeuristic),
-//	 "recomp_time_factor": f, "recomp_memory_factor": f,
-//	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
-//	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
-//	 "simulator_compat": bool, "keep_needed_released": bool,
-//	 "record": bool (Config.Record; "heuristic": "auto" implies it)}
-//
-// Every key is optional; an empty input or "{}" gives base. An unknown key,
-// a value of the wrong type or out of range is an error naming the key, the
-// value and what is accepted.
-func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
-	cfg, src := base, UsageSource{}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return cfg, src, nil
+// regionDefaults returns cfg with the DTR region's defaults for the
+// settings the caller did not give (given reports whether a configuration
+// key was given):
+//   - evictee_min_size is RegionEvicteeMinSize, unless the environment set
+//     it;
+//   - heuristic is Auto (the tuning policy) when the budget is > 0 and the
+//     environment did not set a heuristic or set "auto"; with a budget of 0
+//     (nothing to tune for) it is Default in that case; a heuristic the
+//     environment set to any other name stays.
+func (d Defaults) regionDefaults(cfg Config, given func(key string) bool) Config {
+	if !given("evictee_min_size") && !d.EvicteeMinSizeSet {
+		cfg.EvicteeMinSize = RegionEvicteeMinSize
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return cfg, src, fmt.Errorf("dtr config: not a JSON object: %w", err)
-	}
-	keys := make([]string, 0, len(raw))
-	for k := range raw {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		v := raw[k]
-		var err error
-		switch k {
-		case "budget":
-			cfg.Budget, err = jsonBytes(k, v)
-		case "evictee_min_size":
-			cfg.EvicteeMinSize, err = jsonBytes(k, v)
-		case "recomp_time_factor":
-			cfg.RecompTimeFactor, err = jsonFloat(k, v)
-		case "recomp_memory_factor":
-			cfg.RecompMemoryFactor, err = jsonFloat(k, v)
-		case "swap_bandwidth":
-			cfg.SwapBandwidth, err = jsonFloat(k, v)
-		case "heuristic":
-			var s string
-			if err = json.Unmarshal(v, &s); err != nil {
-				err = fmt.Errorf("dtr config: heuristic %s: want a string", v)
-				break
-			}
-			if cfg.Heuristic, err = ParseHeuristic(s); err != nil {
-				err = fmt.Errorf("dtr config: %w", err)
-			}
-		case "usage":
-			var s string
-			if json.Unmarshal(v, &s) != nil || (s != "engine" && s != "allocator") {
-				err = fmt.Errorf(`dtr config: usage %s: accepted "engine" (sum of resident registered bytes) or "allocator" (the allocator's allocated bytes)`, v)
-				break
-			}
-			src.Allocator = s == "allocator"
-		case "device":
-			var d int
-			if json.Unmarshal(v, &d) != nil || d < 0 {
-				err = fmt.Errorf("dtr config: device %s: want a device ordinal >= 0", v)
-				break
-			}
-			src.Device = d
-		case "simulator_compat":
-			if json.Unmarshal(v, &cfg.SimulatorCompat) != nil {
-				err = fmt.Errorf("dtr config: simulator_compat %s: want true or false", v)
-			}
-		case "keep_needed_released":
-			var keep bool
-			if json.Unmarshal(v, &keep) != nil {
-				err = fmt.Errorf("dtr config: keep_needed_released %s: want true or false", v)
-			}
-			cfg.DropNeededReleased = !keep
-		case "record":
-			if json.Unmarshal(v, &cfg.Record) != nil {
-				err = fmt.Errorf("dtr config: record %s: want true or false", v)
-			}
-		default:
-			err = fmt.Errorf("dtr config: unknown key %q (accepted: %s)", k, strings.Join(configKeys, ", "))
-		}
-		if err != nil {
-			return base, UsageSource{}, err
+	if !given("heuristic") && (!d.HeuristicSet || d.Config.Heuristic == Auto) {
+		if cfg.Budget > 0 {
+			cfg.Heuristic = Auto
+		} else {
+			cfg.Heuristic = Default
 		}
 	}
-	if err := cfg.validate(); err != nil {
-		return base, UsageSource{}, err
-	}
-	return cfg, src, nil
-}
-
-// jsonBytes reads a non-negative integer byte count.
-func jsonBytes(key string, v json.RawMessage) (uint64, error) {
-	var n json.Number
-	if err := json.Unmarshal(v, &n); err != nil {
-		return 0, fmt.Errorf("dtr config: %s %s: want a number of bytes >= 0", key, v)
-	}
-	if u, err := n.Int64(); err == nil && u >= 0 {
-		return uint64(u), nil
-	}
-	f, err := n.Float64()
-	if err != nil || f < 0 || f != math.Trunc(f) || f > math.MaxInt64 {
-		return 0, fmt.Errorf("dtr config: %s %s: want a whole number of bytes >= 0", key, v)
-	}
-	return uint64(f), nil
-}
-
-// jsonFloat reads a finite non-negative number.
-func jsonFloat(key string, v json.RawMessage) (float64, error) {
-	var f float64
-	if err := json.Unmarshal(v, &f); err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
-		return 0, fmt.Errorf("dtr config: %s %s: want a finite number >= 0", key, v)
-	}
-	return f, nil
+	return cfg
 }

@@ -5,6 +5,7 @@ package evict
 
 import (
 	"errors"
+	"fmt"
 
 	rc "github.com/memscale/memscale/recompute"
 )
@@ -43,6 +44,24 @@ type Victim struct {
 // ErrNoEvictable is returned (wrapped, with usage and budget) when usage is
 // over the budget and nothing can be evicted.
 var ErrNoEvictable = errors.New("nothing evictable")
+
+// TooLargeError is what Evict returns, before evicting anything, when the
+// allocation it is to make room for is larger than the whole budget: no
+// eviction could make room for it. It matches ErrNoEvictable (errors.Is).
+type TooLargeError struct {
+	// Extra is the size of the allocation, Budget the budget and Pinned
+	// the bytes of the pinned resident storages, all in bytes.
+	Extra, Budget, Pinned uint64
+}
+
+// Error says what is too large and what budget would do.
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("evict: an allocation of %d bytes is larger than the whole budget of %d bytes: "+
+		"raise the budget above %d plus the pinned bytes (%d now)", e.Extra, e.Budget, e.Extra, e.Pinned)
+}
+
+// Unwrap returns ErrNoEvictable.
+func (e *TooLargeError) Unwrap() error { return ErrNoEvictable }
 
 // Stats are the engine's counters.
 type Stats struct {
@@ -83,9 +102,23 @@ type Stats struct {
 	Ops      int `json:"ops"`
 	// Heuristic is the heuristic in use.
 	Heuristic string `json:"heuristic"`
+	// BytesEvicted is the sum of the sizes of the budget loop's victims
+	// (drops and swaps out; not eager evictions or banished storages).
+	BytesEvicted uint64 `json:"bytes_evicted"`
+	// Auto reports that the engine runs the tuning policy (heuristic
+	// "auto"): it records its step for package autotune.
+	Auto bool `json:"auto"`
+	// Finished reports that Finish was called.
+	Finished bool `json:"finished"`
 }
 
 // Engine is the DTR engine: the lineage graph plus the eviction policy.
+//
+// An engine is finished once Finish is called: the program's step is over
+// and the caller is about to make every tensor that escapes it resident,
+// whatever the budget. From then on Evict evicts what it can and never
+// fails for lack of candidates, nor for an allocation larger than the
+// budget; the overshoot shows in the peak usage. Nothing else changes.
 type Engine struct {
 	cfg   Config
 	h     Heuristic
@@ -105,6 +138,8 @@ type Engine struct {
 	plans   []planHold // committed plans not run to the end, innermost last
 	scratch []rc.StorageID
 	rec     *recorder // nil unless cfg.Record
+	// finished is set by Finish: the budget loop no longer fails.
+	finished bool
 }
 
 // New returns an engine.
@@ -193,6 +228,11 @@ func (e *Engine) tensor(t rc.TensorID) (*rc.Tensor, error) {
 // Candidates returns the number of storages that can be evicted now.
 func (e *Engine) Candidates() int { return e.sel.len() }
 
+// Pending returns the number of storages the engine freed (released,
+// banished, throw-away copies of a re-run) that Evict has not handed out
+// yet.
+func (e *Engine) Pending() int { return len(e.pending) - e.pendAt }
+
 // Stats returns the counters.
 func (e *Engine) Stats() Stats {
 	s := e.stats
@@ -205,5 +245,7 @@ func (e *Engine) Stats() Stats {
 	s.Storages = e.g.NumStorages()
 	s.Ops = e.g.NumOps()
 	s.Heuristic = e.h.String()
+	s.Auto = e.cfg.Heuristic == Auto
+	s.Finished = e.finished
 	return s
 }
