@@ -1,10 +1,214 @@
-// Package evict is memscale's Dynamic Tensor Rematerialization policy: the
-// candidate set, the eviction heuristics (h_DTR e*, h_DTR^eq, h_DTR^local,
-// h_MSPS, LRU, size, and memscale's default), the candidate index, the budget
-// loop with its swap-or-recompute decision, eager eviction and banishing of
-// released tensors, and the Engine facade that both the C ABI
-// (memscale_dtr_*) and the trace replay runtime drive.
+// Package evict is memscale's Dynamic Tensor Rematerialization (DTR) policy:
+// the Engine that both the C ABI (memscale_dtr_*, package main in cabi/) and
+// the trace replay runtime (package replay) drive. It holds the candidate
+// set, the eviction heuristics (h_DTR e*, h_DTR^eq, h_DTR^local, h_MSPS, LRU,
+// size, and memscale's anc-sqrt), the candidate index, the budget loop with
+// its swap-or-recompute decision, eager eviction and banishing of released
+// storages, rematerialization plans and the recording of a step for package
+// autotune.
 //
-// An Engine is not safe for concurrent use; the C ABI serializes calls per
-// handle.
+// # What it is and is not
+//
+// The engine decides; it never touches memory. It keeps the books of a
+// program (which storages are resident, evicted, swapped out or gone, what
+// each would cost to rebuild, how many bytes are in use) and tells its
+// caller what to free (a Victim: drop, or copy to host then free) and how
+// to bring a tensor back (a plan of re-runs and swap-ins). The caller
+// allocates, frees, copies and runs ops, and reports what it did: Call and
+// Mutate for the program's ops, Rematerialized and SwappedIn for plan steps.
+// The engine does not know addresses, streams or devices; with
+// Config.Usage it reads the bytes in use from outside (the allocator's
+// count) instead of counting them itself.
+//
+// The lineage graph - tensors, the storages they live in, the ops that made
+// them, plans - is package recompute's (see its doc.go); evict adds the
+// policy on top. An Engine is not safe for concurrent use: the C ABI
+// serializes the calls on one handle.
+//
+// # Structures
+//
+// Engine (engine.go) owns:
+//
+//   - g, the recompute.Graph. Storages, not tensor names, are the unit of
+//     eviction: a view shares its base's storage and goes with it.
+//   - clock: 1 plus the cost of every op run, re-run, and modelled swap
+//     transfer. Staleness, the time since a storage's LastAccess, is
+//     measured on it, so the heuristics are deterministic (wall time never
+//     enters a decision).
+//   - usage and peak: the bytes of resident storages, and their maximum.
+//   - tr, the tracker (tracker.go): a storage's cost, the numerator of its
+//     score. localTracker is the storage's own compute (dtr-local, lru,
+//     size); regionTracker (regions.go) adds the compute of its evicted
+//     neighbourhood, walked on demand - ancestors only (msps, anc-sqrt) or
+//     both directions (dtr, e*); eqTracker (eqclass.go) approximates that
+//     neighbourhood by union-find classes of evicted storages
+//     (recompute.Classes: dtr-eq, dtr-eq-anc). Costs only rise when a
+//     storage is evicted or an op recorded; whenever one may fall, the
+//     tracker reports the storage to the selector (lowered).
+//   - sel, the selector (select.go): the candidate set and the choice of the
+//     victim. indexSelector (index.go) is a kinetic tournament tree over the
+//     candidates' keys, whose nodes know when their comparison can next flip
+//     as the clock advances; scanSelector scans every candidate (exact, the
+//     definition; Config.ExactScan) and the property test in index_test.go
+//     checks that both choose the same victims over random histories.
+//   - key (heuristic.go) is what the selectors compare: a clock-free
+//     numerator a = cost^T / size^M (T, M: recomp_time_factor and
+//     recomp_memory_factor), the last access l, a tie-break sequence and a
+//     "dead" bit. The score at clock T is a/(T-l) for the staleness
+//     heuristics (a/sqrt(T-l) for anc-sqrt, compared as a^2/(T-l)) and a for
+//     the others; before compares two scores exactly (128-bit products, no
+//     rounding). Lower goes first; a dead key goes before every live one.
+//   - pending and pendAt: storages the engine took out of memory on its own
+//     (eager evictions, banished storages, throw-away copies of a re-run),
+//     queued until Evict hands them to the caller (Pending counts them).
+//   - plans (planhold.go): committed rematerialization plans not run to the
+//     end, innermost last.
+//   - rec (record.go): with Config.Record, or heuristic Auto, the program as
+//     a recompute.Trace (Recording), for package autotune to replay under
+//     other configurations; it stops, and says why, at
+//     MaxRecordedInstructions or at anything it cannot follow.
+//   - finished: set by Finish (see the budget loop).
+//
+// Config (config.go) is the configuration; Defaults.Decode and Config.JSON
+// (configjson.go) are its JSON form, the keys of memscale_dtr_create, with
+// the DTR region's defaults ("defaults": "region": RegionEvicteeMinSize,
+// the auto policy when there is a budget).
+//
+// # The life of a storage
+//
+// A storage is born resident, with one reference per tensor in it: an
+// external tensor (NewTensor; pinned or not, it cannot be recomputed) or
+// the output of an op (Call). From then on:
+//
+//	resident --drop--> evicted --re-run (Rematerialized)--> resident
+//	resident --swap--> swapped --copy back (SwappedIn)-----> resident
+//	any ----banish/detach---------------------------------> released (for good)
+//
+// A drop is a budget victim whose rebuild is cheaper than two transfers
+// (evictStorage), an eager eviction, or the old version of a storage an
+// in-place op overwrote (Mutate: the new version takes over its memory and
+// pins). A swap is a budget victim when swapping is on (Config.SwapBandwidth)
+// and the round trip is cheaper than recomputing, or the storage cannot be
+// recomputed at all. Locks (Lock, plan holds) keep a storage resident for
+// now, pins (Pin, NewTensor's pinned) for good; neither is ever a candidate.
+//
+// References come from NewTensor and Call (one per tensor), Retain and
+// Mutate's new versions, and go with Release. A storage left with no
+// references and no locks is "unreferenced" (refs.go, unreferenced):
+//
+//   - with no budget (and not in simulator mode) nothing will ever be
+//     evicted, so nothing needs its lineage: it is detached - freed for good,
+//     and its dependents marked not recomputable;
+//   - when no live (not released) storage was computed from it, nothing can
+//     ever need it: it is banished, and so, in turn, is every parent left
+//     with no references, no locks and no live children;
+//   - otherwise, if it is resident, unpinned and recomputable and its last
+//     reference was just released, it is dropped at once (eager eviction):
+//     its dependents may still need to rebuild it, so it stays evicted, not
+//     released;
+//   - otherwise (it was rebuilt only to recompute something else, or it was
+//     locked when released) it stays resident as a dead candidate, evicted
+//     before any referenced storage.
+//
+// The keep-needed-released rule (needed.go; on unless
+// Config.DropNeededReleased or SimulatorCompat): a released storage that an
+// evicted, still referenced storage was computed from directly is neither
+// dropped eagerly nor dead-ranked; it stays an ordinary candidate until that
+// storage comes back, is released or is banished (feedsEvicted,
+// notNeeded). Without it, a gradient evicted while its parent was locked
+// could lose the parent the moment the program released it, and its
+// rebuild would re-run everything the parent came from.
+//
+// SimulatorCompat reproduces the DTR authors' simulator instead: released
+// storages are dropped but never banished, and zero-byte storages are
+// candidates.
+//
+// # The budget loop
+//
+// Evict(extra, out) (budget.go) is called by the caller before it
+// allocates extra bytes (0 to just apply the budget). It
+//
+//  1. fails at once, evicting nothing, with a *TooLargeError (which matches
+//     ErrNoEvictable) when extra alone is larger than a non-zero budget;
+//  2. hands out the pending storages;
+//  3. while usage + extra > budget, picks the candidate with the lowest
+//     score (pick), takes it out (evictStorage: drop or swap) and writes it
+//     to out, until out is full;
+//  4. fails, naming usage, budget and what keeps each resident storage
+//     (whyNoneEvictable), only when it is still over the budget, nothing is
+//     evictable and it wrote nothing in this call.
+//
+// A full out means "call again". With an external usage source the victims
+// of a call are still counted by it until the caller frees them, so the loop
+// subtracts what it evicted in this call. Once the engine is finished
+// (Finish: the step is over and the caller is about to make every escaping
+// tensor resident), steps 1 and 4 never fail: the loop evicts what it can,
+// and usage may end over the budget, which the peak shows. EvictOne evicts
+// the best victim whatever the budget (a memory model that could not place a
+// block although the budget allows it).
+//
+// # Rebuilding
+//
+// Plan (remat.go) returns the steps that make a tensor resident, ancestors
+// first (recompute.Graph.Plan); it changes nothing. HoldPlan commits a plan
+// the caller is about to run: the engine locks the inputs of the first
+// re-run step not reported yet, and only those, so an eviction while the plan
+// runs can take anything but what the next step reads. Rematerialized and
+// SwappedIn report steps; planStepDone moves the lock to the next re-run
+// step. The caller rebuilds an input that was evicted meanwhile with a plan
+// of its own (plans nest; a report advances the innermost plan whose step it
+// is). A re-run of a multi-output op remakes outputs the program released
+// for good: those throw-away copies are queued as pending drops.
+//
+// # Invariants
+//
+//   - usage is the sum of the sizes of the resident storages, each storage
+//     counted once whatever its views: grow (NewTensor, call, SwappedIn),
+//     dropStorage and evictStorage, banish, RematerializedFor and Mutate
+//     keep it. peak is at least usage at the end of every call, and also
+//     counts the throw-away copies a re-run makes (RematerializedFor); an
+//     in-place op's new version, which lives in the old one's memory, does
+//     not raise it (Mutate).
+//   - The candidate set is exactly the storages eligible allows (resident,
+//     unlocked, unpinned, not too small, recomputable or swappable): every
+//     change to a storage's state, locks, pins or recomputability is
+//     followed by refresh (or by sel.remove, in dropStorage, evictStorage,
+//     banish and holdStep).
+//   - A key stored in the index never sorts a storage later than its true key
+//     does: keys enter as lower bounds (lowKey), whatever can lower a score
+//     re-keys the storage eagerly (the trackers' lowered, notNeeded,
+//     parentNotNeeded, unreferenced), and pick corrects upward only the
+//     storage at the root. So the index returns the victim the exact scan
+//     would.
+//   - Every unfinished plan holds one lock on each input of exactly one
+//     step, its first re-run step not reported yet (holdStep,
+//     planStepDone); a plan whose steps are all reported holds nothing and is
+//     forgotten.
+//   - pending[pendAt:] are the victims not handed out yet, in the order
+//     they left memory (queue, Evict).
+//   - A storage's Refs is the sum of its tensors' Refs (Retain, release),
+//     and its LiveChildren counts its children that are not released
+//     (recompute.Graph.AddOp adds them, banish takes them away).
+//
+// # Files
+//
+//	doc.go        this overview
+//	engine.go     Engine, New, Action, Victim, errors, Stats, accessors
+//	config.go     Config, EvictReason, UsageSource, Defaults and the region defaults
+//	configjson.go DecodeConfig, Defaults.Decode, Config.JSON
+//	ops.go        NewTensor, Call, Mutate, Access
+//	refs.go       Lock, Unlock, Pin, Unpin, Retain, Release; unreferenced,
+//	              detach, banish and the pending queue
+//	budget.go     Evict, Finish, EvictOne, victim choice and eviction,
+//	              eligibility, keys and Score
+//	remat.go      Plan, Rematerialized, SwappedIn
+//	planhold.go   HoldPlan and the plan holds
+//	needed.go     the keep-needed-released rule, and why nothing is evictable
+//	heuristic.go  Heuristic, ParseHeuristic, key, exact score comparison
+//	tracker.go    the tracker interface and localTracker
+//	regions.go    regionTracker (evicted-neighbourhood walks)
+//	eqclass.go    eqTracker (union-find classes)
+//	select.go     the selector interface and scanSelector
+//	index.go      indexSelector (the kinetic tournament tree)
+//	record.go     the recorder and Recording
 package evict

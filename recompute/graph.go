@@ -1,14 +1,6 @@
-// Package recompute holds the lineage of a computation for Dynamic Tensor
-// Rematerialization: ops (inputs, outputs, measured cost), the tensors they
-// produce, and the storages (memory blocks) those tensors live in, with each
-// storage's residency state, lock and pin counts, references and last access.
-// It builds rematerialization plans (the ordered ops that rebuild an evicted
-// tensor, ancestors first, on an explicit stack), keeps union-find classes of
-// evicted storages for the h_DTR^eq heuristic, and parses the DTR trace format.
-//
-// The package is policy-free: which storage to evict, and when, is decided by
-// package evict, which drives a Graph through the methods here. A Graph is not
-// safe for concurrent use.
+// The lineage graph: tensors, storages, ops and their states. See doc.go
+// for the design.
+
 package recompute
 
 import (
