@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch_plugin"))
 import torch  # noqa: E402
 
 from memscale.config import format_bytes  # noqa: E402
-from memscale.dtr import dtr  # noqa: E402
+from memscale import dtr  # noqa: E402
 
 
 def per_op(reps: int, n: int) -> dict[str, float]:

@@ -8,8 +8,9 @@
 // PyTorch DataLoader workers fork by default and may free inherited CUDA
 // tensors. In a child, memscale_malloc returns NULL, memscale_free and the
 // other void hooks do nothing, int/int32/int64 calls (the DTR engine's
-// memscale_dtr_* included) return -1, char* calls return NULL, and
-// memscale_last_error() returns a fixed message.
+// memscale_dtr_* included) return -1, pointer calls (char*,
+// memscale_dtr_status_of) return NULL, and memscale_last_error() returns a
+// fixed message.
 //
 // Last error: a ring of static buffers. A writer (under a mutex) copies the
 // message into the next slot and publishes a pointer to it; readers load the
@@ -18,6 +19,7 @@
 // child never takes the mutex (a parent thread may have held it at fork time).
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,12 +308,12 @@ int memscale_dtr_release(int64_t h, int64_t t) {
 	return memscale_go_dtr_release(h, t);
 }
 
-int32_t memscale_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap) {
+int32_t memscale_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* actions, int32_t cap) {
 	if (in_child()) {
 		child_error();
 		return -1;
 	}
-	return memscale_go_dtr_evict(h, ids, actions, cap);
+	return memscale_go_dtr_evict(h, extra, ids, actions, cap);
 }
 
 int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap) {
@@ -336,6 +338,27 @@ int memscale_dtr_swapped_in(int64_t h, int64_t t) {
 		return -1;
 	}
 	return memscale_go_dtr_swapped_in(h, t);
+}
+
+int memscale_dtr_finish(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_finish(h);
+}
+
+// Python reads the block with ctypes (from_address): five int64 fields, in
+// the header's order, no padding.
+_Static_assert(sizeof(memscale_dtr_status) == 5 * sizeof(int64_t), "memscale_dtr_status: five int64_t");
+_Static_assert(offsetof(memscale_dtr_status, peak_usage) == 4 * sizeof(int64_t), "memscale_dtr_status: field order");
+
+const memscale_dtr_status* memscale_dtr_status_of(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return NULL;
+	}
+	return memscale_go_dtr_status_of(h);
 }
 
 char* memscale_dtr_stats_json(int64_t h) {

@@ -12,10 +12,13 @@ import (
 // FuzzABI drives the exports the way a careless caller could: mallocs of any
 // size (negative, zero, huge), frees of live, freed, interior and made-up
 // pointers with right and wrong sizes, record_stream, empty_cache, and the DTR
-// engine's calls with ids that exist and ids that do not. However wrong the
-// input, no call may panic (guard would record "internal error (panic)"), the
-// allocator must account exactly for what is live, and freeing what is live
-// must bring it back to zero.
+// engine's calls with ids and handles that exist and ids and handles that do
+// not: evict with negative, small and huge extra and any cap, plan with too
+// small a cap, finish (twice), status_of, set_budget, stats_json. However
+// wrong the input, no call may panic (guard would record "internal error
+// (panic)"), the allocator must account exactly for what is live, freeing
+// what is live must bring it back to zero, and destroying the engine must
+// free its status block.
 func FuzzABI(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 6, 7, 8, 10, 11})
 	f.Add([]byte("\x00\x10\x00\x00\x00\x02\x05\x06\x07\x07\x0a\x0b\x08\x0a"))
@@ -42,6 +45,7 @@ func TestABIRandomInputs(t *testing.T) {
 
 func fuzzABIOnce(t *testing.T, data []byte) {
 	require.Zero(t, abiAllocated(0), "a previous input leaked")
+	blocks := liveStatusBlocks.Load()
 	r := fuzzReader{data: data}
 	var lives []liveBlock
 	var freed []uintptr
@@ -52,6 +56,14 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 	}
 	h := abiDTRCreate(`{"budget": ` + itoa(int64(r.u16())*64) + `, "usage": "engine"` + policy + `}`)
 	require.Positive(t, h, lastError())
+	status, _ := abiDTRStatus(h)
+	require.NotZero(t, status, lastError())
+	handle := func() int64 { // mostly h, sometimes a handle that does not exist
+		if r.u8()%8 == 0 {
+			return h + 1000 + int64(r.u8())
+		}
+		return h
+	}
 	var ids []int64
 	pick := func() int64 {
 		if len(ids) == 0 || r.u8()%8 == 0 {
@@ -60,7 +72,7 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 		return ids[int(r.u8())%len(ids)]
 	}
 	for steps := 0; !r.done() && steps < 200; steps++ {
-		switch r.u8() % 12 {
+		switch r.u8() % 15 {
 		case 0: // malloc, any size
 			size := int64(r.u32()) >> (r.u8() % 40)
 			if r.u8()%16 == 0 {
@@ -133,14 +145,44 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 			} else {
 				abiDTRUnlock(h, t0)
 			}
-		case 10:
-			abiDTREvict(h, int32(r.u8()%5))
-		case 11: // plan, then report the re-runs in order as a caller would
-			n, kinds, steps := abiDTRPlan(h, pick(), int32(r.u8()%8))
-			for i := 0; i < int(n); i++ {
+		case 10: // evict with any extra (negative, within or over the budget) and cap
+			extra := int64(r.u16()) - 64
+			if r.u8()%8 == 0 {
+				extra = 1 << 40
+			}
+			if n, _ := abiDTREvict(handle(), extra, int32(r.u8()%5)); n >= 0 {
+				require.GreaterOrEqual(t, extra, int64(0), "a negative extra must fail")
+			}
+		case 11: // plan with a cap that may be too small, then again with room, reporting the re-runs as a caller would
+			tid := pick()
+			before := errorCount()
+			capacity := int32(r.u8()%4) - 1
+			n, kinds, steps := abiDTRPlan(h, tid, capacity)
+			if n > capacity && capacity >= 0 {
+				require.Equal(t, before, errorCount(), "a plan longer than cap is not an error")
+				require.Equal(t, n, abiDTRPlanCount(h, tid), "the count does not change between calls")
+				n, kinds, steps = abiDTRPlan(h, tid, n)
+			}
+			for i := 0; i < len(kinds); i++ {
 				if kinds[i] == 0 {
-					abiDTRRematerialized(h, steps[i], -1)
+					abiDTRRematerialized(h, steps[i], int64(r.u8()))
 				}
+			}
+		case 12:
+			abiDTRFinish(handle())
+		case 13:
+			hh := handle()
+			p, _ := abiDTRStatus(hh)
+			if hh == h {
+				require.Equal(t, status, p, "the status block stays where it is")
+			} else {
+				require.Zero(t, p)
+				require.Contains(t, lastError(), "unknown engine handle")
+			}
+		case 14:
+			abiDTRSetBudget(handle(), int64(r.u16())*64-128)
+			if js := abiDTRStatsJSON(handle()); js != "" {
+				require.Contains(t, js, `"config"`)
 			}
 		}
 		require.NotContains(t, lastError(), "internal error (panic)")
@@ -160,6 +202,10 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 		require.Contains(t, js, `"config"`)
 	}
 	require.Equal(t, 0, abiDTRDestroy(h), lastError())
+	require.Equal(t, blocks, liveStatusBlocks.Load(), "destroy frees the status block")
+	p, _ := abiDTRStatus(h)
+	require.Zero(t, p, "no status block after destroy")
+	require.Equal(t, -1, abiDTRFinish(h))
 	for _, l := range lives {
 		abiFree(l.p, l.size, 0, 0)
 	}

@@ -2,6 +2,7 @@ package main
 
 /*
 #include <stdint.h>
+#include <stdlib.h>
 #include "memscale_internal.h"
 */
 import "C"
@@ -10,11 +11,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/memscale/memscale/autotune"
 	"github.com/memscale/memscale/evict"
+	"github.com/memscale/memscale/internal/config"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -28,9 +32,56 @@ var allocatorUsage func(device int) (uint64, error)
 // handle are serialized by mu; different handles run in parallel.
 type dtrHandle struct {
 	mu  sync.Mutex
-	eng *evict.Engine
+	eng *evict.Engine // nil once destroyed
+	src evict.UsageSource
 	buf []evict.Victim
 	pl  []rc.Step
+	// status is the block memscale_dtr_status_of returns: C memory, owned
+	// by the handle, rewritten at the end of every call on it (sync) and
+	// freed by memscale_dtr_destroy.
+	status *C.memscale_dtr_status
+}
+
+// liveStatusBlocks counts the status blocks allocated and not freed yet
+// (the tests check that destroy frees them).
+var liveStatusBlocks atomic.Int64
+
+// newDTRHandle returns a handle for eng with its status block.
+func newDTRHandle(eng *evict.Engine, src evict.UsageSource) *dtrHandle {
+	d := &dtrHandle{eng: eng, src: src}
+	d.status = (*C.memscale_dtr_status)(C.calloc(1, C.sizeof_memscale_dtr_status))
+	if d.status == nil {
+		panic("memscale_dtr_create: out of host memory for the status block")
+	}
+	liveStatusBlocks.Add(1)
+	d.sync()
+	return d
+}
+
+// sync rewrites the status block from the engine.
+func (d *dtrHandle) sync() {
+	if d.eng == nil || d.status == nil {
+		return
+	}
+	st := d.eng.Stats()
+	*d.status = C.memscale_dtr_status{
+		usage:         C.int64_t(st.Usage),
+		budget:        C.int64_t(st.Budget),
+		pending:       C.int64_t(d.eng.Pending()),
+		bytes_evicted: C.int64_t(st.BytesEvicted),
+		peak_usage:    C.int64_t(st.PeakUsage),
+	}
+}
+
+// close frees the status block and marks the handle destroyed. The caller
+// holds d.mu.
+func (d *dtrHandle) close() {
+	if d.status != nil {
+		C.free(unsafe.Pointer(d.status))
+		d.status = nil
+		liveStatusBlocks.Add(-1)
+	}
+	d.eng = nil
 }
 
 // dtrEngines maps handles (> 0) to engines.
@@ -52,7 +103,8 @@ func dtrLookup(h C.int64_t) (*dtrHandle, error) {
 	return d, nil
 }
 
-// withEngine runs fn on handle h under its lock, inside guard.
+// withEngine runs fn on handle h under its lock, inside guard, then
+// updates the handle's status block, whether fn failed or not.
 func withEngine(name string, h C.int64_t, fn func(d *dtrHandle) error) (failed bool) {
 	return guard(name, func() error {
 		d, err := dtrLookup(h)
@@ -61,6 +113,11 @@ func withEngine(name string, h C.int64_t, fn func(d *dtrHandle) error) (failed b
 		}
 		d.mu.Lock()
 		defer d.mu.Unlock()
+		if d.eng == nil {
+			// destroyed by another thread between the lookup and the lock
+			return fmt.Errorf("unknown engine handle %d (destroyed)", int64(h))
+		}
+		defer d.sync()
 		return fn(d)
 	})
 }
@@ -110,21 +167,33 @@ func opName(name *C.char) string {
 }
 
 // dtrDefaults returns the engine defaults from the environment
-// (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR, MEMSCALE_EVICTEE_MIN_SIZE).
-func dtrDefaults() (evict.Config, error) {
-	pc, err := processConfig()
+// (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR, MEMSCALE_EVICTEE_MIN_SIZE)
+// and which of them it sets. Unlike the allocator's configuration, read once
+// per process (processConfig), they are read from libc's environment at
+// every memscale_dtr_create, so a host that changes a variable with setenv
+// between two engines (a test's monkeypatch.setenv) gets it.
+func dtrDefaults() (evict.Defaults, error) {
+	pc, err := config.Load(cLookupEnv)
 	if err != nil {
-		return evict.Config{}, err
+		return evict.Defaults{}, fmt.Errorf("bad memscale configuration in the environment: %w", err)
 	}
 	h, err := evict.ParseHeuristic(string(pc.Heuristic))
 	if err != nil {
-		return evict.Config{}, fmt.Errorf("MEMSCALE_HEURISTIC: %w", err)
+		return evict.Defaults{}, fmt.Errorf("%s: %w", config.EnvHeuristic, err)
 	}
-	return evict.Config{
-		Heuristic:          h,
-		RecompTimeFactor:   pc.RecompTimeFactor,
-		RecompMemoryFactor: pc.RecompMemoryFactor,
-		EvicteeMinSize:     pc.EvicteeMinSize,
+	set := func(name string) bool {
+		v, ok := cLookupEnv(name)
+		return ok && strings.TrimSpace(v) != ""
+	}
+	return evict.Defaults{
+		Config: evict.Config{
+			Heuristic:          h,
+			RecompTimeFactor:   pc.RecompTimeFactor,
+			RecompMemoryFactor: pc.RecompMemoryFactor,
+			EvicteeMinSize:     pc.EvicteeMinSize,
+		},
+		HeuristicSet:      set(config.EnvHeuristic),
+		EvicteeMinSizeSet: set(config.EnvEvicteeMinSize),
 	}, nil
 }
 
@@ -139,7 +208,7 @@ func dtrDefaults() (evict.Config, error) {
 func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 	h := int64(-1)
 	guard("memscale_dtr_create", func() error {
-		base, err := dtrDefaults()
+		defaults, err := dtrDefaults()
 		if err != nil {
 			return err
 		}
@@ -147,7 +216,7 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		if configJSON != nil {
 			data = []byte(C.GoString(configJSON))
 		}
-		cfg, src, err := evict.DecodeConfig(data, base)
+		cfg, src, err := defaults.Decode(data)
 		if err != nil {
 			return err
 		}
@@ -177,7 +246,7 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		dtrEngines.Lock()
 		dtrEngines.next++
 		h = dtrEngines.next
-		dtrEngines.m[h] = &dtrHandle{eng: eng}
+		dtrEngines.m[h] = newDTRHandle(eng, src)
 		dtrEngines.Unlock()
 		return nil
 	})
@@ -188,11 +257,17 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 func memscale_go_dtr_destroy(h C.int64_t) C.int {
 	if guard("memscale_dtr_destroy", func() error {
 		dtrEngines.Lock()
-		defer dtrEngines.Unlock()
-		if _, ok := dtrEngines.m[int64(h)]; !ok {
+		d, ok := dtrEngines.m[int64(h)]
+		delete(dtrEngines.m, int64(h))
+		dtrEngines.Unlock()
+		if !ok {
 			return fmt.Errorf("unknown engine handle %d", int64(h))
 		}
-		delete(dtrEngines.m, int64(h))
+		// A call on another thread that looked the handle up before the
+		// delete finishes first; one that locks after this sees it closed.
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.close()
 		return nil
 	}) {
 		return -1
@@ -370,9 +445,12 @@ func memscale_go_dtr_swapped_in(h, t C.int64_t) C.int {
 }
 
 //export memscale_go_dtr_evict
-func memscale_go_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+func memscale_go_dtr_evict(h C.int64_t, extra C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
 	n := int32(-1)
 	withEngine("memscale_dtr_evict", h, func(d *dtrHandle) error {
+		if extra < 0 {
+			return fmt.Errorf("extra %d: want the bytes about to be allocated, >= 0", int64(extra))
+		}
 		if capacity <= 0 {
 			return fmt.Errorf("cap %d: want > 0", int32(capacity))
 		}
@@ -388,7 +466,7 @@ func memscale_go_dtr_evict(h C.int64_t, ids *C.int64_t, actions *C.int32_t, capa
 			d.buf = make([]evict.Victim, capacity)
 		}
 		buf := d.buf[:capacity]
-		k, err := d.eng.Evict(0, buf)
+		k, err := d.eng.Evict(uint64(extra), buf)
 		if err != nil {
 			return err
 		}
@@ -411,9 +489,13 @@ func memscale_go_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int
 		if err != nil {
 			return err
 		}
+		if capacity < 0 {
+			return fmt.Errorf("cap %d: want >= 0 (0 asks for the number of steps)", int32(capacity))
+		}
 		if len(steps) > int(capacity) {
-			return fmt.Errorf("tensor %d: the plan has %d steps but cap is %d: call again with cap >= %d",
-				int64(t), len(steps), int32(capacity), len(steps))
+			// as snprintf: the count, nothing written or held
+			n = int32(len(steps))
+			return nil
 		}
 		outKinds, err := cArray(kinds, C.int32_t(len(steps)), "kinds")
 		if err != nil {
@@ -453,11 +535,39 @@ func memscale_go_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t)
 	return 0
 }
 
+//export memscale_go_dtr_finish
+func memscale_go_dtr_finish(h C.int64_t) C.int {
+	if withEngine("memscale_dtr_finish", h, func(d *dtrHandle) error {
+		d.eng.Finish()
+		return nil
+	}) {
+		return -1
+	}
+	return 0
+}
+
+//export memscale_go_dtr_status_of
+func memscale_go_dtr_status_of(h C.int64_t) *C.memscale_dtr_status {
+	var out *C.memscale_dtr_status
+	withEngine("memscale_dtr_status_of", h, func(d *dtrHandle) error {
+		out = d.status
+		return nil
+	})
+	return out
+}
+
+// dtrStats is the JSON of memscale_dtr_stats_json: the engine's counters
+// and the configuration it runs with, as memscale_dtr_create's keys.
+type dtrStats struct {
+	evict.Stats
+	Config map[string]any `json:"config"`
+}
+
 //export memscale_go_dtr_stats_json
 func memscale_go_dtr_stats_json(h C.int64_t) *C.char {
 	var out *C.char
 	withEngine("memscale_dtr_stats_json", h, func(d *dtrHandle) error {
-		b, err := json.Marshal(d.eng.Stats())
+		b, err := json.Marshal(dtrStats{Stats: d.eng.Stats(), Config: d.eng.Config().JSON(d.src)})
 		if err != nil {
 			return fmt.Errorf("encoding stats: %w", err)
 		}

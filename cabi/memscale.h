@@ -17,11 +17,15 @@
  *  - Configuration is read from the MEMSCALE_* environment variables at the
  *    first call that needs it. A malformed value makes every allocation fail
  *    (NULL) with an error naming the variable, the value and what is accepted.
+ *    The DTR engine's defaults (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR,
+ *    MEMSCALE_EVICTEE_MIN_SIZE) are read again at every memscale_dtr_create,
+ *    from the process's current environment (setenv is seen).
  *  - Fork: in a child created by fork() (e.g. a DataLoader worker) the library
  *    does not enter the Go runtime: memscale_malloc returns NULL, memscale_free
  *    and the other void hooks do nothing, calls returning int/int32/int64 (the
- *    DTR engine's memscale_dtr_* included) return -1, calls returning char*
- *    return NULL, and memscale_last_error() returns a fixed message saying so.
+ *    DTR engine's memscale_dtr_* included) return -1, calls returning a
+ *    pointer (char*, memscale_dtr_status_of) return NULL, and
+ *    memscale_last_error() returns a fixed message saying so.
  *  - Thread-safe. The symbols memscale_go_* are internal; do not call them.
  */
 #ifndef MEMSCALE_H
@@ -108,12 +112,23 @@ const char* memscale_version(void);
 
 /* config_json: {"budget", "heuristic", "recomp_time_factor",
  * "recomp_memory_factor", "evictee_min_size", "swap_bandwidth", "usage",
- * "device", "simulator_compat", "keep_needed_released"} (all optional; unknown
- * keys are an error). "keep_needed_released" (default true, as in trace
- * replays): a storage the program released is not evicted at once, nor
- * ranked first, while an evicted storage it still references was computed
- * from it directly. Returns a handle > 0, or -1. */
+ * "device", "simulator_compat", "keep_needed_released", "record",
+ * "defaults"} (all optional; unknown keys are an error; NULL or "" = {}).
+ * Keys not given take the engine's defaults, with the environment's
+ * MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR and MEMSCALE_EVICTEE_MIN_SIZE
+ * over them (read at this call).
+ * "keep_needed_released" (default true, as in trace replays): a storage the
+ * program released is not evicted at once, nor ranked first, while an
+ * evicted storage it still references was computed from it directly.
+ * "defaults": "region" (the only accepted value) gives the keys not given
+ * the DTR region's defaults instead: "evictee_min_size" 1024 bytes
+ * (storages smaller are never evicted) unless MEMSCALE_EVICTEE_MIN_SIZE is
+ * set; "heuristic" "auto" (the tuning policy, see memscale_dtr_tune) when
+ * "budget" > 0 and MEMSCALE_HEURISTIC is unset or "auto", the heuristic
+ * MEMSCALE_HEURISTIC names when it names another, and the default heuristic
+ * with no budget. Returns a handle > 0, or -1. */
 int64_t memscale_dtr_create(const char* config_json);
+/* Frees the engine and its status block (memscale_dtr_status_of). */
 int memscale_dtr_destroy(int64_t h);
 int memscale_dtr_set_budget(int64_t h, int64_t bytes);
 int64_t memscale_dtr_tensor(int64_t h, int64_t nbytes, int32_t pinned);
@@ -128,39 +143,55 @@ int memscale_dtr_lock(int64_t h, int64_t t);
 int memscale_dtr_unlock(int64_t h, int64_t t);
 int memscale_dtr_pin(int64_t h, int64_t t);
 int memscale_dtr_release(int64_t h, int64_t t);
-/* The budget loop. Writes up to cap victims as (storage-root tensor id,
- * action: 0 = drop, 1 = swap to host): first the storages freed since the
- * last call (released by the program, or throw-away copies re-made by a
- * re-run, see memscale_dtr_rematerialized), then, while usage > budget,
- * victims chosen by the heuristic. The engine already counts every victim
- * gone; the caller frees its storage (for a swap, after copying it to host
- * memory), every view of it included. Returns:
+/* The budget loop. extra (>= 0; negative is an error) is the number of bytes
+ * the caller is about to allocate (an op's outputs, a re-run, a swap-in): it
+ * makes room until usage + extra <= budget. Writes up to cap (> 0) victims
+ * as (storage-root tensor id, action: 0 = drop, 1 = swap to host): first the
+ * storages freed since the last call (released by the program, or
+ * throw-away copies re-made by a re-run, see memscale_dtr_rematerialized),
+ * then, while usage + extra > budget, victims chosen by the heuristic. The
+ * engine already counts every victim gone; the caller frees its storage
+ * (for a swap, after copying it to host memory), every view of it included.
+ * Returns:
  *   cap           there may be more: call again;
- *   0 < n < cap   usage is within the budget, OR the engine ran out of
- *                 candidates after writing these n while usage is still over
+ *   0 < n < cap   usage + extra is within the budget, OR the engine ran out
+ *                 of candidates after writing these n while it is still over
  *                 the budget (those victims must still be freed); the next
  *                 call tells which: 0 or -1;
- *   0             usage is within the budget (or there is no budget) and
- *                 nothing freed is left to hand out;
- *   -1            usage is over the budget and nothing (more) can be
+ *   0             usage + extra is within the budget (or there is no
+ *                 budget) and nothing freed is left to hand out;
+ *   -1            usage + extra is over the budget and nothing (more) can be
  *                 evicted: the error names usage, budget and what keeps the
- *                 resident storages (pins, locks, plan holds, minimum size).
+ *                 resident storages (pins, locks, plan holds, minimum size);
+ *                 or, with a budget > 0, extra alone is larger than the
+ *                 budget: it fails at once, evicting and handing out nothing,
+ *                 with "an allocation of N bytes is larger than the whole
+ *                 budget of B bytes: raise the budget above N plus the
+ *                 pinned bytes (P now)"; or a bad argument.
  * So it returns fewer victims than needed without an error only when it wrote
- * at least one in that call; a caller that needs usage <= budget calls it
- * until it returns 0 or -1. With "usage": "allocator", free the victims of a
- * call before the next call (within a call the engine discounts the victims
- * it wrote from the allocator's count; across calls it reads the allocator). */
-int32_t memscale_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap);
+ * at least one in that call; a caller that needs usage + extra <= budget
+ * calls it until it returns 0 or -1. After memscale_dtr_finish it never
+ * returns -1 for lack of candidates nor for an extra larger than the budget:
+ * it evicts what it can and returns (0 or the victims it wrote) even when
+ * usage + extra stays over the budget. With "usage": "allocator", free the
+ * victims of a call before the next call (within a call the engine discounts
+ * the victims it wrote from the allocator's count; across calls it reads
+ * the allocator). */
+int32_t memscale_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* actions, int32_t cap);
 /* The steps that make tensor t resident, evicted ancestors first: kinds[i]
  * 0 = re-run op ids[i] (afterwards report memscale_dtr_rematerialized), 1 =
  * copy swapped storage ids[i] back (memscale_dtr_swapped_in). Returns the
- * count (0: t is resident), or -1 (a plan longer than cap: the error says
- * "cap >= N"; or t cannot be rebuilt). A plan of n > 0 steps is committed:
- * run its steps in order. The engine locks the inputs of the first re-run
- * step not reported yet, and nothing else; reporting that step moves the lock
- * to the next re-run step. An input of a later step may be evicted while
- * earlier steps run: before running a step, rebuild any input that is not
- * resident with a plan of its own (plans nest; a report advances the
+ * number of steps n (0: t is resident), as snprintf does: when n > cap
+ * (cap 0 with NULL arrays asks for the count) it writes nothing, commits
+ * nothing and records no error; call again with cap >= n (the plan may have
+ * changed by then if other calls came between: use the new count). -1 only
+ * on an error: unknown handle or tensor, a negative cap, NULL arrays with
+ * cap >= n > 0, or t cannot be rebuilt. A plan of 0 < n <= cap steps is
+ * committed: run its steps in order. The engine locks the inputs of the first
+ * re-run step not reported yet, and nothing else; reporting that step moves
+ * the lock to the next re-run step. An input of a later step may be evicted
+ * while earlier steps run: before running a step, rebuild any input that is
+ * not resident with a plan of its own (plans nest; a report advances the
  * innermost plan whose current step it is). */
 int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
 /* Op op was re-run (its inputs were resident), taking cost_ns. Its outputs are
@@ -170,6 +201,54 @@ int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, in
 int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 /* The swapped storage of t was copied back (a swap-in step, or on demand). */
 int memscale_dtr_swapped_in(int64_t h, int64_t t);
+/* The program's step is over and the caller is about to make every tensor
+ * that escapes it resident, whatever the budget. From then on
+ * memscale_dtr_evict evicts what it can and never fails for lack of
+ * candidates or for an extra larger than the budget; the overshoot shows in
+ * peak_usage. Calling it again is allowed and changes nothing. Returns 0, or
+ * -1 for an unknown handle. */
+int memscale_dtr_finish(int64_t h);
+
+/* The engine's state as of the end of the last call on the handle: five
+ * int64_t fields in this order and nothing else (Python reads it with
+ * ctypes from_address). */
+typedef struct memscale_dtr_status {
+    int64_t usage;         /* bytes in use at the end of the last call on this handle;
+                              with "usage": "allocator", the allocator's count at that
+                              moment (allocations made since are not in it) */
+    int64_t budget;        /* bytes, 0 = unlimited */
+    int64_t pending;       /* storages the engine freed (released, banished, throw-away
+                              copies) not yet handed out by memscale_dtr_evict */
+    int64_t bytes_evicted; /* bytes of budget victims so far (drops and swaps out; not
+                              storages freed because the program released them) */
+    int64_t peak_usage;    /* the highest count of resident registered bytes so far (the
+                              engine's own count, also with "usage": "allocator") */
+} memscale_dtr_status;
+
+/* The status block of engine h, kept current by the engine: it is rewritten
+ * at the end of every call on the handle (memscale_dtr_create and every
+ * memscale_dtr_* call taking h, failed calls included), so a caller can skip
+ * memscale_dtr_evict when pending is 0 and usage + the bytes it is about to
+ * allocate is within budget (or budget is 0). Read it on the thread that makes
+ * the calls on h, between calls. The pointer stays valid, at the same
+ * address, until memscale_dtr_destroy(h); do not free it. NULL (and an
+ * error) for an unknown handle. */
+const memscale_dtr_status* memscale_dtr_status_of(int64_t h);
+
+/* The engine's counters as JSON (free with memscale_string_free; NULL on
+ * error): "evictions", "eager_evictions", "banished", "rematerializations",
+ * "swaps_out", "swaps_in", "base_cost_ns", "remat_cost_ns", "swap_cost_ns",
+ * "clock", "usage", "peak_usage", "budget", "candidates", "victim_searches",
+ * "victim_search_ns", "tensors", "storages", "ops", "heuristic" (the one
+ * scoring), "bytes_evicted" (as in memscale_dtr_status), "auto" (created
+ * with heuristic "auto": it records this step for memscale_dtr_tune),
+ * "finished" (memscale_dtr_finish was called), and "config": the
+ * configuration the engine runs with, after defaults, as memscale_dtr_create
+ * keys: "budget", "heuristic" (as configured: "auto" for the tuning policy),
+ * "recomp_time_factor" and "recomp_memory_factor" (omitted when unset),
+ * "evictee_min_size", "swap_bandwidth" (omitted when 0), "usage" ("engine"
+ * or "allocator"), "device" (with "allocator"), "simulator_compat",
+ * "keep_needed_released", "record". */
 char* memscale_dtr_stats_json(int64_t h);
 /* Choose the configuration for the steps to come: replay the program this
  * engine recorded (created with "heuristic": "auto" or "record": true) under

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memscale.h" /* memscale_dtr_status */
+
 /* Go exports (cabi/alloc.go). */
 extern uintptr_t memscale_go_malloc(int64_t size, int device, uintptr_t stream);
 extern void memscale_go_free(uintptr_t ptr, int64_t size, int device, uintptr_t stream);
@@ -53,10 +55,13 @@ extern int memscale_go_dtr_lock(int64_t h, int64_t t);
 extern int memscale_go_dtr_unlock(int64_t h, int64_t t);
 extern int memscale_go_dtr_pin(int64_t h, int64_t t);
 extern int memscale_go_dtr_release(int64_t h, int64_t t);
-extern int32_t memscale_go_dtr_evict(int64_t h, int64_t* ids, int32_t* actions, int32_t cap);
+extern int32_t memscale_go_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* actions,
+                                     int32_t cap);
 extern int32_t memscale_go_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
 extern int memscale_go_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 extern int memscale_go_dtr_swapped_in(int64_t h, int64_t t);
+extern int memscale_go_dtr_finish(int64_t h);
+extern memscale_dtr_status* memscale_go_dtr_status_of(int64_t h);
 extern char* memscale_go_dtr_stats_json(int64_t h);
 extern char* memscale_go_dtr_tune(int64_t h);
 
@@ -65,10 +70,7 @@ extern char* memscale_go_dtr_tune(int64_t h);
 /* Records msg[0:n] as the last error and counts it. Hidden: not part of the
  * library's dynamic symbol table. */
 __attribute__((visibility("hidden"))) void memscale_record_error(const char* msg, size_t n);
-/* Also public (memscale.h); declared here for the Go side. */
-const char* memscale_version(void);
-const char* memscale_last_error(void);
-int memscale_error_count(void);
-void memscale_clear_error(void);
+/* memscale_version, memscale_last_error, memscale_error_count and
+ * memscale_clear_error, also used by the Go side, are declared in memscale.h. */
 
 #endif /* MEMSCALE_INTERNAL_H */

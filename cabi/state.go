@@ -67,14 +67,6 @@ func loadProcess() *process {
 // processLogger returns the process logger.
 func processLogger() *zap.Logger { return loadProcess().log }
 
-// processConfig returns the configuration from the environment and its error,
-// if any. The engine uses it for its defaults (heuristic, factors, minimum
-// evictee size).
-func processConfig() (config.Config, error) {
-	p := loadProcess()
-	return p.cfg, p.err
-}
-
 // deviceState is one device and its allocator. It is created once per ordinal
 // and never replaced: a failure to open the device is kept in err and
 // returned by every later call for that ordinal.

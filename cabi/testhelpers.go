@@ -6,7 +6,11 @@ package main
 */
 import "C"
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/memscale/memscale/evict"
+)
 
 // clearError is memscale_clear_error, for tests (test files cannot use cgo).
 func clearError() { C.memscale_clear_error() }
@@ -104,14 +108,14 @@ func abiDTRLock(h, t int64) int { return int(memscale_go_dtr_lock(C.int64_t(h), 
 // abiDTRUnlock calls memscale_dtr_unlock's Go export.
 func abiDTRUnlock(h, t int64) int { return int(memscale_go_dtr_unlock(C.int64_t(h), C.int64_t(t))) }
 
-// abiDTREvict calls memscale_dtr_evict's Go export with room for capacity
-// victims; it returns the count (or -1) and the victim ids.
-func abiDTREvict(h int64, capacity int32) (int32, []int64) {
-	ids := (*C.int64_t)(C.calloc(C.size_t(capacity)+1, 8))
+// abiDTREvict calls memscale_dtr_evict's Go export with extra and room for
+// capacity victims; it returns the count (or -1) and the victim ids.
+func abiDTREvict(h, extra int64, capacity int32) (int32, []int64) {
+	ids := (*C.int64_t)(C.calloc(C.size_t(max(capacity, 0))+1, 8))
 	defer C.free(unsafe.Pointer(ids))
-	acts := (*C.int32_t)(C.calloc(C.size_t(capacity)+1, 4))
+	acts := (*C.int32_t)(C.calloc(C.size_t(max(capacity, 0))+1, 4))
 	defer C.free(unsafe.Pointer(acts))
-	n := int32(memscale_go_dtr_evict(C.int64_t(h), ids, acts, C.int32_t(capacity)))
+	n := int32(memscale_go_dtr_evict(C.int64_t(h), C.int64_t(extra), ids, acts, C.int32_t(capacity)))
 	var out []int64
 	if n > 0 {
 		for _, v := range unsafe.Slice(ids, n) {
@@ -122,22 +126,70 @@ func abiDTREvict(h int64, capacity int32) (int32, []int64) {
 }
 
 // abiDTRPlan calls memscale_dtr_plan's Go export; it returns the count (or
-// -1), the step kinds and the step ids.
+// -1), and the step kinds and ids when they were written (0 < count <= cap).
 func abiDTRPlan(h, t int64, capacity int32) (int32, []int32, []int64) {
-	kinds := (*C.int32_t)(C.calloc(C.size_t(capacity)+1, 4))
+	kinds := (*C.int32_t)(C.calloc(C.size_t(max(capacity, 0))+1, 4))
 	defer C.free(unsafe.Pointer(kinds))
-	ids := (*C.int64_t)(C.calloc(C.size_t(capacity)+1, 8))
+	ids := (*C.int64_t)(C.calloc(C.size_t(max(capacity, 0))+1, 8))
 	defer C.free(unsafe.Pointer(ids))
 	n := int32(memscale_go_dtr_plan(C.int64_t(h), C.int64_t(t), kinds, ids, C.int32_t(capacity)))
 	var ks []int32
 	var is []int64
-	if n > 0 {
+	if n > 0 && n <= capacity {
 		for i := range int(n) {
 			ks = append(ks, int32(unsafe.Slice(kinds, n)[i]))
 			is = append(is, int64(unsafe.Slice(ids, n)[i]))
 		}
 	}
 	return n, ks, is
+}
+
+// abiDTRPlanCount calls memscale_dtr_plan's Go export with cap 0 and NULL
+// arrays (asking for the number of steps).
+func abiDTRPlanCount(h, t int64) int32 {
+	return int32(memscale_go_dtr_plan(C.int64_t(h), C.int64_t(t), nil, nil, 0))
+}
+
+// abiDTRFinish calls memscale_dtr_finish's Go export.
+func abiDTRFinish(h int64) int { return int(memscale_go_dtr_finish(C.int64_t(h))) }
+
+// abiDTRSetBudget calls memscale_dtr_set_budget's Go export.
+func abiDTRSetBudget(h, bytes int64) int {
+	return int(memscale_go_dtr_set_budget(C.int64_t(h), C.int64_t(bytes)))
+}
+
+// abiDTRStatsJSON calls memscale_dtr_stats_json's Go export; "" means it
+// failed.
+func abiDTRStatsJSON(h int64) string {
+	s := memscale_go_dtr_stats_json(C.int64_t(h))
+	if s == nil {
+		return ""
+	}
+	return goStringAndFree(s)
+}
+
+// dtrStatus is memscale_dtr_status in Go types, for tests.
+type dtrStatus struct {
+	Usage, Budget, Pending, BytesEvicted, PeakUsage int64
+}
+
+// abiDTRStatus calls memscale_dtr_status_of's Go export; it returns the
+// block's address (0 on error) and what it holds.
+func abiDTRStatus(h int64) (uintptr, dtrStatus) {
+	p := memscale_go_dtr_status_of(C.int64_t(h))
+	if p == nil {
+		return 0, dtrStatus{}
+	}
+	return uintptr(unsafe.Pointer(p)), dtrStatus{int64(p.usage), int64(p.budget), int64(p.pending),
+		int64(p.bytes_evicted), int64(p.peak_usage)}
+}
+
+// dtrStatusLayout returns the size of memscale_dtr_status and the offsets of
+// its fields in order, as C lays them out.
+func dtrStatusLayout() (uintptr, []uintptr) {
+	var s C.memscale_dtr_status
+	return unsafe.Sizeof(s), []uintptr{unsafe.Offsetof(s.usage), unsafe.Offsetof(s.budget),
+		unsafe.Offsetof(s.pending), unsafe.Offsetof(s.bytes_evicted), unsafe.Offsetof(s.peak_usage)}
 }
 
 // abiDTRRematerialized calls memscale_dtr_rematerialized's Go export.
@@ -157,4 +209,15 @@ func cInt64s(v []int64) *C.int64_t {
 // abiDTRTune calls memscale_dtr_tune; "" means it failed (see lastError).
 func abiDTRTune(h int64) string {
 	return goStringAndFree(memscale_go_dtr_tune(C.int64_t(h)))
+}
+
+// engineOf returns the engine of handle h (nil if there is none), for tests
+// that look behind the ABI. The caller must not use it concurrently with
+// calls on h.
+func engineOf(h int64) *evict.Engine {
+	d, err := dtrLookup(C.int64_t(h))
+	if err != nil {
+		return nil
+	}
+	return d.eng
 }

@@ -7,7 +7,9 @@ Three layers, use the one you need:
   ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
   ``torch.cuda`` versions that raise under a pluggable allocator.
 * ``with memscale.dtr(budget="8GiB"): ...``: a Dynamic Tensor Rematerialization
-  region; tensors are evicted and rebuilt as the Go engine decides.
+  region; tensors are evicted and rebuilt as the Go engine decides
+  (``memscale.DTRRegion``, ``memscale.DTRTensor``, ``memscale.unwrap``; the
+  design is in ``memscale/_region/__init__.py``).
 * ``memscale.wrap(model_or_trainer, memscale.Config(mode="balanced"))``,
   ``memscale.optimize(model, optimizer)``, ``memscale.detach(...)``,
   ``memscale.summary(...)``: run every training step under a region.
@@ -88,18 +90,19 @@ __all__: list[str] = [
 ]
 
 
-_dtr_import_error: ImportError | None = None
+_REGION_NAMES = ("DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap")
+_region_import_error: ImportError | None = None
 try:
-    from .dtr import DTRRegion, dtr
-except ImportError as exc:  # the region module is absent or cannot load here
-    _dtr_import_error = exc
+    from ._region import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
+except ImportError as exc:  # the region cannot load here
+    _region_import_error = exc
 else:
-    __all__ += ["DTRRegion", "dtr"]
+    __all__ += list(_REGION_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("dtr", "DTRRegion") and _dtr_import_error is not None:
-        raise AttributeError(f"memscale.{name} is unavailable: importing memscale.dtr failed ({_dtr_import_error})")
+    if name in _REGION_NAMES and _region_import_error is not None:
+        raise AttributeError(f"memscale.{name} is unavailable: importing the DTR region failed ({_region_import_error})")
     if name == "MemscaleCallback":  # imports transformers, so only on demand
         from .hf import MemscaleCallback
 

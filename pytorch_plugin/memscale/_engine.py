@@ -1,25 +1,28 @@
-"""ctypes bindings of the DTR engine's C ABI (``memscale_dtr_*``) and a typed wrapper.
+"""The DTR engine's C ABI (``memscale_dtr_*``): the one ctypes layer over it.
 
 The engine (Go, packages ``evict`` and ``recompute`` behind ``cabi/engine.go``) owns
-every decision: which tensor to evict, drop or swap, and which ops to re-run to
-rebuild a tensor. Python reports what happened (an op ran, a reference was
-dropped) and executes the engine's answers. This module only declares the
-prototypes and offers :class:`Engine`, a thin typed wrapper; the region in
-:mod:`memscale.dtr` calls the raw ctypes functions of :attr:`Engine.fn` on its hot
-path to keep the per-op cost low.
+every decision: which tensor to evict, drop or swap, how many bytes are in use,
+and which ops to re-run to rebuild a tensor. Python reports what happened (an
+op ran, a reference was dropped) and executes the engine's answers.
+:class:`Engine` is the only binding of those calls: the region's hot path calls
+its methods, which reuse preallocated argument buffers and raise
+:class:`~memscale.errors.MemscaleError` with the engine's message on failure.
 
-Contract of the calls (``/tmp/memscale-contracts.md``, "C ABI of libmemscale.so"):
-every int-returning call returns ``>= 0`` on success and ``-1`` on error, with the
-message in ``memscale_last_error()``; ``char*`` results are freed with
-``memscale_string_free``.
+Contract of the calls (``cabi/memscale.h``): every int-returning call returns
+``>= 0`` on success and ``-1`` on error, with the message in
+``memscale_last_error()``; ``char*`` results are freed with
+``memscale_string_free``. :attr:`Engine.status` is the engine's status block
+(usage, budget, storages waiting to be handed out, bytes evicted, peak), kept
+current by the engine after every call, so the caller can skip calls that would
+do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import re
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from . import _lib
@@ -42,23 +45,45 @@ _i32 = ctypes.c_int32
 _P64 = ctypes.POINTER(ctypes.c_int64)
 _P32 = ctypes.POINTER(ctypes.c_int32)
 
+
+class Status(ctypes.Structure):
+    """``memscale_dtr_status``: what the engine looks like after its last call.
+
+    Attributes:
+        usage: bytes in use (with ``"usage": "allocator"``, the allocator's count
+            when the last call ended; allocations since are not in it).
+        budget: bytes, 0 = unlimited.
+        pending: storages the engine freed (released, banished, throw-away
+            copies) that :meth:`Engine.evict` has not handed out yet.
+        bytes_evicted: bytes of budget victims so far (drops and swaps).
+        peak_usage: the highest usage seen.
+    """
+
+    _fields_ = [
+        ("usage", ctypes.c_int64),
+        ("budget", ctypes.c_int64),
+        ("pending", ctypes.c_int64),
+        ("bytes_evicted", ctypes.c_int64),
+        ("peak_usage", ctypes.c_int64),
+    ]
+
+
 # name -> (restype, argtypes) of every engine-side export.
 _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_create": (_i64, [ctypes.c_char_p]),
     "memscale_dtr_destroy": (ctypes.c_int, [_i64]),
+    "memscale_dtr_status_of": (ctypes.c_void_p, [_i64]),
     "memscale_dtr_set_budget": (ctypes.c_int, [_i64, _i64]),
+    "memscale_dtr_finish": (ctypes.c_int, [_i64]),
     "memscale_dtr_tensor": (_i64, [_i64, _i64, _i32]),
-    "memscale_dtr_call": (
-        _i64,
-        [_i64, ctypes.c_char_p, _P64, _i32, _P64, _P32, _i32, _i64, _i32, _P64],
-    ),
+    "memscale_dtr_call": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P64, _P32, _i32, _i64, _i32, _P64]),
     "memscale_dtr_mutate": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P32, _i32, _i64, _i32, _P64]),
     "memscale_dtr_access": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_lock": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_unlock": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_pin": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_release": (ctypes.c_int, [_i64, _i64]),
-    "memscale_dtr_evict": (_i32, [_i64, _P64, _P32, _i32]),
+    "memscale_dtr_evict": (_i32, [_i64, _i64, _P64, _P32, _i32]),
     "memscale_dtr_plan": (_i32, [_i64, _i64, _P32, _P64, _i32]),
     "memscale_dtr_rematerialized": (ctypes.c_int, [_i64, _i64, _i64]),
     "memscale_dtr_swapped_in": (ctypes.c_int, [_i64, _i64]),
@@ -77,7 +102,7 @@ def dtr_lib() -> ctypes.CDLL:
     Raises:
         LibraryNotFoundError: the library file was not found.
         LibraryLoadError: it could not be loaded or lacks an engine export (a
-            library built before ``cabi/engine.go`` existed).
+            library older than this package).
     """
     global _declared
     if _declared is not None:
@@ -90,7 +115,7 @@ def dtr_lib() -> ctypes.CDLL:
         if missing:
             raise LibraryLoadError(
                 f"{_lib.library_path()} lacks the DTR engine exports {', '.join(missing)}: "
-                "rebuild it with cabi/engine.go (make lib)"
+                "it is older than this package; rebuild it (make lib)"
             )
         for name, (restype, argtypes) in _PROTOTYPES.items():
             fn = getattr(handle, name)
@@ -109,64 +134,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-class Functions:
-    """The raw ctypes functions of the engine, bound once (hot-path access).
-
-    Attribute names drop the ``memscale_dtr_`` prefix: ``fn.call(...)`` is
-    ``memscale_dtr_call(...)``. Arguments are passed exactly as the C ABI takes
-    them (ctypes arrays for pointers).
-    """
-
-    __slots__ = (
-        "create",
-        "destroy",
-        "set_budget",
-        "tensor",
-        "call",
-        "mutate",
-        "access",
-        "lock",
-        "unlock",
-        "pin",
-        "release",
-        "evict",
-        "plan",
-        "rematerialized",
-        "swapped_in",
-        "stats_json",
-        "tune",
-    )
-
-    def __init__(self, handle: ctypes.CDLL) -> None:
-        for slot in self.__slots__:
-            setattr(self, slot, getattr(handle, "memscale_dtr_" + slot))
-
-
-_functions: Functions | None = None
-
-
-def functions() -> Functions:
-    """The engine's raw functions (loads the library on first use)."""
-    global _functions
-    if _functions is None:
-        _functions = Functions(dtr_lib())
-    return _functions
-
-
-_CAP_RE: Final = re.compile(r"cap >= (\d+)")
-
-
-def plan_capacity_needed(message: str) -> int | None:
-    """The capacity a failed ``memscale_dtr_plan`` asks for, if that was the failure.
-
-    The engine answers a plan longer than ``cap`` with -1 and "... call again
-    with cap >= N"; any other -1 is a real error (unknown tensor, a tensor that
-    cannot be rematerialized).
-    """
-    m = _CAP_RE.search(message)
-    return int(m.group(1)) if m else None
-
-
 def last_error() -> str:
     """The library's last recorded error ("" when none)."""
     return _lib.last_error()
@@ -177,38 +144,81 @@ def _fail(what: str) -> MemscaleError:
     return MemscaleError(f"{what}: {message}")
 
 
+class _Buffers:
+    """Argument arrays of one engine, reused by every call (grown on demand)."""
+
+    __slots__ = ("capacity", "inputs", "sizes", "aliases", "outputs", "mutated")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.inputs = (_i64 * capacity)()
+        self.sizes = (_i64 * capacity)()
+        self.aliases = (_i32 * capacity)()
+        self.outputs = (_i64 * capacity)()
+        self.mutated = (_i32 * capacity)()
+
+
 class Engine:
-    """One DTR engine instance (``memscale_dtr_create`` handle), typed.
+    """One DTR engine instance (a ``memscale_dtr_create`` handle).
 
     Args:
-        config: the engine configuration (keys of the C ABI: ``budget``,
-            ``heuristic``, ``recomp_time_factor``, ``recomp_memory_factor``,
-            ``evictee_min_size``, ``swap_bandwidth``, ``usage``, ...). ``None``
-            values are left out so the engine applies its defaults.
+        config: the engine configuration (keys of ``memscale_dtr_create``:
+            ``budget``, ``heuristic``, ``recomp_time_factor``,
+            ``recomp_memory_factor``, ``evictee_min_size``, ``swap_bandwidth``,
+            ``usage``, ``device``, ``defaults``, ...). ``None`` values are left
+            out so the engine applies its defaults.
 
     Raises:
         MemscaleError: the engine rejected the configuration (the message names
             the key and value).
     """
 
+    #: Victims asked for per ``memscale_dtr_evict`` call.
+    EVICT_BATCH: Final[int] = 256
+
     def __init__(self, config: dict[str, Any]) -> None:
-        self.fn: Functions = functions()
+        lib = dtr_lib()
         payload = json.dumps({k: v for k, v in config.items() if v is not None}).encode()
-        h = int(self.fn.create(payload))
+        h = int(lib.memscale_dtr_create(payload))
         if h <= 0:
             raise _fail(f"memscale_dtr_create({payload.decode()})")
         self.handle: int = h
-        self._ids = (_i64 * 256)()
-        self._acts = (_i32 * 256)()
-        self._kinds = (_i32 * 256)()
+        address = lib.memscale_dtr_status_of(h)
+        if not address:
+            lib.memscale_dtr_destroy(h)
+            raise _fail("memscale_dtr_status_of")
+        #: The engine's status block (valid until :meth:`close`).
+        self.status: Status = Status.from_address(address)
+        self._destroy = lib.memscale_dtr_destroy
+        self._set_budget = lib.memscale_dtr_set_budget
+        self._finish = lib.memscale_dtr_finish
+        self._tensor = lib.memscale_dtr_tensor
+        self._call = lib.memscale_dtr_call
+        self._mutate = lib.memscale_dtr_mutate
+        self._access = lib.memscale_dtr_access
+        self._lock = lib.memscale_dtr_lock
+        self._unlock = lib.memscale_dtr_unlock
+        self._pin = lib.memscale_dtr_pin
+        self._release = lib.memscale_dtr_release
+        self._evict = lib.memscale_dtr_evict
+        self._plan = lib.memscale_dtr_plan
+        self._rematerialized = lib.memscale_dtr_rematerialized
+        self._swapped_in = lib.memscale_dtr_swapped_in
+        self._stats_json = lib.memscale_dtr_stats_json
+        self._tune = lib.memscale_dtr_tune
+        self._buffers = _Buffers(64)
+        self._victim_ids = (_i64 * self.EVICT_BATCH)()
+        self._victim_actions = (_i32 * self.EVICT_BATCH)()
+        self._plan_kinds = (_i32 * 1024)()
+        self._plan_ids = (_i64 * 1024)()
 
     # Lifetime -------------------------------------------------------------
 
     def close(self) -> None:
-        """Destroy the engine instance (idempotent)."""
+        """Destroy the engine instance (idempotent); :attr:`status` is invalid after."""
         if self.handle > 0:
             h, self.handle = self.handle, 0
-            if self.fn.destroy(h) < 0:
+            if self._destroy(h) < 0:
                 raise _fail("memscale_dtr_destroy")
 
     def __enter__(self) -> Engine:
@@ -217,104 +227,141 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check(self, rc: int, what: str) -> int:
-        if rc < 0:
-            raise _fail(what)
-        return int(rc)
-
-    # Registration ---------------------------------------------------------
+    # Settings -------------------------------------------------------------
 
     def set_budget(self, nbytes: int) -> None:
         """Change the budget (bytes; 0 = unlimited)."""
-        self._check(self.fn.set_budget(self.handle, int(nbytes)), f"memscale_dtr_set_budget({nbytes})")
+        if self._set_budget(self.handle, int(nbytes)) < 0:
+            raise _fail(f"memscale_dtr_set_budget({nbytes})")
+
+    def finish(self) -> None:
+        """The step is over: from now on the budget loop never fails for lack of
+        candidates (what escapes the region is made resident even when it does
+        not fit the budget; ``peak_usage`` shows by how much)."""
+        if self._finish(self.handle) < 0:
+            raise _fail("memscale_dtr_finish")
+
+    # Registration ---------------------------------------------------------
 
     def tensor(self, nbytes: int, pinned: bool = True) -> int:
         """Register an external tensor (input, parameter); returns its id."""
-        return self._check(
-            self.fn.tensor(self.handle, int(nbytes), 1 if pinned else 0), f"memscale_dtr_tensor({nbytes})"
-        )
+        t = self._tensor(self.handle, nbytes, 1 if pinned else 0)
+        if t < 0:
+            raise _fail(f"memscale_dtr_tensor({nbytes})")
+        return int(t)
+
+    def _room(self, n: int) -> _Buffers:
+        buffers = self._buffers
+        if n > buffers.capacity:
+            capacity = buffers.capacity
+            while capacity < n:
+                capacity *= 2
+            buffers = self._buffers = _Buffers(capacity)
+        return buffers
 
     def call(
         self,
-        name: str,
-        inputs: list[int],
-        out_sizes: list[int],
-        out_alias: list[int],
+        name: bytes | str,
+        inputs: Sequence[int],
+        out_sizes: Sequence[int],
+        out_alias: Sequence[int],
         cost_ns: int,
         flags: int = 0,
     ) -> tuple[int, list[int]]:
         """Register an op that ran; returns ``(op id, output tensor ids)``.
 
         ``out_alias[i]`` is ``-1`` for fresh storage or the index into ``inputs``
-        whose storage output ``i`` shares.
+        whose storage output ``i`` shares; ``out_sizes[i]`` is the storage's
+        bytes for a fresh output, the view's bytes for an alias.
         """
-        n_in, n_out = len(inputs), len(out_sizes)
+        n_in = len(inputs)
+        n_out = len(out_sizes)
         if len(out_alias) != n_out:
             raise ValueError(f"out_alias has {len(out_alias)} entries for {n_out} outputs")
-        ins = (_i64 * max(n_in, 1))(*inputs)
-        sizes = (_i64 * max(n_out, 1))(*out_sizes)
-        alias = (_i32 * max(n_out, 1))(*out_alias)
-        outs = (_i64 * max(n_out, 1))()
-        op = self._check(
-            self.fn.call(self.handle, name.encode(), ins, n_in, sizes, alias, n_out, int(cost_ns), flags, outs),
-            f"memscale_dtr_call({name})",
-        )
-        return op, list(outs[:n_out])
+        b = self._room(max(n_in, n_out))
+        b.inputs[:n_in] = inputs
+        b.sizes[:n_out] = out_sizes
+        b.aliases[:n_out] = out_alias
+        if type(name) is str:
+            name = name.encode()
+        op = self._call(self.handle, name, b.inputs, n_in, b.sizes, b.aliases, n_out, cost_ns, flags, b.outputs)
+        if op < 0:
+            raise _fail(f"memscale_dtr_call({name.decode()})")
+        return op, b.outputs[:n_out]
 
     def mutate(
-        self, name: str, inputs: list[int], mutated: list[int], cost_ns: int, flags: int = 0
+        self, name: bytes | str, inputs: Sequence[int], mutated: Sequence[int], cost_ns: int, flags: int = 0
     ) -> tuple[int, list[int]]:
-        """Register an in-place op; returns ``(op id, new version ids)``."""
-        ins = (_i64 * max(len(inputs), 1))(*inputs)
-        mut = (_i32 * max(len(mutated), 1))(*mutated)
-        outs = (_i64 * max(len(mutated), 1))()
-        op = self._check(
-            self.fn.mutate(self.handle, name.encode(), ins, len(inputs), mut, len(mutated), int(cost_ns), flags, outs),
-            f"memscale_dtr_mutate({name})",
-        )
-        return op, list(outs[: len(mutated)])
+        """Register an in-place op that wrote ``inputs[i]`` for each ``i`` in
+        ``mutated``; returns ``(op id, new version ids)``."""
+        n_in = len(inputs)
+        n_mut = len(mutated)
+        b = self._room(n_in)
+        b.inputs[:n_in] = inputs
+        b.mutated[:n_mut] = mutated
+        if type(name) is str:
+            name = name.encode()
+        op = self._mutate(self.handle, name, b.inputs, n_in, b.mutated, n_mut, cost_ns, flags, b.outputs)
+        if op < 0:
+            raise _fail(f"memscale_dtr_mutate({name.decode()})")
+        return op, b.outputs[:n_mut]
 
     def access(self, t: int) -> None:
         """Tensor ``t`` was read (staleness clock)."""
-        self._check(self.fn.access(self.handle, t), f"memscale_dtr_access({t})")
+        if self._access(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_access({t})")
 
     def lock(self, t: int) -> None:
         """Tensor ``t`` must not be evicted until :meth:`unlock` (counted)."""
-        self._check(self.fn.lock(self.handle, t), f"memscale_dtr_lock({t})")
+        if self._lock(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_lock({t})")
 
     def unlock(self, t: int) -> None:
-        """Undo one :meth:`lock`."""
-        self._check(self.fn.unlock(self.handle, t), f"memscale_dtr_unlock({t})")
+        """Undo one :meth:`lock` (may free a storage nothing references)."""
+        if self._unlock(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_unlock({t})")
 
     def pin(self, t: int) -> None:
         """Tensor ``t`` is never evicted."""
-        self._check(self.fn.pin(self.handle, t), f"memscale_dtr_pin({t})")
+        if self._pin(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_pin({t})")
 
     def release(self, t: int) -> None:
         """The program dropped its reference to ``t``."""
-        self._check(self.fn.release(self.handle, t), f"memscale_dtr_release({t})")
+        if self._release(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_release({t})")
 
     # Decisions ------------------------------------------------------------
 
-    def evict(self) -> list[tuple[int, int]]:
-        """Run the budget loop; returns ``(storage-root id, action)`` pairs.
+    def evict(self, extra: int = 0, why: str = "") -> Iterator[tuple[int, int]]:
+        """The budget loop: yields ``(storage-root id, action)`` pairs to free.
 
-        Calls ``memscale_dtr_evict`` until it returns 0 (usage within the budget,
-        nothing left to hand out): a short answer is not the end when the engine
-        ran out of candidates after taking some, and the next call then fails.
+        First the storages the engine freed since the last call, then victims,
+        until usage + ``extra`` (bytes about to be allocated) fits the budget.
+        Victims come in batches, one ``memscale_dtr_evict`` call each; a batch
+        is yielded whole before the next call, so a caller that frees each
+        victim as it comes has freed a batch before the engine looks at usage
+        again (what ``"usage": "allocator"`` needs). Exhaust the iterator.
 
         Raises:
-            MemscaleError: usage is over the budget and nothing (more) can be
-                evicted; the victims of earlier calls are lost with the error,
-                as the engine already counts them evicted.
+            MemscaleError: usage + ``extra`` is over the budget and nothing
+                (more) can be evicted, or ``extra`` alone is larger than the
+                budget; ``why`` is added to the engine's message. Victims
+                yielded before the error are gone in the engine's count.
         """
-        out: list[tuple[int, int]] = []
-        cap = len(self._ids)
+        ids = self._victim_ids
+        actions = self._victim_actions
+        cap = self.EVICT_BATCH
         while True:
-            n = self._check(self.fn.evict(self.handle, self._ids, self._acts, cap), "memscale_dtr_evict")
-            if n == 0:
-                return out
-            out.extend(zip(self._ids[:n], self._acts[:n]))
+            n = self._evict(self.handle, extra, ids, actions, cap)
+            if n <= 0:
+                if n < 0:
+                    raise _fail(f"memscale_dtr_evict{' ' + why if why else ''}")
+                return
+            for j in range(n):
+                yield ids[j], actions[j]
+            # A short batch is not the end when the engine ran out of
+            # candidates after taking some: the next call returns 0 or fails.
 
     def plan(self, t: int) -> list[tuple[int, int]]:
         """Steps that make ``t`` resident: ``(kind, id)``, ancestors first.
@@ -326,30 +373,31 @@ class Engine:
         plan of its own before running that step.
         """
         while True:
-            cap = len(self._kinds)
-            n = int(self.fn.plan(self.handle, t, self._kinds, self._ids, cap))
-            if n >= 0:
-                return list(zip(self._kinds[:n], self._ids[:n]))
-            need = plan_capacity_needed(last_error())
-            if need is None or need <= cap:
+            cap = len(self._plan_kinds)
+            n = self._plan(self.handle, t, self._plan_kinds, self._plan_ids, cap)
+            if n < 0:
                 raise _fail(f"memscale_dtr_plan({t})")
-            self._kinds = (_i32 * need)()
-            self._ids = (_i64 * need)()
-            self._acts = (_i32 * need)()
+            if n <= cap:
+                return list(zip(self._plan_kinds[:n], self._plan_ids[:n]))
+            # As snprintf: n steps do not fit; nothing was committed.
+            self._plan_kinds = (_i32 * n)()
+            self._plan_ids = (_i64 * n)()
 
     def rematerialized(self, op: int, cost_ns: int) -> None:
         """Op ``op`` was re-run; its outputs are resident, except those the program
         released for good, whose re-made copies the next :meth:`evict` hands out
         (as drops) to be freed."""
-        self._check(self.fn.rematerialized(self.handle, op, int(cost_ns)), f"memscale_dtr_rematerialized({op})")
+        if self._rematerialized(self.handle, op, cost_ns) < 0:
+            raise _fail(f"memscale_dtr_rematerialized({op})")
 
     def swapped_in(self, t: int) -> None:
         """Tensor ``t`` was copied back from host memory."""
-        self._check(self.fn.swapped_in(self.handle, t), f"memscale_dtr_swapped_in({t})")
+        if self._swapped_in(self.handle, t) < 0:
+            raise _fail(f"memscale_dtr_swapped_in({t})")
 
     def stats(self) -> dict[str, Any]:
-        """The engine's counters (``memscale_dtr_stats_json``)."""
-        return _json_object(self.fn.stats_json(self.handle), "memscale_dtr_stats_json")
+        """The engine's counters and configuration (``memscale_dtr_stats_json``)."""
+        return _json_object(self._stats_json(self.handle), "memscale_dtr_stats_json")
 
     def tune(self) -> dict[str, Any]:
         """The engine's choice of configuration for the steps to come
@@ -367,7 +415,7 @@ class Engine:
             MemscaleError: the engine does not record, has no budget, or its
                 recording could not be replayed (the message says which).
         """
-        return _json_object(self.fn.tune(self.handle), "memscale_dtr_tune")
+        return _json_object(self._tune(self.handle), "memscale_dtr_tune")
 
 
 def _json_object(ptr: Any, what: str) -> dict[str, Any]:
@@ -375,10 +423,7 @@ def _json_object(ptr: Any, what: str) -> dict[str, Any]:
     library's error when it is NULL."""
     if not ptr:
         raise _fail(what)
-    if isinstance(ptr, str):  # a pure-Python stand-in (tests)
-        result = json.loads(ptr)
-    else:
-        result = _lib.take_json(ptr, what)
+    result = _lib.take_json(ptr, what)
     if not isinstance(result, dict):
         raise MemscaleError(f"{what} returned {type(result).__name__}, expected an object")
     return result

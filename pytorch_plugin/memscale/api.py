@@ -48,18 +48,17 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _stats
 from .config import Config, format_bytes
 from .errors import MemscaleError
 
 if TYPE_CHECKING:
     import torch
 
-    from .dtr import DTRRegion
+    from ._region import DTRRegion
 
 log = logging.getLogger("memscale")
 
-# Keys of DTRRegion.summary() that add up over regions.
-_SUMMED = ("evictions", "rematerializations", "swaps_out", "swaps_in", "bytes_evicted", "base_cost_ns", "remat_cost_ns")
 
 
 @dataclass
@@ -99,7 +98,7 @@ class Summary:
     @property
     def overhead(self) -> float:
         """``(base + remat) / base`` compute time, as ``DTRRegion.summary()`` defines it (1.0: none)."""
-        return (self.base_cost_ns + self.remat_cost_ns) / self.base_cost_ns if self.base_cost_ns else 1.0
+        return _stats.overhead(self.base_cost_ns, self.remat_cost_ns)
 
     @property
     def bytes_saved(self) -> int | None:
@@ -132,7 +131,7 @@ class Summary:
 
 def _dtr() -> Any:
     try:
-        from .dtr import dtr
+        from ._region import dtr
     except ImportError as exc:
         raise MemscaleError(f"the DTR region (memscale.dtr) is unavailable: {exc}") from exc
     return dtr
@@ -293,7 +292,7 @@ class _Steps:
         if baseline is not None and summaries:
             out.baseline_peak = int(summaries[0].get("peak_usage", 0))
         for i, current in enumerate(summaries):
-            for key in _SUMMED:
+            for key in _stats.SUMMED_KEYS:
                 setattr(out, key, getattr(out, key) + int(current.get(key, 0) or 0))
             budgeted = not (baseline is not None and i == 0)
             if budgeted:

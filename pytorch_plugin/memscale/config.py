@@ -183,7 +183,6 @@ class Config:
         threshold: overrides ``mode``: bytes, ``"12GiB"`` or ``"60%"``.
         recompute: allow evicting by dropping a tensor and recomputing it.
         swap: allow evicting by copying a tensor to host memory.
-        offload_limit: cap on bytes swapped out to host memory (needs ``swap``).
         evictee_min_size: tensors smaller than this many bytes are never evicted.
         recomp_time_factor: weight of recompute time in the engine's score.
         recomp_memory_factor: weight of memory in the engine's score.
@@ -203,7 +202,6 @@ class Config:
     threshold: SizeLike | None = None
     recompute: bool = True
     swap: bool = False
-    offload_limit: SizeLike | None = None
     evictee_min_size: SizeLike | None = None
     recomp_time_factor: float | None = None
     recomp_memory_factor: float | None = None
@@ -228,14 +226,12 @@ class Config:
             nbytes = parse_size(self.threshold, name="Config.threshold", total=1)
             if nbytes == 0 and not is_percentage(self.threshold):
                 raise ConfigError(f"Config.threshold={self.threshold!r}: must be positive")
-        for field_name in ("offload_limit", "evictee_min_size", "device_memory"):
+        for field_name in ("evictee_min_size", "device_memory"):
             value = getattr(self, field_name)
             if value is not None:
                 parse_size(value, name=f"Config.{field_name}", allow_percent=False)
         if self.device_memory is not None and self.device_bytes() == 0:
             raise ConfigError(f"Config.device_memory={self.device_memory!r}: must be positive")
-        if self.offload_limit is not None and not self.swap:
-            raise ConfigError(f"Config.offload_limit={self.offload_limit!r}: only meaningful with swap=True")
         for field_name in ("recomp_time_factor", "recomp_memory_factor"):
             value = getattr(self, field_name)
             if value is None:
@@ -285,8 +281,6 @@ class Config:
             kwargs["recomp_time_factor"] = float(self.recomp_time_factor)
         if self.recomp_memory_factor is not None:
             kwargs["recomp_memory_factor"] = float(self.recomp_memory_factor)
-        if self.offload_limit is not None:
-            kwargs["offload_limit"] = parse_size(self.offload_limit, name="Config.offload_limit", allow_percent=False)
         return kwargs
 
     def as_dict(self) -> dict[str, object]:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         memscale.install()
     import transformers
 
-    from .dtr import dtr
+    from ._region import dtr
 
     transformers.logging.set_verbosity_error()
     device = torch.device("cuda" if cuda else "cpu")

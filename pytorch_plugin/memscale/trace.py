@@ -48,12 +48,15 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import torch
 
-from .dtr import _REFERENCE_OPS, DTRRegion
+from ._region import DTRRegion
 from .errors import MemscaleError
+
+#: Ops that only make a new reference to the same data: written as COPY.
+REFERENCE_OPS: Final[frozenset[str]] = frozenset({"detach", "alias", "lift_fresh"})
 
 __all__ = ["TraceError", "TraceRecorder", "TraceSummary", "check", "read", "record"]
 
@@ -104,18 +107,18 @@ class _Sink:
         self.out.flush()
 
     def external(self, c: Any, nbytes: int) -> None:
-        name = self._name(c.tid)
+        name = self._name(c.tensor_id)
         self._w({"INSTRUCTION": "CONSTANT", "NAME": name})
         self._w({"INSTRUCTION": "MEMORY", "MEMORY": str(nbytes), "NAME": name})
 
     def call(self, op: bytes, ins: list[Any], outs: list[Any], sizes: list[int], aliases: list[int], cost: int) -> None:
         self._check_backward()
         names = self.names
-        args = [names[c.tid] for c in ins]
-        if len(outs) == 1 and aliases[0] == 0 and op.split(b".")[0].decode() in _REFERENCE_OPS:
-            self._w({"DST": self._name(outs[0].tid), "INSTRUCTION": "COPY", "SRC": args[0]})
+        args = [names[c.tensor_id] for c in ins]
+        if len(outs) == 1 and aliases[0] == 0 and op.split(b".")[0].decode() in REFERENCE_OPS:
+            self._w({"DST": self._name(outs[0].tensor_id), "INSTRUCTION": "COPY", "SRC": args[0]})
             return
-        results = [self._name(c.tid) for c in outs]
+        results = [self._name(c.tensor_id) for c in outs]
         self._w({"ARGS": args, "INSTRUCTION": "CALL", "NAME": op.decode(), "RESULT": results, "TIME": str(int(cost))})
         for name, size, alias in zip(results, sizes, aliases):
             self._w({"INSTRUCTION": "MEMORY", "MEMORY": str(int(size)), "NAME": name})
@@ -124,15 +127,15 @@ class _Sink:
     def mutate(self, op: bytes, ins: list[Any], mut: list[int], cost: int) -> None:
         self._check_backward()
         names = self.names
-        args = [names[c.tid] for c in ins]
+        args = [names[c.tensor_id] for c in ins]
         self._w({"ARGS": args, "INSTRUCTION": "MUTATE", "MUTATE": list(mut), "NAME": op.decode(), "TIME": str(int(cost))})
 
     def version(self, old: Any, new: Any) -> None:
         # A new version keeps the reference's name (MUTATE semantics).
-        self.names[new.tid] = self.names[old.tid]
+        self.names[new.tensor_id] = self.names[old.tensor_id]
 
     def release(self, c: Any) -> None:
-        name = self.names.get(c.tid)
+        name = self.names.get(c.tensor_id)
         if name is not None:
             self._w({"INSTRUCTION": "RELEASE", "NAME": name})
 

@@ -3,7 +3,6 @@ directory on sys.path)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
@@ -14,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 import memscale
 from memscale import _lib
@@ -38,13 +36,6 @@ def run_child(code: str, timeout: float = 120, **env: str | None) -> subprocess.
         text=True,
         timeout=timeout,
     )
-
-
-def check_dtr_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the DTR region check, after every op, that Python's mirror of the
-    engine's usage is exact (``memscale.dtr`` the attribute is the function; the
-    module is in sys.modules)."""
-    monkeypatch.setattr(importlib.import_module("memscale.dtr"), "CHECK_USAGE", True)
 
 
 @contextmanager

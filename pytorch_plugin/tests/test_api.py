@@ -18,7 +18,7 @@ nn = torch.nn
 
 try:
     from memscale import _engine
-    from memscale.dtr import dtr as _dtr  # noqa: F401
+    from memscale import dtr as _dtr  # noqa: F401
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - until the engine lands

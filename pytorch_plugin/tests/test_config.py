@@ -121,9 +121,6 @@ def test_budget_for_rejects_bad_device_bytes(device_bytes: Any) -> None:
         ({"swap": 1}, "Config.swap"),
         ({"log_summary": None}, "Config.log_summary"),
         ({"recompute": False, "swap": False}, "Config.recompute"),
-        ({"swap": True, "offload_limit": "10%"}, "Config.offload_limit"),
-        ({"swap": True, "offload_limit": "many"}, "Config.offload_limit"),
-        ({"offload_limit": "1GiB"}, "Config.offload_limit"),
         ({"evictee_min_size": -1}, "Config.evictee_min_size"),
         ({"recomp_time_factor": -0.5}, "Config.recomp_time_factor"),
         ({"recomp_time_factor": float("nan")}, "Config.recomp_time_factor"),
@@ -144,7 +141,6 @@ def test_valid_config_and_region_kwargs() -> None:
     config = Config(
         mode="aggressive",
         swap=True,
-        offload_limit="2GiB",
         evictee_min_size="1MiB",
         recomp_time_factor=1,
         recomp_memory_factor=0.5,
@@ -159,7 +155,6 @@ def test_valid_config_and_region_kwargs() -> None:
         "evictee_min_size": 1024**2,
         "recomp_time_factor": 1.0,
         "recomp_memory_factor": 0.5,
-        "offload_limit": 2 * GiB,
     }
     assert Config().region_kwargs() == {"recompute": True, "swap": False}
     assert config.as_dict()["mode"] == "aggressive"

@@ -1,4 +1,4 @@
-"""memscale._engine: the typed wrapper of the engine's C ABI (memscale_dtr_*).
+"""memscale._engine: the one binding of the engine's C ABI (memscale_dtr_*).
 
 Drives the real library directly, without PyTorch: registration, the budget
 loop's victims, plans (and their capacity retry), rematerialization, swaps,
@@ -31,7 +31,7 @@ def test_register_run_evict_and_rebuild() -> None:
         assert eng.stats()["usage"] == 2 * MB
         _, (b,) = eng.call("add", [a], [MB], [-1], 1000)
         _, (c,) = eng.call("add", [b], [MB], [-1], 1000)
-        victims = eng.evict()
+        victims = list(eng.evict())
         assert victims == [(a, ACTION_DROP)]  # the storage root; its view goes with it
         assert eng.stats()["usage"] <= 3 * MB
         steps = eng.plan(v)
@@ -53,7 +53,7 @@ def test_release_frees_and_mutate_takes_over_memory() -> None:
         assert b != a
         assert eng.stats()["usage"] == 2 * MB  # the new version lives in a's memory
         eng.release(b)
-        freed = eng.evict()  # storages freed by releases are handed out too
+        freed = list(eng.evict())  # storages freed by releases are handed out too
         assert freed and eng.stats()["usage"] == MB
 
 
@@ -62,7 +62,7 @@ def test_swap_when_recompute_is_not_allowed() -> None:
         x = eng.tensor(MB)
         _, (a,) = eng.call("mul", [x], [MB], [-1], 10, flags=_engine.NO_RECOMPUTE)
         _, (b,) = eng.call("add", [x], [MB], [-1], 10, flags=_engine.NO_RECOMPUTE)
-        assert eng.evict() == [(a, ACTION_SWAP)]
+        assert list(eng.evict()) == [(a, ACTION_SWAP)]
         assert eng.plan(a) == [(STEP_SWAP_IN, a)]
         eng.swapped_in(a)
         assert eng.stats()["swaps_in"] == 1
@@ -71,16 +71,16 @@ def test_swap_when_recompute_is_not_allowed() -> None:
 
 def test_long_plans_ask_for_a_bigger_buffer() -> None:
     with Engine({"budget": 2 * MB, "heuristic": "lru"}) as eng:
-        eng._kinds = (_engine._i32 * 1)()  # force the "cap >= N" retry
-        eng._ids = (_engine._i64 * 1)()
+        eng._plan_kinds = (_engine._i32 * 1)()  # too small: the engine says how big (as snprintf)
+        eng._plan_ids = (_engine._i64 * 1)()
         prev = eng.tensor(MB)
         ops = []
         for _ in range(5):
             op, (prev,) = eng.call("add", [prev], [MB], [-1], 10)
             ops.append(op)
-            eng.evict()
+            list(eng.evict())
         steps = eng.plan(prev - 2)  # an evicted tensor a few ops back
-        assert len(steps) >= 2 and len(eng._kinds) >= len(steps)
+        assert len(steps) >= 2 and len(eng._plan_kinds) == len(steps)
 
 
 def test_rerun_remakes_a_released_output_as_a_throw_away_copy() -> None:
@@ -88,15 +88,15 @@ def test_rerun_remakes_a_released_output_as_a_throw_away_copy() -> None:
         x = eng.tensor(MB)
         op, (vals, idx) = eng.call("topk", [x], [2 * MB, MB], [-1, -1], 1000)
         eng.release(vals)  # dropped by the program; nothing can need it
-        assert eng.evict() == [(vals, ACTION_DROP)]
+        assert list(eng.evict()) == [(vals, ACTION_DROP)]
         eng.set_budget(MB + MB // 2)
-        assert eng.evict() == [(idx, ACTION_DROP)]
+        assert list(eng.evict()) == [(idx, ACTION_DROP)]
         eng.set_budget(4 * MB)
         assert eng.plan(idx) == [(STEP_RERUN, op)]
         eng.rematerialized(op, 900)  # the re-run also re-made vals
         assert eng.stats()["usage"] == 2 * MB  # x and idx: the copy of vals is not kept
-        assert eng.evict() == [(vals, ACTION_DROP)]  # ... it is handed out to be freed
-        assert eng.evict() == []
+        assert list(eng.evict()) == [(vals, ACTION_DROP)]  # ... it is handed out to be freed
+        assert list(eng.evict()) == []
 
 
 def test_evict_keeps_asking_until_the_engine_says_done() -> None:
@@ -109,9 +109,9 @@ def test_evict_keeps_asking_until_the_engine_says_done() -> None:
         # a goes, then nothing else can: the wrapper reports the error rather
         # than a short answer over the budget
         with pytest.raises(MemscaleError, match="nothing evictable.*1 pinned, 1 locked"):
-            eng.evict()
+            list(eng.evict())
         eng.unlock(b)
-        assert eng.evict() == [(b, ACTION_DROP)]
+        assert list(eng.evict()) == [(b, ACTION_DROP)]
 
 
 def test_bad_calls_raise_with_the_engines_message() -> None:
@@ -128,8 +128,77 @@ def test_bad_calls_raise_with_the_engines_message() -> None:
             eng.plan(999)
         x = eng.tensor(4 * MB)
         with pytest.raises(MemscaleError, match="nothing evictable"):
-            eng.evict()
+            list(eng.evict())
         eng.set_budget(0)
-        assert eng.evict() == []
+        assert list(eng.evict()) == []
         del x
     eng.close()  # idempotent
+
+
+def test_status_block_follows_every_call() -> None:
+    with Engine({"budget": 4 * MB, "heuristic": "lru"}) as eng:
+        status = eng.status
+        assert (status.usage, status.budget, status.pending) == (0, 4 * MB, 0)
+        x = eng.tensor(MB)
+        assert status.usage == MB
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
+        assert status.usage == 2 * MB and status.peak_usage == 2 * MB
+        eng.release(a)  # its last reference: the engine frees it and says so
+        assert status.pending == 1
+        assert list(eng.evict()) == [(a, ACTION_DROP)]
+        assert status.pending == 0 and status.usage == MB
+        eng.set_budget(0)
+        assert status.budget == 0
+
+
+def test_evict_makes_room_for_the_bytes_about_to_be_allocated() -> None:
+    with Engine({"budget": 3 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
+        _, (b,) = eng.call("mul", [a], [MB], [-1], 10)
+        assert list(eng.evict()) == []  # 3 MiB fit the budget
+        assert list(eng.evict(extra=MB)) == [(a, ACTION_DROP)]
+        assert eng.status.usage + MB <= 3 * MB
+        assert eng.status.bytes_evicted == MB == eng.stats()["bytes_evicted"]
+        with pytest.raises(MemscaleError, match="larger than the whole budget"):
+            list(eng.evict(extra=4 * MB, why="for a test"))
+        assert eng.status.usage == 2 * MB  # nothing was evicted for an impossible request
+        del b
+
+
+def test_finish_lets_what_escapes_exceed_the_budget() -> None:
+    with Engine({"budget": 2 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)
+        _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
+        eng.lock(a)
+        with pytest.raises(MemscaleError, match="nothing evictable"):
+            list(eng.evict(extra=MB))
+        eng.finish()
+        assert list(eng.evict(extra=MB)) == []  # no error: usage may now exceed the budget
+        assert eng.stats()["finished"]
+        eng.unlock(a)
+
+
+def test_region_defaults_are_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMSCALE_HEURISTIC", raising=False)
+    monkeypatch.delenv("MEMSCALE_EVICTEE_MIN_SIZE", raising=False)
+
+    def resolved(config: dict[str, object]) -> dict[str, object]:
+        with Engine({"defaults": "region", **config}) as eng:
+            stats = eng.stats()
+        return {"auto": stats["auto"], **stats["config"]}
+
+    got = resolved({"budget": MB})
+    assert got["auto"] and got["heuristic"] == "auto" and got["evictee_min_size"] == 1024
+    assert not resolved({})["auto"]  # nothing to tune without a budget
+    assert resolved({"budget": MB, "evictee_min_size": 0})["evictee_min_size"] == 0
+    assert resolved({"budget": MB, "heuristic": "dtr"})["auto"] is False
+    monkeypatch.setenv("MEMSCALE_HEURISTIC", "lru")  # set after the library was loaded
+    got = resolved({"budget": MB})
+    assert got["heuristic"] == "lru" and not got["auto"]
+    monkeypatch.setenv("MEMSCALE_HEURISTIC", "Auto")
+    assert resolved({"budget": MB})["auto"]
+    monkeypatch.setenv("MEMSCALE_EVICTEE_MIN_SIZE", "4096")
+    assert resolved({"budget": MB})["evictee_min_size"] == 4096
+    with pytest.raises(MemscaleError, match="defaults"):
+        Engine({"defaults": "training"})

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import assert_same_steps, check_dtr_usage, deadline
+from _helpers import assert_same_steps, deadline
 
 from memscale import MemscaleError
 
@@ -35,7 +35,7 @@ nn = torch.nn
 
 try:
     from memscale import _engine
-    from memscale.dtr import dtr
+    from memscale import dtr
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
@@ -43,11 +43,6 @@ except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the en
 
 STEPS = 3
 FRACTIONS = (0.5, 0.3)
-
-
-@pytest.fixture(autouse=True)
-def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    check_dtr_usage(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import check_dtr_usage, deadline
+from _helpers import deadline
 
 from memscale import ConfigError, MemscaleError
 
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 try:
     from memscale import _engine
-    from memscale.dtr import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
+    from memscale import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
@@ -32,11 +32,6 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 
 MB = 1 << 20
 N = 256 * 1024  # floats per 1 MiB tensor
-
-
-@pytest.fixture(autouse=True)
-def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    check_dtr_usage(monkeypatch)
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +50,7 @@ def _eq(t: Any, ref: Any) -> bool:
 
 def _resident(t: Any) -> bool:
     assert type(t) is DTRTensor
-    return t._c.t is not None
+    return t._c.tensor is not None
 
 
 def _x(seed: int = 0) -> Any:
@@ -344,21 +339,18 @@ def test_a_failing_op_leaves_the_region_usable() -> None:
 
 
 def test_a_plan_longer_than_the_buffer_grows_it() -> None:
-    import ctypes
-
     x = _x()
     ref = torch.tanh(torch.tanh(torch.tanh(x * 2) + 1) * 3)
     region = _region()
     with region:
-        e = region._entry
-        e.pcap = 1
-        e.b_pk = (ctypes.c_int32 * 1)()
-        e.b_pi = (ctypes.c_int64 * 1)()
+        engine = region._session.engine
+        engine._plan_kinds = (_engine._i32 * 1)()
+        engine._plan_ids = (_engine._i64 * 1)()
         a = torch.tanh(torch.tanh(torch.tanh(x * 2) + 1) * 3)
         keep = _fill(x)
         assert not _resident(a)
         assert _eq(a, ref)  # a plan of several steps
-        assert e.pcap > 1
+        assert len(engine._plan_kinds) > 1
         del keep
 
 
@@ -373,7 +365,7 @@ def test_escaping_tensors_are_materialized_at_exit() -> None:
         keep = _fill(x)
         assert not _resident(a)
     # a left the region evicted; it was rebuilt at exit and is a plain value now
-    assert a._c.t is not None
+    assert a._c.tensor is not None
     assert torch.equal(a * 1, x * 5)
     assert type(a * 1) is torch.Tensor
     assert all(torch.equal(k * 1, x * float(i + 2)) for i, k in enumerate(keep))
@@ -460,9 +452,7 @@ def test_swap_instead_of_recompute() -> None:
 def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA cost model with stand-in events: the host time until an op's
     device time is known, then the device time of the same (op, size)."""
-    import importlib
-
-    dtr_mod = importlib.import_module("memscale.dtr")
+    from memscale._region.device import CudaTimer
 
     class Event:
         done = False
@@ -482,14 +472,14 @@ def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.Mo
 
     made: list[Event] = []
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    timer = dtr_mod._CudaTimer()
+    timer = CudaTimer()
     key = ("op", 64)
     start = timer.start()
     assert timer.stop(key, start, host_ns=1000) == 1000  # nothing measured yet, no sync
     Event.done = True
     start = timer.start()
     assert timer.stop(key, start, host_ns=1000) == 500_000  # the first op's 0.5 ms
-    assert len(timer.pending) == 0 and timer.free  # events are reused
+    assert len(timer.pending) == 0 and timer.spare  # events are reused
 
 
 # ---------------------------------------------------------------- bad input
@@ -502,7 +492,7 @@ def test_budget_below_the_largest_op_is_a_clear_error() -> None:
         with region:
             y = x * 2  # x (1 MiB, pinned) + y (1 MiB) do not fit
             y.sum()
-    assert region._entry is None  # left cleanly
+    assert region._session is None  # left cleanly
     assert _get_current_dispatch_mode() is None
     region.budget = 8 * MB  # and usable again
     with region:
@@ -520,7 +510,7 @@ def test_budget_error_mid_backward_leaves_no_state_behind() -> None:
         with region:
             loss = lin(x).square().sum()
             loss.backward()
-    assert region._entry is None
+    assert region._session is None
     assert lin.weight.grad is None or type(lin.weight.grad) is torch.Tensor
     lin.zero_grad(set_to_none=True)
     with dtr(None):
@@ -554,7 +544,6 @@ def test_evicted_tensor_after_a_failed_region_raises_clearly() -> None:
         ({"heuristic": "best"}, "heuristic"),
         ({"recompute": False}, "nothing could ever be evicted"),
         ({"recomp_time_factor": -1.0}, "recomp_time_factor"),
-        ({"offload_limit": "1GiB"}, "only meaningful with swap"),
         ({"usage": "gpu"}, "usage"),
     ],
 )
@@ -565,8 +554,8 @@ def test_bad_arguments_name_what_is_wrong(kwargs: dict[str, Any], match: str) ->
 
 
 def test_engine_rejections_surface_at_entry() -> None:
-    region = dtr(MB, swap=True, offload_limit="1GiB")
-    with pytest.raises(MemscaleError, match="offload_limit"):
+    region = dtr(MB, recomp_time_factor=float("inf"))  # Python lets it through, the engine does not
+    with pytest.raises(MemscaleError, match="recomp_time_factor"):
         with region:
             pass
     assert _get_current_dispatch_mode() is None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import assert_same_steps, check_dtr_usage, deadline
+from _helpers import assert_same_steps, deadline
 
 import memscale
 from memscale import Config, MemscaleError
@@ -30,7 +30,8 @@ nn = torch.nn
 
 try:
     from memscale import _engine
-    from memscale.dtr import DEFAULT_HEURISTIC, dtr
+    from memscale import dtr
+    from memscale._region import DEFAULT_HEURISTIC
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
@@ -41,8 +42,7 @@ Make = Callable[[], tuple[nn.Module, Callable[[nn.Module], Any]]]
 
 
 @pytest.fixture(autouse=True)
-def _check_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    check_dtr_usage(monkeypatch)
+def _no_heuristic_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEMSCALE_HEURISTIC", raising=False)
 
 
@@ -186,7 +186,7 @@ def test_environment_heuristic_does_not_tune(
     got = _train(_mlp, region, steps=2)
     assert tune_calls == []
     assert region.summary()["tuning"] is None
-    assert all("heuristic" not in rec["last"]["config"] for rec in got)  # the engine reads the variable
+    assert all(rec["last"]["config"]["heuristic"] == "dtr" for rec in got)  # the engine reads the variable
 
 
 def test_environment_auto_tunes(tune_calls: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +203,7 @@ def test_unbudgeted_region_does_not_tune(tune_calls: list[dict[str, Any]]) -> No
     got = _train(_mlp, region, steps=2)
     assert tune_calls == []
     assert region.summary()["tuning"] is None
-    assert all("heuristic" not in rec["last"]["config"] for rec in got)
+    assert all(rec["last"]["config"]["heuristic"] != DEFAULT_HEURISTIC for rec in got)
 
 
 _FORCED: dict[str, Any] = {

@@ -35,7 +35,7 @@ def _needs_trainer_stack() -> Any:
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (not installed)")
     try:
         from memscale import _engine
-        from memscale.dtr import dtr  # noqa: F401
+        from memscale import dtr  # noqa: F401
 
         _engine.dtr_lib()
     except (ImportError, MemscaleError) as exc:  # pragma: no cover - until the engine lands

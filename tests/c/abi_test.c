@@ -66,13 +66,19 @@ FN(memscale_clear_error);
 FN(memscale_string_free);
 FN(memscale_version);
 
-// DTR engine exports the fork test calls; NULL with ABI_TEST_SKIP_DTR=1.
+// DTR engine exports the tests call; NULL with ABI_TEST_SKIP_DTR=1.
 FN(memscale_dtr_create);
 FN(memscale_dtr_destroy);
 FN(memscale_dtr_set_budget);
 FN(memscale_dtr_tensor);
 FN(memscale_dtr_call);
+FN(memscale_dtr_lock);
+FN(memscale_dtr_release);
 FN(memscale_dtr_evict);
+FN(memscale_dtr_plan);
+FN(memscale_dtr_rematerialized);
+FN(memscale_dtr_finish);
+FN(memscale_dtr_status_of);
 FN(memscale_dtr_stats_json);
 FN(memscale_dtr_tune);
 
@@ -82,7 +88,8 @@ static const char* dtr_exports[] = {
     "memscale_dtr_access",   "memscale_dtr_lock",            "memscale_dtr_unlock",
     "memscale_dtr_pin",      "memscale_dtr_release",         "memscale_dtr_evict",
     "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
-    "memscale_dtr_stats_json", "memscale_dtr_tune",
+    "memscale_dtr_stats_json", "memscale_dtr_tune",          "memscale_dtr_finish",
+    "memscale_dtr_status_of",
 };
 
 // ---- reporting --------------------------------------------------------------
@@ -593,7 +600,7 @@ static void test_dtr_tune(void) {
 		int64_t out[1];
 		int64_t in[1] = {x};
 		ok = p_memscale_dtr_call(e, "layer", in, 1, sizes, alias, 1, 1000 * (i + 1), 0, out) >= 0;
-		while (ok && p_memscale_dtr_evict(e, ids, acts, 16) > 0) {
+		while (ok && p_memscale_dtr_evict(e, 0, ids, acts, 16) > 0) {
 		}
 		x = out[0];
 	}
@@ -625,6 +632,156 @@ static void test_dtr_tune(void) {
 	check(e > 0 && p_memscale_dtr_tune(e) == NULL, "dtr_tune of an engine that does not record is NULL");
 	expect_error(before, "dtr_tune without recording", "memscale_dtr_tune", "does not record", NULL);
 	if (e > 0) p_memscale_dtr_destroy(e);
+}
+
+// dtr_op runs one op of one fresh output of size bytes reading in on engine
+// e; it returns the output's id, or -1.
+static int64_t dtr_op(int64_t e, int64_t in, int64_t size) {
+	int64_t ins[1] = {in};
+	int64_t sizes[1] = {size};
+	int32_t alias[1] = {-1};
+	int64_t out[1] = {-1};
+	if (p_memscale_dtr_call(e, "op", ins, 1, sizes, alias, 1, 1000, 0, out) < 0) {
+		return -1;
+	}
+	return out[0];
+}
+
+// test_dtr_status_plan_finish checks the status block, memscale_dtr_evict's
+// extra, memscale_dtr_plan's count protocol and memscale_dtr_finish on a
+// chain x -> t0 -> t1 -> t2 of 100-byte storages under a budget of 250.
+static void test_dtr_status_plan_finish(void) {
+	int before = p_memscale_error_count();
+	int64_t e = p_memscale_dtr_create("{\"budget\": 250, \"heuristic\": \"lru\"}");
+	check(e > 0, "dtr_create for the status test (%lld)", (long long)e);
+	if (e <= 0) return;
+	const memscale_dtr_status* st = p_memscale_dtr_status_of(e);
+	check(st != NULL, "dtr_status_of returns the block");
+	if (st == NULL) {
+		p_memscale_dtr_destroy(e);
+		return;
+	}
+	check(sizeof *st == 40, "memscale_dtr_status is five int64_t");
+	check(st->usage == 0 && st->budget == 250 && st->pending == 0 && st->bytes_evicted == 0 && st->peak_usage == 0,
+	      "status after create: usage %lld budget %lld", (long long)st->usage, (long long)st->budget);
+	int64_t x = p_memscale_dtr_tensor(e, 100, 1);
+	int64_t t[3];
+	int64_t prev = x;
+	for (int i = 0; i < 3; i++) {
+		t[i] = prev = dtr_op(e, prev, 100);
+	}
+	check(x >= 0 && t[2] >= 0, "status test: the chain runs");
+	check(st->usage == 400 && st->peak_usage == 400, "status follows the calls: usage %lld peak %lld",
+	      (long long)st->usage, (long long)st->peak_usage);
+	expect_no_error(before, "dtr status: chain");
+
+	int64_t ids[16];
+	int32_t acts[16];
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_evict(e, -1, ids, acts, 16) == -1, "dtr_evict with a negative extra fails");
+	expect_error(before, "dtr_evict extra -1", "memscale_dtr_evict", "extra -1", NULL);
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_evict(e, 251, ids, acts, 16) == -1, "dtr_evict with an extra larger than the budget fails");
+	expect_error(before, "dtr_evict extra 251", "an allocation of 251 bytes is larger than the whole budget of 250 bytes",
+	             "plus the pinned bytes (100 now)", NULL);
+	check(st->usage == 400 && st->bytes_evicted == 0, "nothing evicted for an allocation larger than the budget");
+	before = p_memscale_error_count();
+	int32_t n = p_memscale_dtr_evict(e, 150, ids, acts, 16);
+	check(n == 3 && ids[0] == t[0] && ids[1] == t[1] && ids[2] == t[2] && acts[0] == 0,
+	      "dtr_evict makes room for extra: %d victims", n);
+	check(st->usage == 100 && st->bytes_evicted == 300 && st->pending == 0,
+	      "status after evict: usage %lld bytes_evicted %lld", (long long)st->usage, (long long)st->bytes_evicted);
+
+	// plan: the count as snprintf gives it, nothing written or held when
+	// cap is too small
+	check(p_memscale_dtr_plan(e, t[2], NULL, NULL, 0) == 3, "dtr_plan with cap 0 returns the number of steps");
+	int32_t kinds[4] = {-9, -9, -9, -9};
+	int64_t steps[4] = {-9, -9, -9, -9};
+	check(p_memscale_dtr_plan(e, t[2], kinds, steps, 2) == 3 && kinds[0] == -9 && steps[0] == -9,
+	      "dtr_plan with too small a cap writes nothing");
+	expect_no_error(before, "dtr_plan with too small a cap");
+	check(p_memscale_dtr_plan(e, t[2], kinds, steps, 4) == 3 && kinds[0] == 0 && kinds[1] == 0 && kinds[2] == 0 &&
+	          kinds[3] == -9,
+	      "dtr_plan with room writes the steps");
+	for (int i = 0; i < 3; i++) {
+		check(p_memscale_dtr_rematerialized(e, steps[i], 500) == 0, "dtr_rematerialized step %d", i);
+	}
+	check(st->usage == 400, "status after the re-runs: usage %lld", (long long)st->usage);
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_plan(e, 987654, kinds, steps, 4) == -1, "dtr_plan of an unknown tensor fails");
+	expect_error(before, "dtr_plan unknown tensor", "memscale_dtr_plan", NULL);
+
+	// t2 is gone for good when released: pending until evict hands it out
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_release(e, t[2]) == 0 && st->pending == 1, "status counts pending storages (%lld)",
+	      (long long)st->pending);
+	check(p_memscale_dtr_lock(e, t[0]) == 0 && p_memscale_dtr_lock(e, t[1]) == 0, "dtr_lock");
+	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == 1 && ids[0] == t[2] && st->pending == 0,
+	      "dtr_evict hands out the pending storage");
+	expect_no_error(before, "dtr pending");
+	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == -1, "dtr_evict over the budget with nothing evictable fails");
+	expect_error(before, "dtr_evict nothing evictable", "nothing evictable", NULL);
+
+	// finish: the budget loop evicts what it can and no longer fails
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_finish(e) == 0 && p_memscale_dtr_finish(e) == 0, "dtr_finish, twice");
+	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == 0, "dtr_evict after finish over the budget returns 0");
+	check(p_memscale_dtr_evict(e, 1000, ids, acts, 16) == 0, "dtr_evict after finish with a huge extra returns 0");
+	check(st->usage == 300 && st->budget == 250, "usage stays over the budget after finish");
+	char* js = p_memscale_dtr_stats_json(e);
+	check(contains(js, "\"finished\":true") && contains(js, "\"bytes_evicted\":300") && contains(js, "\"auto\":false") &&
+	          contains(js, "\"config\":{") && contains(js, "\"evictee_min_size\":0") && json_balanced(js),
+	      "dtr_stats_json has finished, bytes_evicted, auto and config: %.300s", js ? js : "(null)");
+	p_memscale_string_free(js);
+	expect_no_error(before, "dtr finish");
+
+	check(p_memscale_dtr_destroy(e) == 0, "dtr_destroy of the status engine");
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_status_of(e) == NULL, "dtr_status_of after destroy is NULL");
+	check(p_memscale_dtr_finish(e) == -1, "dtr_finish after destroy fails");
+	expect_error(before, "dtr after destroy", "unknown engine handle", NULL);
+}
+
+// test_dtr_region_defaults checks "defaults": "region", and that it sees
+// MEMSCALE_HEURISTIC as set with setenv after the library was loaded.
+static void test_dtr_region_defaults(void) {
+	const char* saved = getenv("MEMSCALE_HEURISTIC");
+	char* keep = saved ? strdup(saved) : NULL;
+	static const char cfg[] = "{\"defaults\": \"region\", \"budget\": 1000000}";
+	struct {
+		const char* env; // NULL: unset
+		const char* want[3];
+	} cases[] = {
+	    {NULL, {"\"auto\":true", "\"heuristic\":\"auto\"", "\"evictee_min_size\":1024"}},
+	    {"lru", {"\"auto\":false", "\"heuristic\":\"lru\"", "\"evictee_min_size\":1024"}},
+	    {"Auto", {"\"auto\":true", "\"heuristic\":\"auto\"", "\"evictee_min_size\":1024"}},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		if (cases[i].env) {
+			setenv("MEMSCALE_HEURISTIC", cases[i].env, 1);
+		} else {
+			unsetenv("MEMSCALE_HEURISTIC");
+		}
+		int before = p_memscale_error_count();
+		int64_t e = p_memscale_dtr_create(cfg);
+		char* js = e > 0 ? p_memscale_dtr_stats_json(e) : NULL;
+		for (int k = 0; k < 3; k++) {
+			check(contains(js, cases[i].want[k]), "region defaults, MEMSCALE_HEURISTIC=%s: %s in %.400s",
+			      cases[i].env ? cases[i].env : "(unset)", cases[i].want[k], js ? js : p_memscale_last_error());
+		}
+		p_memscale_string_free(js);
+		if (e > 0) p_memscale_dtr_destroy(e);
+		expect_no_error(before, "region defaults");
+	}
+	if (keep) {
+		setenv("MEMSCALE_HEURISTIC", keep, 1);
+		free(keep);
+	} else {
+		unsetenv("MEMSCALE_HEURISTIC");
+	}
+	int before = p_memscale_error_count();
+	check(p_memscale_dtr_create("{\"defaults\": \"engine\"}") == -1, "dtr_create with defaults other than region fails");
+	expect_error(before, "defaults engine", "memscale_dtr_create", "accepted \"region\"", NULL);
 }
 
 // ---- threads and fork ---------------------------------------------------------
@@ -704,11 +861,13 @@ static int child_dtr_after_fork(void) {
 	if (p_memscale_dtr_call(fork_engine, "relu", inputs, 1, sizes, alias, 1, 1000, 0, out_ids) != -1 ||
 	    out_ids[0] != -7)
 		bad |= 1 << 15;
-	if (p_memscale_dtr_evict(fork_engine, ids, acts, 4) != -1) bad |= 1 << 16;
+	if (p_memscale_dtr_evict(fork_engine, 0, ids, acts, 4) != -1) bad |= 1 << 16;
 	if (p_memscale_dtr_stats_json(fork_engine) != NULL) bad |= 1 << 17;
 	if (p_memscale_dtr_tune(fork_engine) != NULL) bad |= 1 << 21;
+	if (p_memscale_dtr_finish(fork_engine) != -1) bad |= 1 << 22;
+	if (p_memscale_dtr_status_of(fork_engine) != NULL) bad |= 1 << 23;
 	if (p_memscale_dtr_destroy(fork_engine) != -1) bad |= 1 << 18;
-	if (p_memscale_error_count() != before + 8) bad |= 1 << 19;
+	if (p_memscale_error_count() != before + 10) bad |= 1 << 19;
 	if (!contains(p_memscale_last_error(), "fork")) bad |= 1 << 20;
 	return bad;
 }
@@ -961,7 +1120,13 @@ int main(int argc, char** argv) {
 		LOAD(memscale_dtr_set_budget);
 		LOAD(memscale_dtr_tensor);
 		LOAD(memscale_dtr_call);
+		LOAD(memscale_dtr_lock);
+		LOAD(memscale_dtr_release);
 		LOAD(memscale_dtr_evict);
+		LOAD(memscale_dtr_plan);
+		LOAD(memscale_dtr_rematerialized);
+		LOAD(memscale_dtr_finish);
+		LOAD(memscale_dtr_status_of);
 		LOAD(memscale_dtr_stats_json);
 		LOAD(memscale_dtr_tune);
 	}
@@ -980,6 +1145,8 @@ int main(int argc, char** argv) {
 	if (!skip_dtr) {
 		test_dtr_allocator_usage(h);
 		test_dtr_tune();
+		test_dtr_status_plan_finish();
+		test_dtr_region_defaults();
 	}
 	test_threads();
 	test_fork();

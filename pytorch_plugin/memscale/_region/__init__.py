@@ -1,0 +1,73 @@
+"""The Dynamic Tensor Rematerialization region: ``with memscale.dtr(budget=...): ...``.
+
+Design
+------
+Inside a region every ATen op goes through a ``TorchDispatchMode``. Its outputs
+are returned as wrapper tensors that hold no storage of their own, only a *cell*:
+the engine's tensor id and the real tensor, or ``None`` once the engine evicted
+it. An evicted tensor can therefore never be read by accident: the next op that
+needs it asks the engine for a plan and rebuilds it first.
+
+Python makes no eviction decision. The Go engine (``memscale_dtr_*``, bound once
+in :mod:`memscale._engine`) chooses victims, counts usage, makes room for what an
+op is about to allocate, plans rebuilds, applies the region's defaults (the
+minimum evictee size, the tuning policy) and tunes itself; Python reports ops and
+references and carries out drops, swaps and re-runs. What Python keeps is only
+what the engine cannot: the real tensors, how to re-run an op, and which
+wrappers are alive.
+
+The life of an op, in the order it meets the modules below: the session syncs
+with the engine; the op's facts come from its schema; its arguments become cells
+(plain tensors become pinned *externals*); evicted inputs are rebuilt and every
+input is locked; under a budget the engine makes room for the predicted output
+bytes; the op runs, is registered and recorded, and its outputs are wrapped. A
+wrapper that dies is released to the engine at the next op. At exit, what
+escapes the region is made resident (the engine lets usage exceed the budget if
+it must: ``memscale_dtr_finish``) and detached: outside a region a wrapper
+behaves as its plain tensor, and ``.grad`` of every parameter seen is a plain
+tensor again, so the optimizer step works on ordinary tensors.
+
+Named notes the modules cite: *views* share their base's storage and are
+evicted, swapped and rebuilt with it; *in-place ops* create new versions and
+the old version stays recomputable; *RNG ops* replay the generator state they
+ran with (a rebuilt dropout mask is bitwise the original); *gradients* are
+pinned once accumulated; *tuning*: a budgeted region with no heuristic given
+lets the engine record its first entry and choose the configuration of the
+later ones (``memscale_dtr_tune``).
+
+Known limits: in-place ops that change a tensor's shape (``t_``, ``squeeze_``,
+``resize_``, ``set_``...) are refused on region tensors; sparse results are
+refused; a tensor computed from the old value of an external that was later
+mutated in place inside the same region cannot be rebuilt if it was evicted (the
+engine's plan says so); a plain tensor taken out with ``DTRRegion.unwrap`` and
+fed back into the region's ops is a new external; on CUDA an op's cost is
+approximate (:mod:`.device`).
+
+Map
+---
+============  ===============================================================
+module        holds
+============  ===============================================================
+schema        :class:`OpInfo`: what an ATen overload's schema says (cached)
+cells         cells, storage groups, recorded ops, :class:`HeldCells` (locks)
+tensor        :class:`DTRTensor`, :func:`unwrap`, ops on wrappers outside a mode
+arguments     argument collection, templates for re-runs, output-size prediction
+replay        re-running a recorded op (RNG state, copies, scratch arguments)
+device        op timing on CUDA, host bandwidth, swap copies
+session       the per-step session: engine, bookkeeping, releases, externals,
+              evictions, exit
+dispatch      pure and in-place ops inside a region
+rebuild       materializing from the engine's plans
+region        :class:`DTRRegion`, :func:`dtr`, the dispatch mode
+============  ===============================================================
+
+The drop-in API (:mod:`memscale.api`) opens one region per training step; the
+trace recorder (:mod:`memscale.trace`) listens to a region's registrations.
+"""
+
+from __future__ import annotations
+
+from .region import DEFAULT_HEURISTIC, DTRRegion, dtr
+from .tensor import DTRTensor, EvictedTensorError, unwrap
+
+__all__ = ["DEFAULT_HEURISTIC", "DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"]

@@ -1,0 +1,268 @@
+"""Argument collection and output-size prediction.
+
+An op's arguments arrive as wrappers, plain tensors and other values.
+:func:`collect` turns them into :class:`Arguments`: the input cells in
+flattened order, the arguments to run the op with (real tensors), the
+*template* a re-run substitutes the then-current tensors into (cells in place of
+tensors), and where each input came from. :func:`refill` makes real arguments
+from a template again (after inputs were rebuilt, or for a re-run).
+
+:class:`OutputSizes` predicts the bytes an op is about to allocate, so the
+budget loop can make room before it runs: learned once per (op, argument
+signature) by running the op on ``meta`` tensors and corrected by every real
+run.
+
+Holds no engine state: registering a plain tensor as an external is the
+session's (``Session.cell_of``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+
+from .cells import Cell
+from .schema import ArgKey, OpInfo
+
+if TYPE_CHECKING:
+    from .session import Session
+
+_Tensor = torch.Tensor
+
+
+@dataclass(slots=True)
+class Arguments:
+    """One op's arguments, collected.
+
+    Attributes:
+        cells: the input cells in flattened order (a ``Tensor[]`` argument
+            contributes one per tensor).
+        args / kwargs: the arguments to run the op with (real tensors; ``None``
+            in place of an input that is not resident).
+        template_args / template_kwargs: the same with cells in place of
+            tensors: what a re-run substitutes the then-current tensors into.
+        keys: per input cell, the position or keyword it came from.
+        missing: some input is not resident.
+    """
+
+    cells: list[Cell]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    template_args: list[Any]
+    template_kwargs: dict[str, Any]
+    keys: list[ArgKey]
+    missing: bool
+
+    def refill(self, info: OpInfo) -> None:
+        """Real arguments from the template again (inputs were rebuilt)."""
+        self.args, self.kwargs = refill(self.template_args, self.template_kwargs, info)
+
+
+def collect(session: Session, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Arguments:
+    """Collect an op's arguments; plain tensors are registered as externals."""
+    cells: list[Cell] = []
+    keys: list[ArgKey] = []
+    real_args = list(args)
+    template_args = list(args)
+    missing = False
+    n = len(args)
+    cell_of = session.cell_of
+    for pos, is_list in info.tensor_args:
+        if pos >= n:
+            break
+        a = args[pos]
+        if a is None:
+            continue
+        if is_list:
+            real_list: list[Any] = []
+            template_list: list[Any] = []
+            for x in a:
+                c = None if x is None else cell_of(x)
+                if c is None:
+                    real_list.append(x)
+                    template_list.append(x)
+                    continue
+                t = c.tensor
+                if t is None:
+                    missing = True
+                cells.append(c)
+                keys.append(pos)
+                real_list.append(t)
+                template_list.append(c)
+            real_args[pos] = real_list
+            template_args[pos] = template_list
+        else:
+            c = cell_of(a)
+            if c is None:
+                continue
+            t = c.tensor
+            if t is None:
+                missing = True
+            cells.append(c)
+            keys.append(pos)
+            real_args[pos] = t
+            template_args[pos] = c
+    real_kwargs = kwargs
+    template_kwargs = kwargs
+    if kwargs and info.tensor_kwargs:
+        real_kwargs = dict(kwargs)
+        template_kwargs = dict(kwargs)
+        for name, is_list in info.tensor_kwargs:
+            a = kwargs.get(name)
+            if a is None:
+                continue
+            if is_list:
+                template_list = []
+                for x in a:
+                    c = None if x is None else cell_of(x)
+                    if c is None:
+                        template_list.append(x)
+                        continue
+                    cells.append(c)
+                    keys.append(name)
+                    if c.tensor is None:
+                        missing = True
+                    template_list.append(c)
+                template_kwargs[name] = template_list
+                real_kwargs[name] = [x.tensor if type(x) is Cell else x for x in template_list]
+            else:
+                c = cell_of(a)
+                if c is None:
+                    continue
+                if c.tensor is None:
+                    missing = True
+                cells.append(c)
+                keys.append(name)
+                template_kwargs[name] = c
+                real_kwargs[name] = c.tensor
+    return Arguments(cells, real_args, real_kwargs, template_args, template_kwargs, keys, missing)
+
+
+def refill(template_args: list[Any], template_kwargs: dict[str, Any], info: OpInfo) -> tuple[list[Any], dict[str, Any]]:
+    """Real arguments from a template (cells -> their current tensors)."""
+    args = list(template_args)
+    n = len(template_args)
+    for pos, is_list in info.tensor_args:
+        if pos >= n:
+            break
+        a = template_args[pos]
+        if is_list:
+            if a is not None:
+                args[pos] = [x.tensor if type(x) is Cell else x for x in a]
+        elif type(a) is Cell:
+            args[pos] = a.tensor
+    kwargs = template_kwargs
+    if template_kwargs and info.tensor_kwargs:
+        kwargs = dict(template_kwargs)
+        for name, is_list in info.tensor_kwargs:
+            a = template_kwargs.get(name)
+            if is_list:
+                if a is not None:
+                    kwargs[name] = [x.tensor if type(x) is Cell else x for x in a]
+            elif type(a) is Cell:
+                kwargs[name] = a.tensor
+    return args, kwargs
+
+
+def substitute(args: list[Any], kwargs: dict[str, Any], info: OpInfo, old: _Tensor, new: _Tensor) -> None:
+    """Replace tensor ``old`` by ``new`` wherever it is an argument (in place)."""
+    for pos, is_list in info.tensor_args:
+        if pos >= len(args):
+            break
+        a = args[pos]
+        if is_list and a is not None:
+            args[pos] = [new if x is old else x for x in a]
+        elif a is old:
+            args[pos] = new
+    for name, is_list in info.tensor_kwargs:
+        a = kwargs.get(name)
+        if is_list and a is not None:
+            kwargs[name] = [new if x is old else x for x in a]
+        elif a is old:
+            kwargs[name] = new
+
+
+def flatten_tensors(out: Any, acc: list[_Tensor]) -> None:
+    """Append every tensor of a (nested) op result to ``acc``, in order."""
+    if isinstance(out, _Tensor):
+        acc.append(out)
+    elif type(out) in (tuple, list):
+        for x in out:
+            flatten_tensors(x, acc)
+
+
+def rebuild_result(out: Any, tensors: Any) -> Any:
+    """``out`` with its tensors replaced, in order, by the items of iterator ``tensors``."""
+    if isinstance(out, _Tensor):
+        return next(tensors)
+    if type(out) in (tuple, list):
+        return type(out)(rebuild_result(x, tensors) for x in out)
+    return out
+
+
+class OutputSizes:
+    """Predicted bytes of fresh outputs per (op, argument signature).
+
+    Learned from a run on ``meta`` tensors the first time a signature is seen
+    and corrected by every real run (:meth:`learn`); an op without a meta
+    kernel, or with a data-dependent output size, predicts 0 until its first
+    real run. Cleared when it reaches :data:`MAX_ENTRIES` (scalar arguments
+    that change every call would otherwise grow it without end).
+    """
+
+    MAX_ENTRIES: Final[int] = 1 << 16
+
+    def __init__(self) -> None:
+        self._bytes: dict[Any, int] = {}
+
+    def predict(self, func: Any, info: OpInfo, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, int]:
+        """``(key, bytes)``: the fresh bytes ``func`` is expected to allocate;
+        ``key`` (``None`` for unhashable arguments) is for :meth:`learn`."""
+        try:
+            key = (func, _signature(args), tuple([(k, _signature(v)) for k, v in kwargs.items()]) if kwargs else None)
+            known = self._bytes.get(key)
+        except TypeError:  # an unhashable argument
+            return None, 0
+        if known is not None:
+            return key, known
+        try:
+            meta_args = _to_meta(args)
+            meta_kwargs = {k: _to_meta(x) for k, x in kwargs.items()}
+            if info.factory:
+                meta_kwargs["device"] = "meta"
+            flat: list[_Tensor] = []
+            flatten_tensors(func(*meta_args, **meta_kwargs), flat)
+            nbytes = sum(o.untyped_storage().nbytes() for o in flat)
+        except Exception:  # no meta kernel, data-dependent shape: learn from the real run
+            nbytes = 0
+        self.learn(key, nbytes)
+        return key, nbytes
+
+    def learn(self, key: Any, nbytes: int) -> None:
+        """The op of ``key`` allocated ``nbytes`` (a real run)."""
+        if len(self._bytes) >= self.MAX_ENTRIES and key not in self._bytes:
+            self._bytes.clear()
+        self._bytes[key] = nbytes
+
+
+#: Shared by every region: output sizes depend on the op and its arguments only.
+OUTPUT_SIZES: Final[OutputSizes] = OutputSizes()
+
+
+def _signature(x: Any) -> Any:
+    if isinstance(x, _Tensor):
+        return (x.shape, x.dtype)
+    t = type(x)
+    if t is list or t is tuple:
+        return tuple([_signature(y) for y in x])
+    return x
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, _Tensor):
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+    if type(x) in (list, tuple):
+        return type(x)(_to_meta(y) for y in x)
+    return x

@@ -1,0 +1,374 @@
+"""Dispatch of one ATen op inside a region: pure ops and in-place ops.
+
+For every op the mode hands over (:func:`dispatch`):
+
+1. **Sync.** Releases queued by garbage collection are told to the engine and
+   the storages it freed are dropped (``Session.flush`` / ``Session.sync``).
+2. **Inputs.** Arguments are collected into cells (:mod:`.arguments`); plain
+   tensors become pinned externals. Evicted inputs are rebuilt
+   (:mod:`.rebuild`) and every input stays locked until the op is registered.
+3. **Room.** Under a budget, the bytes the op is about to allocate are
+   predicted (:class:`.arguments.OutputSizes`) and the engine makes room for
+   them first, so usage never goes above the budget.
+4. **Run and register.** The op runs on the real tensors; its cost is measured
+   (:mod:`.device`). ``memscale_dtr_call`` registers it; an output sharing an
+   input's storage (known from the schema for view ops, else found by storage
+   pointer, which also catches ``_unsafe_view`` and ``lift_fresh``) is
+   registered as an alias of that input. The op is recorded for re-runs.
+5. **Wrap.** Each output is returned as a wrapper naming its cell; the
+   engine's budget loop runs if the status block says it has work.
+
+**In-place ops** (schema ``is_mutable``) run in place, as in eager mode, and
+create new versions (``memscale_dtr_mutate``: the new version takes over the old
+memory): the wrapper moves to the new version's cell, and every other live
+alias of the mutated storage is re-registered on top of the new version,
+because it now sees the new data. The old version stays recomputable from its
+own lineage (a re-run of the in-place op works on a copy, see :mod:`.replay`).
+In-place ops on externals (an optimizer step, BatchNorm's
+``num_batches_tracked``) mutate the user's tensor; the new version inherits the
+pin. Ops that change a shape in place are refused on region tensors.
+
+Holds no state of its own; all of it is the session's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import MemscaleError
+from .arguments import OUTPUT_SIZES, Arguments, collect, flatten_tensors, rebuild_result
+from .cells import RERUN_CALL, RERUN_MUTATION, RERUN_VIEW, Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef, geometry
+from .device import CudaTimer, perf_ns
+from .rebuild import make_resident
+from .replay import rng_state_for
+from .schema import OpInfo
+from .tensor import DTRTensor, new_wrapper
+
+if TYPE_CHECKING:
+    from .session import Session
+
+_Tensor = torch.Tensor
+
+
+def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Run one ATen op inside the region (the mode's ``__torch_dispatch__``)."""
+    if s.released:
+        s.flush()
+    else:
+        s.sync()
+    info = s.infos.get(func)
+    if info is None:
+        info = s.infos[func] = OpInfo(func, s.recording)
+    if info.mutable:
+        return _dispatch_mutating(s, func, info, args, kwargs)
+    registered = s.externals_registered
+    a = collect(s, info, args, kwargs)
+    if registered != s.externals_registered and not a.missing:
+        # Making room for a new external may have evicted an input collected before it.
+        a.missing = any(c.tensor is None for c in a.cells)
+    needs_room = s.budgeted and not info.all_views
+    if a.missing or needs_room:
+        with HeldCells(s.engine) as held:
+            if a.missing:
+                make_resident(s, a.cells, held)
+                a.refill(info)
+            size_key = None
+            if needs_room:
+                size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+                status = s.status
+                if extra and not (s.usage_exact and status.usage + extra <= status.budget):
+                    if not held.cells:
+                        held.lock_all(a.cells)
+                    s.make_room(extra, info.name)
+            out, cells, outs = _run_and_register(s, func, info, a, size_key)
+    else:
+        out, cells, outs = _run_and_register(s, func, info, a, None)
+    if cells is None:
+        return out
+    wrappers = wrap_outputs(s, cells, outs)
+    s.after_op()
+    if len(wrappers) == 1 and isinstance(out, _Tensor):
+        return wrappers[0]
+    return rebuild_result(out, iter(wrappers))
+
+
+def _run_and_register(
+    s: Session, func: Any, info: OpInfo, a: Arguments, size_key: Any
+) -> tuple[Any, list[Cell] | None, list[_Tensor]]:
+    """Run a non-mutating op on resident inputs and register it.
+
+    Returns ``(result, output cells, output tensors)``; the cells are ``None``
+    for a result without tensors.
+    """
+    rng = rng_state_for(info, a.args, a.kwargs)
+    timer = s.cuda_timer
+    start = timer.start() if timer is not None else None
+    t0 = perf_ns()
+    out = func(*a.args, **a.kwargs)
+    cost = perf_ns() - t0
+    # Drop the references to the inputs' real tensors now: one the budget loop
+    # evicts after this op must really be freed.
+    a.args = []
+    a.kwargs = {}
+    if isinstance(out, _Tensor):
+        outs = [out]
+    else:
+        outs = []
+        flatten_tensors(out, outs)
+        if not outs:
+            return out, None, outs
+    if timer is not None:
+        cost = timer.stop((func, outs[0].nbytes), start, cost)
+    elif outs[0].is_cuda:
+        s.cuda_timer = CudaTimer()
+    cells, fresh_bytes = register(s, info, a.cells, outs, cost)
+    if size_key is not None:
+        OUTPUT_SIZES.learn(size_key, fresh_bytes)
+    if s.recording:
+        s.ops[cells[0].op_id] = RecordedOp(
+            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, scratch=info.state_writes
+        )
+    return out, cells, outs
+
+
+def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], cost: int) -> tuple[list[Cell], int]:
+    """``memscale_dtr_call`` for an op that ran; returns its output cells and
+    the bytes of its fresh (non-alias) outputs."""
+    n_in = len(inputs)
+    sizes: list[int] = []
+    aliases: list[int] = []
+    if info.views_first and n_in:
+        # The schema says every result views the first argument.
+        for o in outs:
+            aliases.append(0)
+            sizes.append(o.nbytes)
+    else:
+        input_ptrs: list[int] | None = None
+        for o in outs:
+            storage = _storage_of(o, info)
+            ptr = storage.data_ptr()
+            k = -1
+            if ptr and n_in:
+                if input_ptrs is None:
+                    input_ptrs = [c.tensor.untyped_storage().data_ptr() for c in inputs]  # type: ignore[union-attr]
+                if ptr in input_ptrs:
+                    k = input_ptrs.index(ptr)
+            aliases.append(k)
+            sizes.append(storage.nbytes() if k < 0 else o.nbytes)
+    op, out_ids = s.engine.call(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, info.flags)
+    groups = s.groups
+    cells = []
+    fresh = 0
+    for tensor_id, o, k, size in zip(out_ids, outs, aliases, sizes):
+        if k < 0:
+            cell = Cell(tensor_id, o, tensor_id, op, s)
+            groups[tensor_id] = StorageGroup(cell, size)
+            fresh += size
+        else:
+            source = inputs[k]
+            cell = Cell(tensor_id, o, source.root, op, s, pinned=source.pinned)
+            groups[source.root].add(cell)
+        cells.append(cell)
+    if s.sink is not None:
+        s.sink.call(info.name, inputs, cells, sizes, aliases, cost)
+    return cells, fresh
+
+
+def _storage_of(t: _Tensor, info: OpInfo) -> Any:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise MemscaleError(
+            f"memscale.dtr: {info.label()} returned a {t.layout} tensor; only strided "
+            f"(dense) tensors can live in a DTR region ({exc})"
+        ) from exc
+
+
+def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTRTensor]:
+    """A wrapper per output cell, each released to the engine when it dies."""
+    queue = s.queue_release
+    wrappers = []
+    for cell, real in zip(cells, outs):
+        wrapper = new_wrapper(cell, real)
+        ref = WrapperRef(wrapper, queue)
+        ref.cell = cell
+        cell.wrapper_ref = ref
+        s.track(ref)
+        wrappers.append(wrapper)
+    return wrappers
+
+
+# ---------------------------------------------------------------- in-place ops
+
+
+def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    registered = s.externals_registered
+    a = collect(s, info, args, kwargs)
+    if registered != s.externals_registered and not a.missing:
+        a.missing = any(c.tensor is None for c in a.cells)
+    mutated = [j for j, key in enumerate(a.keys) if key in info.mutated]
+    if info.inplace_view:
+        for j in mutated:
+            if not a.cells[j].pinned:
+                raise MemscaleError(
+                    f"memscale.dtr: the in-place view op {info.label()} (it changes a tensor's "
+                    "shape in place) is not supported on tensors of a DTR region; use the "
+                    "out-of-place variant"
+                )
+    # Every live alias of a mutated storage sees the new data, so each must be
+    # resident (views rebuilt) before the op runs.
+    stale_aliases: list[Cell] = []
+    for j in mutated:
+        cell = a.cells[j]
+        group = s.groups.get(cell.root)
+        if group is not None and len(group.cells) > 1:
+            stale_aliases += [
+                x for x in group.cells if x is not cell and not x.released and x.tensor is None and not x.pinned
+            ]
+    if a.missing or stale_aliases:
+        with HeldCells(s.engine) as held:
+            make_resident(s, a.cells + stale_aliases, held)
+            a.refill(info)
+            out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated)
+    else:
+        out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated)
+    wrappers = iter(wrap_outputs(s, fresh_cells, fresh))
+    s.after_op()
+    if isinstance(out, _Tensor):
+        source = returned_args[0] if returned_args else None
+        if source is None:
+            return next(wrappers)
+        return args[source] if isinstance(source, int) else kwargs[source]
+    if type(out) in (tuple, list) and returned_args:
+        result = []
+        for o, source in zip(out, returned_args):
+            if source is not None:
+                result.append(args[source] if isinstance(source, int) else kwargs[source])
+            elif isinstance(o, _Tensor):
+                result.append(next(wrappers))
+            else:
+                result.append(o)
+        return type(out)(result)
+    return out
+
+
+def _run_mutating(
+    s: Session, func: Any, info: OpInfo, a: Arguments, mutated: list[int]
+) -> tuple[Any, list[Cell], list[_Tensor], list[Any]]:
+    """Run an in-place op on resident inputs and register its new versions.
+
+    Returns ``(result, fresh output cells, fresh output tensors, per result
+    the argument it is or None)``.
+    """
+    rng = rng_state_for(info, a.args, a.kwargs)
+    t0 = perf_ns()
+    out = func(*a.args, **a.kwargs)
+    cost = perf_ns() - t0
+    a.args = []
+    a.kwargs = {}
+    # Results that are mutated arguments are returned as the argument objects
+    # themselves; any other tensor result is fresh (registered below).
+    fresh: list[_Tensor] = []
+    returned_args: list[Any] = []
+    returns = info.returns_arg
+    if isinstance(out, _Tensor):
+        source = returns[0] if returns else None
+        returned_args.append(source)
+        if source is None:
+            fresh.append(out)
+    elif type(out) in (tuple, list) and len(out) == len(returns):
+        for o, source in zip(out, returns):
+            returned_args.append(source)
+            if source is None and isinstance(o, _Tensor):
+                fresh.append(o)
+    fresh_cells: list[Cell] = []
+    if fresh:
+        # Fresh outputs of a mutating op (batch norm with running statistics
+        # as declared mutable arguments): a separate call; its re-run works on
+        # scratch copies of the mutated arguments.
+        fresh_cells, _ = register(s, info, a.cells, fresh, cost)
+        if s.recording:
+            s.ops[fresh_cells[0].op_id] = RecordedOp(
+                func, a.template_args, a.template_kwargs, a.cells, fresh_cells, rng, RERUN_CALL, scratch=tuple(info.mutated)
+            )
+    if mutated:
+        _register_mutation(s, func, info, a, mutated, cost, rng)
+    return out, fresh_cells, fresh, returned_args
+
+
+def _register_mutation(
+    s: Session, func: Any, info: OpInfo, a: Arguments, mutated: list[int], cost: int, rng: Any
+) -> None:
+    """``memscale_dtr_mutate``: new versions for the mutated inputs."""
+    inputs = a.cells
+    unique: list[int] = []
+    for j in mutated:
+        if all(inputs[j] is not inputs[k] for k in unique):
+            unique.append(j)
+    op, new_ids = s.engine.mutate(info.name, [c.tensor_id for c in inputs], unique, cost, info.flags)
+    versions: list[Cell] = []
+    for j, tensor_id in zip(unique, new_ids):
+        old = inputs[j]
+        # The new version takes over the old memory and its pins (engine).
+        new = Cell(tensor_id, old.tensor, tensor_id, op, s, pinned=old.pinned)
+        old_group = s.groups.get(old.root)
+        s.groups[tensor_id] = StorageGroup(new, old_group.nbytes if old_group is not None else 0)
+        _repoint(s, old, new)
+        versions.append(new)
+        if s.sink is not None:
+            s.sink.version(old, new)
+        # The engine released the old version (a mutation is the old version's
+        # last use by this name); its data is now the new version's.
+        old.released = True
+        old.wrapper_ref = None
+        old.tensor = None
+        if old_group is not None:
+            old_group.live_refs -= 1
+            # Other live aliases of the mutated storage now see the new data:
+            # re-register each as an alias of the new version.
+            for alias in list(old_group.cells):
+                if not alias.released and alias is not old:
+                    _realias(s, alias, new)
+            for alias in old_group.cells:
+                alias.tensor = None
+    if s.sink is not None:
+        s.sink.mutate(info.name, inputs, unique, cost)
+    if s.recording:
+        s.ops[op] = RecordedOp(
+            func, a.template_args, a.template_kwargs, inputs, versions, rng, RERUN_MUTATION,
+            mutated=tuple(unique), scratch=info.state_writes,
+        )
+
+
+def _repoint(s: Session, old: Cell, new: Cell) -> None:
+    """Make whatever named ``old`` (a wrapper or an external) name ``new``."""
+    ref = old.wrapper_ref
+    if ref is not None:
+        named = ref()
+        if type(named) is DTRTensor:
+            named._c = new
+        ref.cell = new
+        new.wrapper_ref = ref
+        old.wrapper_ref = None
+    if old.pinned and old.tensor is not None:
+        ptr = old.tensor.untyped_storage().data_ptr()
+        if ptr and s.external_roots.get(ptr) is old:
+            s.external_roots[ptr] = new
+
+
+def _realias(s: Session, alias: Cell, new: Cell) -> None:
+    """Re-register live ``alias`` of a mutated storage on top of version ``new``."""
+    t = alias.tensor
+    assert t is not None
+    op, (tensor_id,) = s.engine.call(b"alias", [new.tensor_id], [t.nbytes], [0], 0, 0)
+    cell = Cell(tensor_id, t, new.root, op, s, pinned=new.pinned)
+    s.groups[new.root].add(cell)
+    if s.recording:
+        s.ops[op] = RecordedOp(None, geometry(t), None, [new], [cell], None, RERUN_VIEW)
+    _repoint(s, alias, cell)
+    if s.sink is not None:
+        s.sink.version(alias, cell)
+    alias.tensor = None
+    s.release_cell(alias)

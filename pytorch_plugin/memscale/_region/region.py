@@ -1,0 +1,388 @@
+"""The region object and its dispatch mode: ``with memscale.dtr(budget): ...``.
+
+:class:`DTRRegion` is what the user holds: its settings, the table of op facts
+shared by its entries, the counters accumulated over entries, and the engine's
+tuning carried from one entry to the next. Each ``with region:`` creates a
+:class:`~.session.Session` (an engine instance) and pushes a
+:class:`RegionMode` that hands every ATen op to it; ``__exit__`` closes the
+session and folds its counters into :meth:`DTRRegion.summary`.
+
+Holds no per-op logic (see :mod:`.dispatch`) and no policy: defaults of a
+region (the minimum evictee size, the tuning policy) are the engine's
+(``"defaults": "region"``); Python converts the budget to bytes and carries
+the engine's tuning choice forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from .._stats import SUMMED_KEYS, overhead
+from ..config import check_heuristic, parse_size
+from ..errors import ConfigError, MemscaleError
+from .device import host_bandwidth
+from .dispatch import dispatch
+from .schema import OpInfo
+from .session import Session
+from .tensor import DTRTensor, unwrap
+
+log = logging.getLogger("memscale")
+
+#: The name of the engine's tuning policy: what a budgeted region with no
+#: heuristic given (argument or ``MEMSCALE_HEURISTIC``) runs. Such an entry
+#: scores with the engine's default heuristic and records its program; at exit
+#: the engine replays the recording with every candidate configuration
+#: (``memscale_dtr_tune``) and later entries run the configuration it chose.
+DEFAULT_HEURISTIC: Final[str] = "auto"
+
+#: What later entries run when tuning failed: the engine's default heuristic,
+#: not recording (tuning is not retried every step).
+_UNTUNED: Final[dict[str, Any]] = {"heuristic": "default"}
+
+#: Keys of a tuning report kept in :meth:`DTRRegion.summary`'s ``"tuning"``.
+_TUNING_KEYS: Final[tuple[str, ...]] = (
+    "choice",
+    "feasible",
+    "overhead",
+    "default_overhead",
+    "wall_ns",
+    "instructions",
+    "config",
+)
+
+
+class RegionMode(TorchDispatchMode):
+    """The dispatch mode of one entry: every ATen op goes to its session."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
+        # (about 2 us per op); a DTR region is not compiled through anyway.
+        return False
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return dispatch(self.session, func, args, kwargs or {})
+
+
+def _allocator_installed() -> bool:
+    try:
+        from ..allocator import installed
+    except ImportError:
+        return False
+    return installed() is not None
+
+
+class DTRRegion:
+    """A DTR region; use :func:`dtr` to make one. Re-enterable (enter per step).
+
+    Each entry creates an engine instance with the region's settings and destroys
+    it at exit; :meth:`summary` accumulates the counters of all entries. The
+    arguments are :func:`dtr`'s, plus ``sink``: an object told about every
+    registration (used by :mod:`memscale.trace` to write DTR traces).
+
+    Not reentrant: one entry at a time, on the thread that entered it.
+    """
+
+    def __init__(
+        self,
+        budget: int | str | None = None,
+        *,
+        heuristic: str | None = None,
+        recompute: bool = True,
+        swap: bool = False,
+        evictee_min_size: int | str | None = None,
+        recomp_time_factor: float | None = None,
+        recomp_memory_factor: float | None = None,
+        usage: str | None = None,
+        sink: Any = None,
+    ) -> None:
+        check_heuristic(heuristic, "dtr() heuristic")
+        for flag, value in (("recompute", recompute), ("swap", swap)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"dtr({flag}={value!r}): expected True or False")
+        if not recompute and not swap:
+            raise ConfigError("dtr(recompute=False, swap=False): nothing could ever be evicted; enable one")
+        for name, value in (("recomp_time_factor", recomp_time_factor), ("recomp_memory_factor", recomp_memory_factor)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ConfigError(f"dtr({name}={value!r}): expected a number >= 0")
+        if usage is not None and usage not in ("engine", "allocator"):
+            raise ConfigError(f"dtr(usage={usage!r}): expected 'engine' or 'allocator'")
+        self._budget = self._resolve_budget(budget)
+        self._heuristic = heuristic
+        self.recompute = recompute
+        self._swap = swap
+        self._evictee_min_size = (
+            None
+            if evictee_min_size is None
+            else parse_size(evictee_min_size, name="dtr(evictee_min_size)", allow_percent=False)
+        )
+        self._recomp_time_factor = recomp_time_factor
+        self._recomp_memory_factor = recomp_memory_factor
+        self._usage = usage
+        self._sink = sink
+        #: Facts about each ATen overload seen, shared by the region's entries.
+        self.op_infos: dict[Any, OpInfo] = {}
+        self._session: Session | None = None
+        self._mode: RegionMode | None = None
+        self._totals: dict[str, int] = dict.fromkeys(SUMMED_KEYS, 0)
+        self._peak = 0
+        self._entries = 0
+        self._last: dict[str, Any] = {}
+        # The engine's tuning: the keys merged into later entries' config
+        # (None: not tuned), and what summary() reports.
+        self._tuned_config: dict[str, Any] | None = None
+        self._tuning: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------- settings
+
+    @staticmethod
+    def _resolve_budget(budget: int | str | None) -> int:
+        if budget is None:
+            return 0
+        total = None
+        if isinstance(budget, str) and budget.strip().endswith("%"):
+            from ..allocator import device_total_memory
+
+            total = device_total_memory() if torch.cuda.is_available() else None
+            if total is None:
+                raise ConfigError(
+                    f"dtr(budget={budget!r}): a percentage needs a GPU's memory size; on the CPU give bytes"
+                )
+        nbytes = parse_size(budget, name="dtr(budget)", total=total)
+        if nbytes <= 0:
+            raise ConfigError(f"dtr(budget={budget!r}): must be positive (None = unlimited)")
+        return nbytes
+
+    @property
+    def budget(self) -> int:
+        """The budget in bytes (0 = unlimited)."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: int | str | None) -> None:
+        """Set the budget; a changed budget forgets the tuned configuration
+        (the next entry records and tunes again)."""
+        nbytes = self._resolve_budget(value)
+        if nbytes != self._budget:
+            self._tuned_config = None
+            self._tuning = None
+        self._budget = nbytes
+        if self._session is not None:
+            self._session.set_budget(nbytes)
+
+    def _config(self) -> dict[str, Any]:
+        """The configuration of the next entry's engine (``None``: the engine's
+        region default)."""
+        usage = self._usage
+        if usage is None:
+            usage = "allocator" if (torch.cuda.is_available() and _allocator_installed()) else "engine"
+        config: dict[str, Any] = {
+            "defaults": "region",
+            "budget": self._budget,
+            "heuristic": self._heuristic,
+            "recomp_time_factor": self._recomp_time_factor,
+            "recomp_memory_factor": self._recomp_memory_factor,
+            "evictee_min_size": self._evictee_min_size,
+            "swap_bandwidth": host_bandwidth() if self._swap else 0,
+            "usage": usage,
+        }
+        if usage == "allocator":
+            config["device"] = torch.cuda.current_device()
+        if self._tuned_config is not None:
+            config.update(self._tuned_config)
+        return config
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> DTRRegion:
+        if self._session is not None:
+            raise MemscaleError("memscale.dtr: this region is already entered (it is re-enterable, not reentrant)")
+        session = Session(self, self._config(), self._sink)
+        if self._sink is not None:
+            self._sink.start(session)
+        self._session = session
+        self._mode = RegionMode(session)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        session = self._session
+        mode = self._mode
+        assert session is not None and mode is not None
+        try:
+            mode.__exit__(exc_type, exc, tb)
+        finally:
+            self._session = None
+            self._mode = None
+            stats = session.close(ok=exc_type is None)
+            self._accumulate(stats, session.config)
+            self._keep_tuning(session)
+            if self._sink is not None:
+                self._sink.stop()
+
+    def _keep_tuning(self, session: Session) -> None:
+        """Carry the engine's choice (or a tuning failure) to later entries."""
+        if session.tuning is not None:
+            report = session.tuning
+            self._tuned_config = dict(report.get("config") or {})
+            self._tuning = {key: report.get(key) for key in _TUNING_KEYS}
+            log.info(
+                "memscale.dtr: tuned for budget %d bytes in %.1f ms: %s (overhead %.3f, default heuristic %.3f)",
+                self._budget,
+                (report.get("wall_ns") or 0) / 1e6,
+                report.get("choice"),
+                report.get("overhead") or 0.0,
+                report.get("default_overhead") or 0.0,
+            )
+        elif session.tune_error is not None:
+            self._tuned_config = dict(_UNTUNED)
+            self._tuning = {"error": session.tune_error}
+            log.warning(
+                "memscale.dtr: tuning failed (%s); later entries use the engine's default heuristic",
+                session.tune_error,
+            )
+
+    def _accumulate(self, stats: dict[str, Any], config: dict[str, Any]) -> None:
+        self._entries += 1
+        last: dict[str, Any] = {key: int(stats.get(key, 0)) for key in SUMMED_KEYS}
+        for key in SUMMED_KEYS:
+            self._totals[key] += last[key]
+        last["peak_usage"] = int(stats.get("peak_usage", 0))
+        last["budget"] = int(stats.get("budget", self._budget))
+        self._peak = max(self._peak, last["peak_usage"])
+        last["overhead"] = overhead(last["base_cost_ns"], last["remat_cost_ns"])
+        last["engine"] = stats
+        engine_config = stats.get("config")
+        last["config"] = (
+            dict(engine_config) if isinstance(engine_config, dict) else {k: v for k, v in config.items() if v is not None}
+        )
+        self._last = last
+
+    # -------------------------------------------------------------- results
+
+    def summary(self) -> dict[str, Any]:
+        """Counters over every entry so far (and the running one).
+
+        Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
+        ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
+        (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry),
+        ``budget`` (bytes, 0 = unlimited), ``entries``, ``tuning``: ``None``
+        until the engine tuned this region, else ``choice``, ``feasible``,
+        ``overhead``, ``default_overhead``, ``wall_ns``, ``instructions`` and
+        ``config`` (the keys later entries run with) of its report, or
+        ``{"error": message}`` when tuning failed.
+        """
+        totals = dict(self._totals)
+        peak = self._peak
+        session = self._session
+        if session is not None:
+            current = session.engine.stats()
+            for key in SUMMED_KEYS:
+                totals[key] += int(current.get(key, 0))
+            peak = max(peak, int(current.get("peak_usage", 0)))
+        out: dict[str, Any] = dict(totals)
+        out["overhead"] = overhead(totals["base_cost_ns"], totals["remat_cost_ns"])
+        out["peak_usage"] = peak
+        out["budget"] = self._budget
+        out["entries"] = self._entries + (1 if session is not None else 0)
+        out["tuning"] = None if self._tuning is None else dict(self._tuning)
+        return out
+
+    def last_summary(self) -> dict[str, Any]:
+        """The counters of the last completed entry (``engine``: its raw stats;
+        ``config``: the configuration its engine ran with, defaults applied)."""
+        return dict(self._last)
+
+    def reset_summary(self) -> None:
+        """Forget the counters of past entries."""
+        self._totals = dict.fromkeys(SUMMED_KEYS, 0)
+        self._peak = 0
+        self._entries = 0
+        self._last = {}
+
+    # ------------------------------------------------------------ tensors
+
+    def wrap(self, t: torch.Tensor) -> DTRTensor:
+        """A region tensor standing for plain tensor ``t`` (registered pinned).
+
+        Only inside the region. Autograd treats the result as a new tensor
+        (``requires_grad`` is copied, gradients flow into the result, not into
+        ``t``); plain tensors need no wrapping to be used in the region.
+        """
+        session = self._session
+        if session is None:
+            raise MemscaleError("DTRRegion.wrap: the region is not entered")
+        if type(t) is DTRTensor and t._c.session is session:
+            return t
+        with _disable_current_modes():
+            out = dispatch(session, torch.ops.aten.alias.default, (t,), {})
+        if t.requires_grad:
+            out.requires_grad_(True)
+        return out  # type: ignore[no-any-return]
+
+    def unwrap(self, t: Any) -> Any:
+        """The plain tensor behind region tensor ``t`` (rebuilt if evicted)."""
+        return unwrap(t)
+
+
+def dtr(
+    budget: int | str | None = None,
+    *,
+    heuristic: str | None = None,
+    recompute: bool = True,
+    swap: bool = False,
+    evictee_min_size: int | str | None = None,
+    recomp_time_factor: float | None = None,
+    recomp_memory_factor: float | None = None,
+    usage: str | None = None,
+) -> DTRRegion:
+    """A Dynamic Tensor Rematerialization region.
+
+    Args:
+        budget: memory budget: bytes, ``"8GiB"``-style, ``"75%"`` of the GPU's
+            memory, or ``None`` for no budget (ops are recorded, nothing is
+            evicted: the way to measure a step's peak).
+        heuristic: the engine's eviction heuristic (one of
+            :func:`memscale.config.heuristics`: ``"dtr"``, ``"dtr-eq"``,
+            ``"anc-sqrt"``, ``"lru"``, ...). ``None``: ``MEMSCALE_HEURISTIC``
+            when set, else, under a budget, ``"auto"``: the first entry
+            scores with the engine's default heuristic and records its
+            program, the engine then chooses a configuration by replaying it
+            (``memscale_dtr_tune``) and later entries run that choice (see
+            ``summary()["tuning"]``; a changed budget tunes again). Any other
+            name is used as given, without tuning.
+        recompute: allow evicting by dropping and recomputing.
+        swap: allow evicting by copying to host memory.
+        evictee_min_size: tensors smaller than this are never evicted
+            (``None``: ``MEMSCALE_EVICTEE_MIN_SIZE`` when set, else 1 KiB).
+        recomp_time_factor: exponent of the recompute cost in the score.
+        recomp_memory_factor: exponent of the memory term in the score.
+        usage: ``"engine"`` (sum of resident registered bytes) or
+            ``"allocator"`` (the memscale allocator's allocated bytes); default:
+            ``"allocator"`` on CUDA with the allocator installed, else
+            ``"engine"``.
+
+    Returns:
+        A :class:`DTRRegion`: ``with region: ...`` once per training step.
+
+    Raises:
+        ConfigError: a malformed argument (named in the message).
+    """
+    return DTRRegion(
+        budget,
+        heuristic=heuristic,
+        recompute=recompute,
+        swap=swap,
+        evictee_min_size=evictee_min_size,
+        recomp_time_factor=recomp_time_factor,
+        recomp_memory_factor=recomp_memory_factor,
+        usage=usage,
+    )

@@ -1,0 +1,155 @@
+"""What the region knows about one ATen overload, read once from its schema.
+
+:class:`OpInfo` is computed the first time an overload runs in a region and
+cached per region (``DTRRegion`` keeps the table); every later call of the same
+overload reads its fields. It answers: which arguments are tensors (and which
+are lists of tensors), which are written in place, which results are those
+arguments, whether every result is a view (of the first argument), whether the
+op is seeded (RNG), changes a shape in place, writes state its schema does not
+declare, or must never be re-run.
+
+Holds no tensors and no per-call state; knows nothing of cells or the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import torch
+
+from .._engine import NO_RECOMPUTE
+
+#: Ops that write running statistics into arguments their schema does not mark
+#: as mutable: the argument positions a re-run gets scratch copies of, so a
+#: rematerialization never updates the statistics a second time.
+UNDECLARED_STATE_WRITES: Final[dict[str, tuple[int, ...]]] = {
+    "native_batch_norm": (3, 4),
+    "cudnn_batch_norm": (3, 4),
+    "miopen_batch_norm": (3, 4),
+    "_batch_norm_impl_index": (3, 4),
+}
+
+#: Namespaces whose ops are never re-run (collectives and other side effects).
+UNREPLAYABLE_NAMESPACES: Final[frozenset[str]] = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+
+#: An argument's position (int) or keyword (str).
+ArgKey = int | str
+
+
+class OpInfo:
+    """The facts about one ATen overload the region's hot path reads.
+
+    Attributes:
+        name: the engine's name of the op (``b"add.Tensor"``).
+        tensor_args: ``(position, is_list)`` of each positional tensor argument.
+        tensor_kwargs: ``(name, is_list)`` of each keyword-only tensor argument.
+        mutable: the op writes at least one argument in place.
+        mutated: the positions / keywords of the arguments it writes.
+        returns_arg: per result, the argument it *is* (``add_`` returns
+            ``self``), or ``None`` for a fresh or viewing result.
+        all_views: every result is a view of an argument (the op allocates
+            nothing).
+        views_first: ... and all of them view the first argument (the alias is
+            known without comparing storages).
+        factory: the op takes a ``device`` argument.
+        seeded: the op draws random numbers (its generator state is recorded).
+        inplace_view: the op changes a tensor's shape or strides in place.
+        state_writes: argument positions written without being declared
+            (:data:`UNDECLARED_STATE_WRITES`).
+        flags: the engine flags of its registrations (``NO_RECOMPUTE`` for an
+            op that must never be re-run).
+    """
+
+    __slots__ = (
+        "name",
+        "tensor_args",
+        "tensor_kwargs",
+        "mutable",
+        "mutated",
+        "returns_arg",
+        "all_views",
+        "views_first",
+        "factory",
+        "seeded",
+        "inplace_view",
+        "state_writes",
+        "flags",
+    )
+
+    def __init__(self, func: Any, recompute: bool) -> None:
+        schema = func._schema
+        base = func._opname
+        overload = func._overloadname
+        self.name: bytes = (base if overload == "default" else f"{base}.{overload}").encode()
+        positional: list[tuple[int, bool]] = []
+        keyword: list[tuple[str, bool]] = []
+        mutated: list[ArgKey] = []
+        alias_set_owner: dict[str, ArgKey] = {}
+        for i, arg in enumerate(schema.arguments):
+            is_list = tensor_kind(arg.type)
+            if is_list is None:
+                continue
+            key: ArgKey = arg.name if arg.kwarg_only else i
+            if arg.kwarg_only:
+                keyword.append((arg.name, is_list))
+            else:
+                positional.append((i, is_list))
+            alias = arg.alias_info
+            if alias is not None:
+                if alias.is_write:
+                    mutated.append(key)
+                for s in alias.before_set:
+                    alias_set_owner.setdefault(s, key)
+        self.tensor_args: tuple[tuple[int, bool], ...] = tuple(positional)
+        self.tensor_kwargs: tuple[tuple[str, bool], ...] = tuple(keyword)
+        self.mutable: bool = bool(schema.is_mutable) and bool(mutated)
+        self.mutated: frozenset[ArgKey] = frozenset(mutated)
+        returns: list[ArgKey | None] = []
+        for ret in schema.returns:
+            alias = ret.alias_info
+            source = None
+            if alias is not None and alias.is_write:
+                source = next((alias_set_owner[s] for s in alias.before_set if s in alias_set_owner), None)
+            returns.append(source)
+        self.returns_arg: tuple[ArgKey | None, ...] = tuple(returns)
+        self.all_views: bool = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+        first = schema.arguments[0] if schema.arguments else None
+        first_sets = (
+            set(first.alias_info.before_set)
+            if first is not None and first.alias_info is not None and not first.alias_info.is_write
+            else set()
+        )
+        self.views_first: bool = (
+            self.all_views
+            and bool(first_sets)
+            and all(set(r.alias_info.before_set) <= first_sets and not r.alias_info.is_write for r in schema.returns)
+        )
+        self.factory: bool = any(a.name == "device" for a in schema.arguments)
+        tags = func.tags
+        self.seeded: bool = torch.Tag.nondeterministic_seeded in tags
+        self.inplace_view: bool = torch.Tag.inplace_view in tags
+        self.state_writes: tuple[int, ...] = UNDECLARED_STATE_WRITES.get(base, ())
+        unreplayable = func.namespace in UNREPLAYABLE_NAMESPACES
+        self.flags: int = NO_RECOMPUTE if (unreplayable or not recompute) else 0
+
+    def label(self) -> str:
+        """The op's name for messages (``aten::add.Tensor`` style without the
+        namespace)."""
+        return self.name.decode()
+
+
+def tensor_kind(t: Any) -> bool | None:
+    """``False`` for Tensor / Tensor?, ``True`` for Tensor[] / Tensor?[], else None."""
+    kind = t.kind()
+    if kind == "OptionalType":
+        t = t.getElementType()
+        kind = t.kind()
+    if kind == "TensorType":
+        return False
+    if kind == "ListType":
+        element = t.getElementType()
+        if element.kind() == "OptionalType":
+            element = element.getElementType()
+        if element.kind() == "TensorType":
+            return True
+    return None

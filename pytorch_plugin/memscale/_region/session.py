@@ -1,0 +1,335 @@
+"""The per-step session: one entry of a region, its engine and its bookkeeping.
+
+A :class:`Session` lives from a region's ``__enter__`` to its ``__exit__``. It
+owns the engine instance of the entry and everything Python keeps next to it:
+the storage groups, the recorded ops, the externals (plain tensors the region
+registered), the live wrappers, and the releases queued by garbage collection.
+It carries out the engine's decisions (:meth:`Session.evict`: drop or swap the
+storages the engine hands out) and is where the other modules meet:
+
+* :mod:`.dispatch` runs new ops (``Session.dispatch``);
+* :mod:`.rebuild` makes evicted cells resident again;
+* :meth:`Session.close` makes what escapes resident, detaches it and destroys
+  the engine.
+
+Synchronizing with the engine: the engine frees storages on its own (a last
+reference released, an unlock, a re-run's throw-away copies) and says how many
+wait to be handed out in its status block. Before any cell is read,
+:meth:`Session.sync` fetches them when there are any (without a budget, in
+batches of :data:`UNBUDGETED_DRAIN_BATCH`: Python has dropped those storages'
+data itself already, see :meth:`Session._release`).
+
+Holds no policy: the engine decides what is evicted, when, and how much room
+an op needs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
+from ..errors import MemscaleError
+from . import rebuild
+from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
+from .device import CudaTimer, copy_to_host
+from .dispatch import dispatch
+from .schema import OpInfo
+from .tensor import DTRTensor, plain_of
+
+if TYPE_CHECKING:
+    from .region import DTRRegion
+
+#: Without a budget, freed storages are fetched from the engine once this many
+#: are waiting (their data is dropped at release already).
+UNBUDGETED_DRAIN_BATCH: Final[int] = 256
+
+
+class Session:
+    """State of one entry of a region: engine instance, cells, recorded ops."""
+
+    def __init__(self, region: DTRRegion, config: dict[str, Any], sink: Any) -> None:
+        self.region = region
+        self.config = config
+        self.engine = Engine(config)
+        self.status = self.engine.status
+        self.sink = sink
+        self.closed = False
+        #: Whether ops are recorded (only needed to re-run them).
+        self.recording: bool = region.recompute
+        self.infos: dict[Any, OpInfo] = region.op_infos
+        self.ops: dict[int, RecordedOp] = {}
+        self.groups: dict[int, StorageGroup] = {}
+        self.externals: dict[int, WrapperRef] = {}  # id(plain tensor) -> its reference
+        self.external_roots: dict[int, Cell] = {}  # storage data_ptr -> external root cell
+        self.externals_registered = 0  # under a budget: tells dispatch to re-check residency
+        self.leaves: list[weakref.ref[torch.Tensor]] = []  # externals that are autograd leaves
+        self.grad_hooks: list[Any] = []
+        self.pinned_grads: set[Cell] = set()
+        self.live: dict[int, WrapperRef] = {}  # id(reference) -> reference of a live wrapper
+        self.released: list[Cell] = []  # queued by weakref callbacks
+        self.cuda_timer: CudaTimer | None = None
+        self.tuning: dict[str, Any] | None = None  # the engine's report, when it tuned
+        self.tune_error: str | None = None
+        self.usage_exact = config.get("usage") == "engine"
+        self.budgeted = False
+        self.drain_at = UNBUDGETED_DRAIN_BATCH
+        self._set_budgeted(int(config.get("budget") or 0))
+        self.queue_release = self._queue_release  # bound once: every wrapper's callback
+
+    # ------------------------------------------------------------ budget
+
+    def _set_budgeted(self, budget: int) -> None:
+        self.budgeted = budget > 0
+        self.drain_at = 1 if self.budgeted else UNBUDGETED_DRAIN_BATCH
+
+    def set_budget(self, budget: int) -> None:
+        """Change the running entry's budget (bytes, 0 = unlimited)."""
+        self.engine.set_budget(budget)
+        self._set_budgeted(budget)
+
+    def make_room(self, extra: int, what: bytes) -> None:
+        """Evict until ``extra`` more bytes fit the budget (before allocating them)."""
+        status = self.status
+        if self.usage_exact and status.usage + extra <= status.budget:
+            return
+        self.evict(extra, f"making room for {extra} bytes of {what.decode()}")
+
+    # --------------------------------------------------------- evictions
+
+    def sync(self) -> None:
+        """Carry out the engine's pending frees, if any are waiting."""
+        if self.status.pending >= self.drain_at:
+            self.evict()
+
+    def after_op(self) -> None:
+        """After an op registered its outputs: keep usage within the budget."""
+        status = self.status
+        if status.pending >= self.drain_at or (
+            self.budgeted and (not self.usage_exact or status.usage > status.budget)
+        ):
+            self.evict()
+
+    def evict(self, extra: int = 0, why: str = "") -> None:
+        """Run the engine's budget loop and carry out its decisions."""
+        groups = self.groups
+        for root, action in self.engine.evict(extra, why):
+            group = groups.get(root)
+            if group is None:
+                raise MemscaleError(f"memscale.dtr: the engine evicted unknown storage {root}")
+            if action == ACTION_SWAP:
+                copy_to_host(group)
+            else:
+                group.drop_data()
+
+    # ---------------------------------------------------------- releases
+
+    def _queue_release(self, ref: WrapperRef) -> None:
+        # Weakref callback: may run at any point (any thread); only queue.
+        self.live.pop(id(ref), None)
+        cell = ref.cell
+        if cell is not None and not self.closed:
+            self.released.append(cell)
+
+    def flush(self) -> None:
+        """Release the cells whose wrappers died since the last op."""
+        while self.released:
+            batch, self.released = self.released, []
+            for cell in batch:
+                if not cell.released and cell.session is self:
+                    self.release_cell(cell)
+                    if self.sink is not None:
+                        self.sink.release(cell)
+        # Storages freed by those releases: drop their data now, before
+        # anything reads a cell the engine no longer holds resident.
+        self.sync()
+
+    def release_cell(self, cell: Cell) -> None:
+        """Tell the engine no wrapper names ``cell`` any more."""
+        cell.released = True
+        cell.wrapper_ref = None
+        self.engine.release(cell.tensor_id)
+        group = self.groups.get(cell.root)
+        if group is None:
+            return
+        group.live_refs -= 1
+        if not self.budgeted and group.live_refs <= 0:
+            # Without a budget the engine frees a storage as soon as its last
+            # reference goes; drop its data now and let sync() fetch the
+            # engine's list of such storages in batches.
+            group.drop_data()
+
+    def track(self, ref: WrapperRef) -> None:
+        """A new wrapper: its cell is released when the wrapper dies."""
+        self.live[id(ref)] = ref
+
+    # --------------------------------------------------------- externals
+
+    def cell_of(self, x: Any) -> Cell | None:
+        """The cell of an op argument; ``None`` for a non-tensor (a wrapped scalar)."""
+        if type(x) is DTRTensor:
+            cell = x._c
+            if cell.session is self:
+                return cell
+            return self.extern(plain_of(x))
+        if isinstance(x, torch.Tensor):
+            return self.extern(x)
+        return None
+
+    def extern(self, t: torch.Tensor) -> Cell:
+        """The cell of a plain tensor (registered pinned on first sight).
+
+        The cell holds an alias of ``t`` (same storage), not ``t`` itself, and
+        a weak reference to ``t``: when the program drops ``t`` the engine is
+        told (a release), so a temporary plain tensor used in the region is
+        freed like any other once nothing needs it.
+        """
+        ref = self.externals.get(id(t))
+        if ref is not None and ref() is t and ref.cell is not None:
+            return ref.cell
+        if type(t) is DTRTensor:  # a wrapper detached from an earlier entry
+            return self.extern(plain_of(t))
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        root = self.external_roots.get(ptr) if ptr else None
+        if root is not None and root.tensor is not None and not root.released:
+            cell = self._register_external_alias(t, root)
+        else:
+            cell = self._register_external(t, storage.nbytes(), ptr)
+        ref = WrapperRef(t, self.queue_release)
+        ref.cell = cell
+        cell.wrapper_ref = ref
+        self.externals[id(t)] = ref
+        if t.requires_grad and t.is_leaf:
+            self.leaves.append(weakref.ref(t))
+            self.grad_hooks.append(t.register_post_accumulate_grad_hook(self._pin_gradient))
+        return cell
+
+    def _register_external(self, t: torch.Tensor, nbytes: int, ptr: int) -> Cell:
+        if self.budgeted and nbytes:
+            # Room first, so registering never takes usage over the budget
+            # (dispatch then re-checks the residency of the op's other inputs).
+            self.make_room(nbytes, b"an external tensor")
+            self.externals_registered += 1
+        tensor_id = self.engine.tensor(nbytes, pinned=True)
+        cell = Cell(tensor_id, t.detach(), tensor_id, -1, self, pinned=True)
+        self.groups[tensor_id] = StorageGroup(cell, nbytes)
+        if ptr:
+            self.external_roots[ptr] = cell
+        if self.sink is not None:
+            self.sink.external(cell, nbytes)
+        return cell
+
+    def _register_external_alias(self, t: torch.Tensor, root: Cell) -> Cell:
+        """A second external on a registered external's storage: an alias of it."""
+        _, (tensor_id,) = self.engine.call(b"alias", [root.tensor_id], [t.nbytes], [0], 0, NO_RECOMPUTE)
+        cell = Cell(tensor_id, t.detach(), root.root, -1, self, pinned=True)
+        self.groups[root.root].add(cell)
+        if self.sink is not None:
+            self.sink.call(b"alias", [root], [cell], [t.nbytes], [0], 0)
+        return cell
+
+    def _pin_gradient(self, param: torch.Tensor) -> None:
+        """A parameter's ``.grad`` was accumulated: pin it for this entry.
+
+        Gradients outlive the step and are read by the optimizer; evicting one
+        would mean re-running the backward pass that produced it.
+        """
+        grad = param.grad
+        if type(grad) is not DTRTensor or self.closed:
+            return
+        cell = grad._c
+        if cell.session is not self or cell in self.pinned_grads:
+            return
+        if cell.tensor is None:
+            with _disable_current_modes(), HeldCells(self.engine) as held:
+                rebuild.materialize(self, cell)
+                held.adopt(cell)
+                self.engine.pin(cell.tensor_id)
+        else:
+            self.engine.pin(cell.tensor_id)
+        self.pinned_grads.add(cell)
+
+    # -------------------------------------------------------- operations
+
+    def dispatch(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Run one ATen op inside this entry (see :mod:`.dispatch`)."""
+        return dispatch(self, func, args, kwargs)
+
+    def read(self, cell: Cell) -> torch.Tensor | None:
+        """``cell``'s tensor, rebuilt if it was evicted (user code reading a wrapper)."""
+        with HeldCells(self.engine) as held:
+            rebuild.materialize(self, cell)
+            held.adopt(cell)
+        self.sync()
+        return cell.tensor
+
+    # -------------------------------------------------------------- close
+
+    def close(self, ok: bool) -> dict[str, Any]:
+        """Make what escapes resident, detach it, destroy the engine instance.
+
+        Returns the engine's final stats (empty when they could not be read).
+        """
+        stats: dict[str, Any] = {}
+        try:
+            self.flush()
+            escaping = [ref.cell for ref in list(self.live.values()) if ref.cell is not None and ref() is not None]
+            if ok:
+                # Everything that leaves must be resident, even when it does
+                # not fit the budget (the engine then lets usage exceed it).
+                self.engine.finish()
+                rebuild.make_all_resident(self, escaping)
+            self._plain_gradients()
+            stats = self.engine.stats()
+            if ok and stats.get("auto"):
+                self._tune()
+        finally:
+            self._detach_everything()
+        return stats
+
+    def _plain_gradients(self) -> None:
+        """``.grad`` of the parameters seen in the entry: plain tensors again."""
+        with torch.no_grad(), _disable_current_modes():
+            for ref in self.leaves:
+                param = ref()
+                if param is not None and type(param.grad) is DTRTensor:
+                    param.grad = param.grad._c.tensor
+
+    def _tune(self) -> None:
+        """Have the engine choose the configuration of later entries
+        (``memscale_dtr_tune``); a failure is kept, not raised: the step
+        itself succeeded."""
+        try:
+            self.tuning = self.engine.tune()
+        except MemscaleError as exc:
+            self.tune_error = str(exc)
+
+    def _detach_everything(self) -> None:
+        self.closed = True
+        for ref in list(self.live.values()):
+            cell = ref.cell
+            if cell is not None:
+                cell.session = None
+                cell.tensor_id = -1
+            ref.cell = None
+        self.live.clear()
+        for hook in self.grad_hooks:
+            hook.remove()
+        self.grad_hooks.clear()
+        self.pinned_grads.clear()
+        for ref in self.externals.values():
+            cell = ref.cell
+            if cell is not None:
+                cell.session = None
+                cell.tensor = None
+            ref.cell = None
+        for container in (self.ops, self.groups, self.externals, self.external_roots):
+            container.clear()
+        self.leaves.clear()
+        self.released.clear()
+        self.engine.close()
+
