@@ -47,15 +47,15 @@ type dtrHandle struct {
 var liveStatusBlocks atomic.Int64
 
 // newDTRHandle returns a handle for eng with its status block.
-func newDTRHandle(eng *evict.Engine, src evict.UsageSource) *dtrHandle {
+func newDTRHandle(eng *evict.Engine, src evict.UsageSource) (*dtrHandle, error) {
 	d := &dtrHandle{eng: eng, src: src}
 	d.status = (*C.memscale_dtr_status)(C.calloc(1, C.sizeof_memscale_dtr_status))
 	if d.status == nil {
-		panic("memscale_dtr_create: out of host memory for the status block")
+		return nil, fmt.Errorf("out of host memory for the status block (%d bytes)", C.sizeof_memscale_dtr_status)
 	}
 	liveStatusBlocks.Add(1)
 	d.sync()
-	return d
+	return d, nil
 }
 
 // sync rewrites the status block from the engine.
@@ -169,8 +169,8 @@ func opName(name *C.char) string {
 // dtrDefaults returns the engine defaults from the environment
 // (MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR, MEMSCALE_EVICTEE_MIN_SIZE)
 // and which of them it sets. Unlike the allocator's configuration, read once
-// per process (processConfig), they are read from libc's environment at
-// every memscale_dtr_create, so a host that changes a variable with setenv
+// per process (loadProcess), they are read from libc's environment at every
+// memscale_dtr_create, so a host that changes a variable with setenv
 // between two engines (a test's monkeypatch.setenv) gets it.
 func dtrDefaults() (evict.Defaults, error) {
 	pc, err := config.Load(cLookupEnv)
@@ -243,10 +243,14 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		if err != nil {
 			return err
 		}
+		d, err := newDTRHandle(eng, src)
+		if err != nil {
+			return err
+		}
 		dtrEngines.Lock()
 		dtrEngines.next++
 		h = dtrEngines.next
-		dtrEngines.m[h] = newDTRHandle(eng, src)
+		dtrEngines.m[h] = d
 		dtrEngines.Unlock()
 		return nil
 	})
