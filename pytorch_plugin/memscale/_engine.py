@@ -56,7 +56,8 @@ class Status(ctypes.Structure):
         pending: storages the engine freed (released, banished, throw-away
             copies) that :meth:`Engine.evict` has not handed out yet.
         bytes_evicted: bytes of budget victims so far (drops and swaps).
-        peak_usage: the highest usage seen.
+        peak_usage: the highest count of resident registered bytes so far (the
+            engine's own count, also with ``"usage": "allocator"``).
     """
 
     _fields_ = [
@@ -250,14 +251,12 @@ class Engine:
             raise _fail(f"memscale_dtr_tensor({nbytes})")
         return int(t)
 
-    def _room(self, n: int) -> _Buffers:
-        buffers = self._buffers
-        if n > buffers.capacity:
-            capacity = buffers.capacity
-            while capacity < n:
-                capacity *= 2
-            buffers = self._buffers = _Buffers(capacity)
-        return buffers
+    def _grow(self, n: int) -> _Buffers:
+        capacity = self._buffers.capacity
+        while capacity < n:
+            capacity *= 2
+        self._buffers = _Buffers(capacity)
+        return self._buffers
 
     def call(
         self,
@@ -278,7 +277,9 @@ class Engine:
         n_out = len(out_sizes)
         if len(out_alias) != n_out:
             raise ValueError(f"out_alias has {len(out_alias)} entries for {n_out} outputs")
-        b = self._room(max(n_in, n_out))
+        b = self._buffers
+        if n_in > b.capacity or n_out > b.capacity:
+            b = self._grow(max(n_in, n_out))
         b.inputs[:n_in] = inputs
         b.sizes[:n_out] = out_sizes
         b.aliases[:n_out] = out_alias
@@ -296,7 +297,9 @@ class Engine:
         ``mutated``; returns ``(op id, new version ids)``."""
         n_in = len(inputs)
         n_mut = len(mutated)
-        b = self._room(n_in)
+        b = self._buffers
+        if n_in > b.capacity:
+            b = self._grow(n_in)
         b.inputs[:n_in] = inputs
         b.mutated[:n_mut] = mutated
         if type(name) is str:

@@ -44,20 +44,22 @@ from .device import CudaTimer, perf_ns
 from .rebuild import make_resident
 from .replay import rng_state_for
 from .schema import OpInfo
-from .tensor import DTRTensor, new_wrapper
+from .tensor import DTRTensor
 
 if TYPE_CHECKING:
     from .session import Session
 
 _Tensor = torch.Tensor
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run one ATen op inside the region (the mode's ``__torch_dispatch__``)."""
+    status = s.status
     if s.released:
         s.flush()
-    else:
-        s.sync()
+    elif status.pending >= s.drain_at:
+        s.evict()
     info = s.infos.get(func)
     if info is None:
         info = s.infos[func] = OpInfo(func, s.recording)
@@ -68,27 +70,31 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if registered != s.externals_registered and not a.missing:
         # Making room for a new external may have evicted an input collected before it.
         a.missing = any(c.tensor is None for c in a.cells)
-    needs_room = s.budgeted and not info.all_views
-    if a.missing or needs_room:
+    size_key = None
+    extra = 0
+    if s.budgeted and not info.all_views and not a.missing:
+        size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+        if s.usage_exact and status.usage + extra <= status.budget:
+            extra = 0  # room already
+    if a.missing or extra:
         with HeldCells(s.engine) as held:
             if a.missing:
                 make_resident(s, a.cells, held)
                 a.refill(info)
-            size_key = None
-            if needs_room:
-                size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
-                status = s.status
-                if extra and not (s.usage_exact and status.usage + extra <= status.budget):
-                    if not held.cells:
-                        held.lock_all(a.cells)
-                    s.make_room(extra, info.name)
+                if s.budgeted and not info.all_views:
+                    size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+            if extra:
+                if not held.cells:
+                    held.lock_all(a.cells)
+                s.make_room(extra, info.name)
             out, cells, outs = _run_and_register(s, func, info, a, size_key)
     else:
-        out, cells, outs = _run_and_register(s, func, info, a, None)
+        out, cells, outs = _run_and_register(s, func, info, a, size_key)
     if cells is None:
         return out
     wrappers = wrap_outputs(s, cells, outs)
-    s.after_op()
+    if status.pending >= s.drain_at or (s.budgeted and (not s.usage_exact or status.usage > status.budget)):
+        s.evict()  # the budget loop has work: freed storages, or usage over the budget
     if len(wrappers) == 1 and isinstance(out, _Tensor):
         return wrappers[0]
     return rebuild_result(out, iter(wrappers))
@@ -102,7 +108,7 @@ def _run_and_register(
     Returns ``(result, output cells, output tensors)``; the cells are ``None``
     for a result without tensors.
     """
-    rng = rng_state_for(info, a.args, a.kwargs)
+    rng = rng_state_for(info, a.args, a.kwargs) if info.seeded else None
     timer = s.cuda_timer
     start = timer.start() if timer is not None else None
     t0 = perf_ns()
@@ -189,13 +195,24 @@ def _storage_of(t: _Tensor, info: OpInfo) -> Any:
 def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTRTensor]:
     """A wrapper per output cell, each released to the engine when it dies."""
     queue = s.queue_release
+    live = s.live
     wrappers = []
     for cell, real in zip(cells, outs):
-        wrapper = new_wrapper(cell, real)
+        wrapper = _make_wrapper(
+            DTRTensor,
+            real.size(),
+            strides=real.stride(),
+            storage_offset=real.storage_offset(),
+            dtype=real.dtype,
+            layout=real.layout,
+            device=real.device,
+            requires_grad=False,
+        )
+        wrapper._c = cell
         ref = WrapperRef(wrapper, queue)
         ref.cell = cell
         cell.wrapper_ref = ref
-        s.track(ref)
+        live[id(ref)] = ref
         wrappers.append(wrapper)
     return wrappers
 

@@ -162,10 +162,6 @@ class Session:
             # engine's list of such storages in batches.
             group.drop_data()
 
-    def track(self, ref: WrapperRef) -> None:
-        """A new wrapper: its cell is released when the wrapper dies."""
-        self.live[id(ref)] = ref
-
     # --------------------------------------------------------- externals
 
     def cell_of(self, x: Any) -> Cell | None:

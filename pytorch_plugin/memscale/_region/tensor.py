@@ -78,22 +78,6 @@ class DTRTensor(torch.Tensor):
             return plain_of(self).numpy(force=force)
 
 
-def new_wrapper(cell: Cell, real: torch.Tensor) -> DTRTensor:
-    """A wrapper with ``real``'s metadata naming ``cell`` (no weak reference yet)."""
-    w = torch.Tensor._make_wrapper_subclass(
-        DTRTensor,
-        real.size(),
-        strides=real.stride(),
-        storage_offset=real.storage_offset(),
-        dtype=real.dtype,
-        layout=real.layout,
-        device=real.device,
-        requires_grad=False,
-    )
-    w._c = cell
-    return w  # type: ignore[no-any-return]
-
-
 def _identity(x: Any) -> Any:
     return x
 
