@@ -39,6 +39,7 @@ default) does both.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import statistics
@@ -250,7 +251,7 @@ def tuning_section(steps: int, peak: int, runs: list[dict[str, Any]], cmd: str) 
     return f"""
 ## Tuning: the default (`auto`) against `anc-sqrt`
 
-Date: 2026-11-21. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end;
+Date: {datetime.date.today().isoformat()}. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end;
 torch {torch.__version__}. The GPT-2 step above (peak {format_bytes(peak)}), {steps} steps per run, the runs taking
 turns step by step. `default (auto)` is `dtr(budget)`: its first step scores with the default
 heuristic and records the program, and at the region's exit the engine replays the recording
@@ -350,7 +351,7 @@ def overhead_part(args: argparse.Namespace) -> None:
         )
         text = f"""# PyTorch plugin: DTR region overhead
 
-Date: 2026-11-21. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end; {platform.python_implementation()}
+Date: {datetime.date.today().isoformat()}. Machine: {os.cpu_count()} CPU cores, no GPU, load average {os.getloadavg()[0]:.1f} at the end; {platform.python_implementation()}
 {platform.python_version()}, torch {torch.__version__}. Everything on the CPU, usage counted by the
 engine (sum of resident registered bytes).
 
@@ -373,8 +374,8 @@ variants taking turns, median of {args.reps} runs:
 Target: <= 25 us per op. Per op the region enters a `TorchDispatchMode`, maps the
 arguments to cells, runs the kernel, makes one `memscale_dtr_call` (the Go engine and the
 ctypes crossing), wraps the output and releases the dead input. Under a budget it also
-locks the inputs, predicts the output sizes and runs the budget loop (skipped while its
-mirror of the engine's usage says there is room), and the engine evicts a released tensor
+locks the inputs, predicts the output sizes and runs the budget loop (skipped while the
+engine's status block says there is room and nothing to free), and the engine evicts a released tensor
 whose child is alive eagerly (counted as eager evictions, not in the evictions the
 benchmark checks are 0).
 
