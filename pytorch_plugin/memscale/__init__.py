@@ -1,7 +1,10 @@
 """memscale: train PyTorch models beyond GPU memory with libmemscale.so.
 
-Three layers, use the one you need:
+Four layers, use the one you need:
 
+* ``python -m memscale run script.py`` (or ``memscale.enable()`` first thing in the
+  script): every training step of an unmodified script runs under DTR, with
+  ``MEMSCALE_EVICTION_THRESHOLD`` as the budget (see ``memscale/_enable.py``).
 * ``memscale.install(threshold=..., limit=...)``: make libmemscale.so PyTorch's CUDA
   allocator (call it first thing, before any CUDA use). ``memory_stats()``,
   ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
@@ -39,6 +42,8 @@ from .allocator import (
     set_limit,
     set_threshold,
 )
+from ._budget import THRESHOLD, Budget
+from ._enable import Enabled, enable
 from .api import Summary, detach, end_step, optimize, summary, wrap
 from .config import Config, parse_size
 from .errors import (
@@ -56,6 +61,9 @@ __version__ = "0.1.0"
 
 __all__: list[str] = [
     "AlreadyInstalledError",
+    "Budget",
+    "Enabled",
+    "THRESHOLD",
     "CUDAAlreadyInitializedError",
     "Config",
     "ConfigError",
@@ -69,6 +77,7 @@ __all__: list[str] = [
     "detach",
     "device_total_memory",
     "dump_snapshot",
+    "enable",
     "end_step",
     "install",
     "installed",

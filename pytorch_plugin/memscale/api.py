@@ -27,7 +27,11 @@ adds :class:`memscale.hf.MemscaleCallback`.
 
 Budget
 ------
-``Config.budget_for(device_bytes)`` gives the budget. ``device_bytes`` is
+``Config.threshold`` or an explicit ``Config.mode`` gives the budget; with neither,
+the eviction threshold does (``MEMSCALE_EVICTION_THRESHOLD`` or
+``install(threshold=...)``, see :mod:`memscale._budget`), and without one the
+default mode (``"balanced"``). A mode's budget is ``Config.budget_for(device_bytes)``;
+``device_bytes`` is
 ``Config.device_memory`` when set, else the total memory of the GPU holding the
 model's parameters; for a model on the CPU with no ``device_memory``, the first
 step runs unbudgeted as a baseline, and every later step gets
@@ -49,6 +53,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _stats
+from ._budget import Budget, default_budget, threshold_budget
 from .config import Config, format_bytes
 from .errors import MemscaleError
 
@@ -76,6 +81,8 @@ class Summary:
         peak_usage: highest usage seen by a budgeted region, in bytes.
         budget: the budget of the latest region (``None``: unbudgeted).
         baseline_peak: peak usage of the unbudgeted baseline step, when one ran.
+        budget_source: where the latest region's budget came from
+            (``MEMSCALE_EVICTION_THRESHOLD=...``, ``Config.mode=...``...).
         tuning: the latest region's ``summary()["tuning"]``: ``None`` until the
             engine tuned a budgeted region (an explicit heuristic never tunes),
             else its choice, ``overhead``, ``default_overhead``, ``wall_ns``,
@@ -94,6 +101,7 @@ class Summary:
     budget: int | None = None
     baseline_peak: int | None = None
     tuning: dict[str, Any] | None = None
+    budget_source: str | None = None
 
     @property
     def overhead(self) -> float:
@@ -116,6 +124,8 @@ class Summary:
 
     def __str__(self) -> str:
         budget = "unbudgeted" if self.budget is None else f"budget {format_bytes(self.budget)}"
+        if self.budget_source:
+            budget += f" from {self.budget_source}"
         text = (
             f"{self.steps} steps, {budget}, peak {format_bytes(self.peak_usage)}, "
             f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
@@ -137,18 +147,27 @@ def _dtr() -> Any:
     return dtr
 
 
-def _module_device_bytes(module: torch.nn.Module) -> int | None:
-    """Total memory of the GPU holding ``module``'s first parameter (None on CPU)."""
-    import torch
-
+def _module_device_index(module: torch.nn.Module | None) -> int | None:
+    """The CUDA device holding ``module``'s first parameter (None: CPU or unknown)."""
+    if module is None:
+        return None
     tensor = next(module.parameters(), None)
     if tensor is None:
         tensor = next(module.buffers(), None)
     if tensor is None or tensor.device.type != "cuda":
         return None
+    return tensor.device.index or 0
+
+
+def _module_device_bytes(module: torch.nn.Module) -> int | None:
+    """Total memory of the GPU holding ``module``'s first parameter (None on CPU)."""
+    import torch
+
+    index = _module_device_index(module)
+    if index is None:
+        return None
     from .allocator import device_total_memory
 
-    index = tensor.device.index or 0
     if torch.cuda.is_initialized():
         return int(torch.cuda.get_device_properties(index).total_memory)
     return device_total_memory(index)
@@ -161,8 +180,12 @@ class _Steps:
     thread (the region is a thread-local dispatch mode).
     """
 
-    def __init__(self, config: Config, module: torch.nn.Module | None) -> None:
+    def __init__(self, config: Config, module: torch.nn.Module | None, on_demand: bool = False) -> None:
         self.config = config
+        # With neither Config.threshold nor Config.mode nor an eviction
+        # threshold: True evicts only when an allocation would fail (on a GPU
+        # with the memscale allocator; memscale.enable), False uses DEFAULT_MODE.
+        self._on_demand = on_demand
         self._module_ref = weakref.ref(module) if module is not None else None
         self._region: DTRRegion | None = None
         self._baseline_region: DTRRegion | None = None
@@ -184,15 +207,32 @@ class _Steps:
 
     def _make_region(self, module: torch.nn.Module | None) -> DTRRegion:
         dtr = _dtr()
-        device_bytes = self.config.device_bytes()
+        budget = self._budget(module)
+        if budget is None:
+            # CPU, no explicit size: this step is the unbudgeted baseline.
+            region = dtr(
+                Budget(0, "unbudgeted baseline step (no device memory size on the CPU)"),
+                **self.config.region_kwargs(),
+            )
+            self._baseline_region = region
+            return region
+        return dtr(budget, **self.config.region_kwargs())
+
+    def _budget(self, module: torch.nn.Module | None) -> Budget | None:
+        """The step's budget; ``None``: run an unbudgeted baseline step first
+        (its peak is then the "device memory" the mode takes a fraction of)."""
+        config = self.config
+        device = _module_device_index(module)
+        if config.threshold is None and config.mode is None:
+            default = default_budget(device) if self._on_demand else threshold_budget(device)
+            if default is not None:
+                return default
+        device_bytes = config.device_bytes()
         if device_bytes is None and module is not None:
             device_bytes = _module_device_bytes(module)
         if device_bytes is None:
-            # CPU, no explicit size: this step is the unbudgeted baseline.
-            region = dtr(None, **self.config.region_kwargs())
-            self._baseline_region = region
-            return region
-        return dtr(self.config.budget_for(device_bytes), **self.config.region_kwargs())
+            return None
+        return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
 
     def begin(self, module: torch.nn.Module | None = None) -> bool:
         """Open the step's region unless one is open; return whether it opened."""
@@ -230,7 +270,10 @@ class _Steps:
             peak = int(baseline.get("peak_usage", 0))
             if peak > 0:  # later steps run under budget_for(peak) in a region of their own
                 self._finished.append(baseline)
-                self._region = _dtr()(self.config.budget_for(peak), **self.config.region_kwargs())
+                budget = Budget(
+                    self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak")
+                )
+                self._region = _dtr()(budget, **self.config.region_kwargs())
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -299,6 +342,7 @@ class _Steps:
                 out.peak_usage = max(out.peak_usage, int(current.get("peak_usage", 0) or 0))
             budget = current.get("budget")
             out.budget = int(budget) if budget else None
+            out.budget_source = current.get("budget_source") or out.budget_source
             out.tuning = current.get("tuning") or out.tuning
         return out
 
@@ -358,7 +402,8 @@ def wrap(trainer_or_module: Any, config: Config | None = None) -> Any:
     Args:
         trainer_or_module: a ``torch.nn.Module`` (hooked in place) or a
             ``transformers.Trainer`` (its ``training_step`` is patched in place).
-        config: settings; ``Config()`` (balanced mode) when ``None``.
+        config: settings; ``Config()`` when ``None`` (the eviction threshold,
+            else balanced mode).
 
     Returns:
         The same object, now wrapped (:func:`detach` undoes it).
@@ -445,8 +490,17 @@ def detach(obj: Any) -> Any:
     return obj
 
 
-def end_step(obj: Any) -> None:
-    """Close the open step region of a wrapped model (for loops without an optimizer)."""
+def end_step(obj: Any = None) -> None:
+    """Close the open step region of a wrapped model, or with no argument of
+    :func:`memscale.enable` (for loops without a ``torch.optim`` optimizer)."""
+    if obj is None:
+        from ._enable import enabled
+
+        current = enabled()
+        if current is None:
+            raise MemscaleError("memscale.end_step(): memscale.enable() was not called; pass the wrapped model")
+        current.end_step()
+        return
     attachment = _attached.get(obj)
     if attachment is None:
         raise MemscaleError(f"{type(obj).__name__} is not wrapped by memscale")
@@ -517,11 +571,19 @@ def optimize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: C
     return Optimization(model, optimizer, config)
 
 
-def summary(obj: Any) -> Summary:
-    """What memscale did for a wrapped model/Trainer or an :func:`optimize` handle.
+def summary(obj: Any = None) -> Summary:
+    """What memscale did for a wrapped model/Trainer, an :func:`optimize` handle,
+    or with no argument under :func:`memscale.enable`.
 
     After :func:`detach` it returns the totals as they were at detach.
     """
+    if obj is None:
+        from ._enable import enabled
+
+        current = enabled()
+        if current is None:
+            raise MemscaleError("memscale.summary(): memscale.enable() was not called; pass the wrapped object")
+        return current.summary()
     if isinstance(obj, Optimization):
         return obj.summary()
     attachment = _attached.get(obj)

@@ -29,6 +29,9 @@ from .errors import ConfigError
 
 Mode = Literal["conservative", "balanced", "aggressive"]
 
+#: The mode of a Config that names none and runs where no threshold is set.
+DEFAULT_MODE: Final[str] = "balanced"
+
 #: Fraction of device memory each mode uses as the eviction threshold / budget.
 MODE_FRACTIONS: Final[dict[str, float]] = {
     "conservative": 0.90,
@@ -179,7 +182,9 @@ class Config:
 
     Attributes:
         mode: ``"conservative"``, ``"balanced"`` or ``"aggressive"``: the budget
-            is 90 %, 75 % or 50 % of device memory.
+            is 90 %, 75 % or 50 % of device memory. ``None`` (the default): the
+            eviction threshold (``MEMSCALE_EVICTION_THRESHOLD`` or
+            ``install(threshold=...)``) when one is set, else ``"balanced"``.
         threshold: overrides ``mode``: bytes, ``"12GiB"`` or ``"60%"``.
         recompute: allow evicting by dropping a tensor and recomputing it.
         swap: allow evicting by copying a tensor to host memory.
@@ -198,7 +203,7 @@ class Config:
             baseline step.
     """
 
-    mode: Mode = "balanced"
+    mode: Mode | None = None
     threshold: SizeLike | None = None
     recompute: bool = True
     swap: bool = False
@@ -210,7 +215,7 @@ class Config:
     device_memory: SizeLike | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODE_FRACTIONS:
+        if self.mode is not None and self.mode not in MODE_FRACTIONS:
             raise ConfigError(
                 f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"
             )
@@ -244,8 +249,16 @@ class Config:
 
     @property
     def fraction(self) -> float:
-        """The mode's fraction of device memory (0.9, 0.75 or 0.5)."""
-        return MODE_FRACTIONS[self.mode]
+        """The mode's fraction of device memory (0.9, 0.75 or 0.5; ``None``
+        counts as :data:`DEFAULT_MODE`)."""
+        return MODE_FRACTIONS[self.mode or DEFAULT_MODE]
+
+    def describe_budget(self, device_bytes: int, of: str = "device memory") -> str:
+        """Where :meth:`budget_for` takes its bytes from, for summaries."""
+        if self.threshold is not None:
+            return f"Config.threshold={self.threshold!r}"
+        mode = repr(self.mode) if self.mode is not None else f"{DEFAULT_MODE!r} (default)"
+        return f"Config.mode={mode}: {self.fraction:.0%} of {of} ({format_bytes(device_bytes)})"
 
     def device_bytes(self) -> int | None:
         """``device_memory`` in bytes, or ``None`` when not given."""

@@ -93,9 +93,13 @@ def test_modes_map_to_fractions_of_device_memory(mode: str, fraction: float) -> 
     assert config.budget_for(80 * GiB) == int(80 * GiB * fraction)
 
 
-def test_default_is_balanced() -> None:
-    assert Config().mode == "balanced"
+def test_default_mode_is_the_threshold_then_balanced() -> None:
+    assert Config().mode is None  # the eviction threshold decides when one is set (api tests)
+    assert Config().fraction == 0.75
     assert Config().budget_for(1000) == 750
+    assert "'balanced' (default)" in Config().describe_budget(1000)
+    assert Config(mode="aggressive").describe_budget(1000) == "Config.mode='aggressive': 50% of device memory (1000 B)"
+    assert Config(threshold="1KiB").describe_budget(1000) == "Config.threshold='1KiB'"
 
 
 @pytest.mark.parametrize(("threshold", "expected"), [("60%", 600), (300, 300), ("1KiB", 1024)])

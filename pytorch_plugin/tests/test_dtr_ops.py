@@ -572,3 +572,25 @@ def test_wrap_registers_a_plain_tensor() -> None:
         assert type(w) is DTRTensor
         assert _eq(w * 2, ref)
     assert torch.equal(region.unwrap(w), x)
+
+
+def test_region_tensors_pickle_as_plain_tensors(tmp_path: Any) -> None:
+    """A checkpoint holding a region tensor loads with torch.load(weights_only=True)
+    and without memscale: it pickles as the plain tensor."""
+    import pickle
+
+    x = _x()
+    region = _region()
+    with region:
+        a = x * 3
+        keep = _fill(x)
+        assert not _resident(a)
+        blob = pickle.dumps(a)  # rebuilt for the pickle
+    inside = pickle.loads(blob)
+    assert type(inside) is torch.Tensor and torch.equal(inside, x * 3)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"a": a}, path)
+    assert b"memscale" not in path.read_bytes()
+    loaded = torch.load(path, weights_only=True)["a"]
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, x * 3)
+    del keep

@@ -21,6 +21,7 @@ from typing import Any, Final
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from .._budget import THRESHOLD, Budget, default_budget
 from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
@@ -93,7 +94,7 @@ class DTRRegion:
 
     def __init__(
         self,
-        budget: int | str | None = None,
+        budget: int | str | Budget | None = THRESHOLD,
         *,
         heuristic: str | None = None,
         recompute: bool = True,
@@ -115,7 +116,9 @@ class DTRRegion:
                 raise ConfigError(f"dtr({name}={value!r}): expected a number >= 0")
         if usage is not None and usage not in ("engine", "allocator"):
             raise ConfigError(f"dtr(usage={usage!r}): expected 'engine' or 'allocator'")
-        self._budget = self._resolve_budget(budget)
+        resolved = self._resolve_budget(budget, f"dtr(budget={budget!r})")
+        self._budget = resolved.nbytes
+        self._budget_source = resolved.source
         self._heuristic = heuristic
         self.recompute = recompute
         self._swap = swap
@@ -144,9 +147,18 @@ class DTRRegion:
     # ------------------------------------------------------------- settings
 
     @staticmethod
-    def _resolve_budget(budget: int | str | None) -> int:
+    def _resolve_budget(budget: int | str | Budget | None | object, label: str) -> Budget:
+        """``budget`` in bytes, with where it came from (``label``: the call)."""
+        if budget is THRESHOLD:
+            return default_budget()
+        if isinstance(budget, Budget):
+            return budget
         if budget is None:
-            return 0
+            return Budget(0, label)
+        return Budget(DTRRegion._budget_bytes(budget), label)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _budget_bytes(budget: int | str) -> int:
         total = None
         if isinstance(budget, str) and budget.strip().endswith("%"):
             from ..allocator import device_total_memory
@@ -166,11 +178,18 @@ class DTRRegion:
         """The budget in bytes (0 = unlimited)."""
         return self._budget
 
+    @property
+    def budget_source(self) -> str:
+        """Where the budget came from (an argument, the eviction threshold...)."""
+        return self._budget_source
+
     @budget.setter
-    def budget(self, value: int | str | None) -> None:
+    def budget(self, value: int | str | Budget | None) -> None:
         """Set the budget; a changed budget forgets the tuned configuration
         (the next entry records and tunes again)."""
-        nbytes = self._resolve_budget(value)
+        resolved = self._resolve_budget(value, f"DTRRegion.budget = {value!r}")
+        nbytes = resolved.nbytes
+        self._budget_source = resolved.source
         if nbytes != self._budget:
             self._tuned_config = None
             self._tuning = None
@@ -274,7 +293,8 @@ class DTRRegion:
         Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
         ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
         (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry),
-        ``budget`` (bytes, 0 = unlimited), ``entries``, ``tuning``: ``None``
+        ``budget`` (bytes, 0 = unlimited), ``budget_source`` (where it came
+        from), ``entries``, ``tuning``: ``None``
         until the engine tuned this region, else ``choice``, ``feasible``,
         ``overhead``, ``default_overhead``, ``wall_ns``, ``instructions`` and
         ``config`` (the keys later entries run with) of its report, or
@@ -292,6 +312,7 @@ class DTRRegion:
         out["overhead"] = overhead(totals["base_cost_ns"], totals["remat_cost_ns"])
         out["peak_usage"] = peak
         out["budget"] = self._budget
+        out["budget_source"] = self._budget_source
         out["entries"] = self._entries + (1 if session is not None else 0)
         out["tuning"] = None if self._tuning is None else dict(self._tuning)
         return out
@@ -334,7 +355,7 @@ class DTRRegion:
 
 
 def dtr(
-    budget: int | str | None = None,
+    budget: int | str | Budget | None = THRESHOLD,
     *,
     heuristic: str | None = None,
     recompute: bool = True,
@@ -349,7 +370,12 @@ def dtr(
     Args:
         budget: memory budget: bytes, ``"8GiB"``-style, ``"75%"`` of the GPU's
             memory, or ``None`` for no budget (ops are recorded, nothing is
-            evicted: the way to measure a step's peak).
+            evicted: the way to measure a step's peak). Default: the eviction
+            threshold (``MEMSCALE_EVICTION_THRESHOLD`` or
+            ``install(threshold=...)``); without one, on a GPU with the
+            memscale allocator the device's memory (the engine evicts only when
+            an allocation would fail), else no budget.
+            ``summary()["budget_source"]`` says which.
         heuristic: the engine's eviction heuristic (one of
             :func:`memscale.config.heuristics`: ``"dtr"``, ``"dtr-eq"``,
             ``"anc-sqrt"``, ``"lru"``, ...). ``None``: ``MEMSCALE_HEURISTIC``

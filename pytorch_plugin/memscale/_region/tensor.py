@@ -63,7 +63,10 @@ class DTRTensor(torch.Tensor):
             return f"DTRTensor({cell.tensor!r})"
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (_identity, (unwrap(self),))
+        # Pickled (torch.save, deepcopy via pickle) as the plain tensor itself:
+        # a checkpoint must load with torch.load(weights_only=True) and
+        # without memscale.
+        return plain_of(self).__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         with _disable_current_modes():
@@ -76,10 +79,6 @@ class DTRTensor(torch.Tensor):
     def numpy(self, *, force: bool = False) -> Any:  # noqa: D102 - as torch.Tensor.numpy
         with _disable_current_modes():
             return plain_of(self).numpy(force=force)
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 def plain_of(x: DTRTensor) -> torch.Tensor:

@@ -1,0 +1,77 @@
+"""``python -m memscale run [--threshold SIZE] SCRIPT [ARGS...]``: an unmodified
+training script under DTR.
+
+The script runs as ``python SCRIPT ARGS...`` would run it (``sys.argv``,
+``sys.path[0]`` and ``__name__ == "__main__"`` as usual; ``-m MODULE`` runs a module),
+after :func:`memscale.enable`: on a GPU the memscale allocator is installed first,
+every training step (first forward with gradients .. ``optimizer.step()``) runs
+in a DTR region, and the budget is ``MEMSCALE_EVICTION_THRESHOLD`` (or
+``--threshold``). At exit the totals are printed to standard error: steps,
+evictions, rematerializations, peak against the budget, compute overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+
+from ._budget import THRESHOLD_ENV
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m memscale", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a training script under DTR")
+    run.add_argument("--threshold", help=f"eviction threshold (sets {THRESHOLD_ENV}): bytes, 12GiB, 75%% (GPU)")
+    run.add_argument("--quiet", action="store_true", help="do not print the totals at exit")
+    run.add_argument("--summary-json", help="also write the totals as JSON to this file")
+    run.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
+    run.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or the module's ARGS with -m)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m memscale``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    target = list(args.target)
+    if target[:1] == ["--"]:
+        target = target[1:]
+    if args.module is None and not target:
+        print("python -m memscale run: give the script to run (or -m MODULE)", file=sys.stderr)
+        return 2
+    if args.threshold is not None:
+        os.environ[THRESHOLD_ENV] = args.threshold
+
+    import memscale
+
+    enabled = memscale.enable()
+    status = 0
+    try:
+        if args.module is not None:
+            sys.argv = [args.module, *target]
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            script = target[0]
+            sys.argv = target
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    finally:
+        enabled.disable()
+        summary = enabled.summary()
+        if enabled.active and not args.quiet:
+            print(f"memscale: {summary}", file=sys.stderr)
+        if args.summary_json:
+            with open(args.summary_json, "w") as f:
+                json.dump({"active": enabled.active, **summary.as_dict()}, f, indent=1)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""Zero-code DTR: ``memscale.enable()`` and ``python -m memscale run script.py``.
+
+:func:`enable` makes every training step of the process run under a DTR region,
+with no change to the model or the loop:
+
+* on a GPU it installs the memscale allocator (before CUDA is used), which reads
+  ``MEMSCALE_EVICTION_THRESHOLD``;
+* a global forward pre-hook opens the step's region at the first forward that
+  runs with gradients enabled (evaluation under ``no_grad`` or
+  ``inference_mode`` opens none);
+* a global optimizer step pre-hook closes it just before any ``torch.optim``
+  optimizer updates parameters, so the update, checkpoint saving and logging
+  see ordinary tensors. An optimizer step given a closure (LBFGS, Lightning)
+  runs the closure's forward and backward in a region of its own that closes
+  when the closure returns, before the update;
+* :func:`memscale.end_step` ends a step by hand for a loop without a
+  ``torch.optim`` optimizer;
+* at exit the totals are logged (and printed by ``python -m memscale run``).
+
+The budget is the eviction threshold (:mod:`memscale._budget`); without one, on
+a GPU with the allocator, the engine evicts only when an allocation would
+otherwise fail. On the CPU without a threshold there is nothing to evict
+against, so :func:`enable` says so and changes nothing.
+
+Holds the process's one enablement (a module-level singleton, as the hooks
+are process-wide); no policy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Any
+
+from ._budget import default_budget
+from .api import Summary, _Steps
+from .config import Config
+from .errors import MemscaleError
+
+log = logging.getLogger("memscale")
+
+
+class Enabled:
+    """The process-wide enablement :func:`enable` returns.
+
+    Attributes:
+        config: the settings the steps run with.
+        allocator_installed: whether :func:`enable` installed the memscale
+            allocator (a GPU was present and CUDA not yet initialized).
+    """
+
+    def __init__(self, config: Config, steps: _Steps | None, allocator_installed: bool) -> None:
+        self.config = config
+        self.allocator_installed = allocator_installed
+        self._steps = steps
+        self._handles: list[Any] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether steps run under DTR (``False``: nothing to evict against)."""
+        return self._steps is not None
+
+    def summary(self) -> Summary:
+        """Totals over every step so far."""
+        return self._steps.summary() if self._steps is not None else Summary()
+
+    def end_step(self) -> None:
+        """End the open step's region now (a loop without a ``torch.optim`` optimizer)."""
+        if self._steps is not None:
+            self._steps.end()
+
+    # Hooks -------------------------------------------------------------
+
+    def _hook(self) -> None:
+        import torch
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        steps = self._steps
+        assert steps is not None
+
+        def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
+            if not steps.is_open and torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+                steps.begin(module)
+
+        def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if output is None and steps.is_open:
+                import sys
+
+                raised = sys.exc_info()[1]
+                if raised is not None:  # forward raised: the step is abandoned
+                    steps.end(raised)
+
+        def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+            steps.end()
+            return _closure_in_its_own_step(steps, args, kwargs)
+
+        self._handles = [
+            register_module_forward_pre_hook(forward_pre_hook),
+            register_module_forward_hook(forward_hook, always_call=True),
+            register_optimizer_step_pre_hook(optimizer_pre_hook),
+        ]
+
+    def disable(self) -> None:
+        """Close the open step, remove the hooks (the allocator stays installed:
+        PyTorch cannot swap allocators back)."""
+        global _enabled
+        try:
+            if self._steps is not None:
+                self._steps.end()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            with _lock:
+                if _enabled is self:
+                    _enabled = None
+
+
+def _closure_in_its_own_step(steps: _Steps, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+    """An optimizer step's closure (its forward and backward) wrapped to run in
+    a region that closes when it returns, before the update."""
+    if "closure" in kwargs:
+        closure = kwargs["closure"]
+    elif args:
+        closure = args[0]
+    else:
+        return None
+    if not callable(closure):
+        return None
+
+    def closure_in_a_step() -> Any:
+        with steps.step():
+            result = closure()
+        return steps.materialize(result)
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure_in_a_step}
+    return (closure_in_a_step, *args[1:]), kwargs
+
+
+_lock = threading.Lock()
+_enabled: Enabled | None = None
+
+
+def enable(config: Config | None = None) -> Enabled:
+    """Run every training step of this process under DTR, with no code change.
+
+    Call it first thing (before any CUDA use); ``python -m memscale run
+    script.py`` calls it for you. Idempotent: a second call returns the same
+    :class:`Enabled` (a different ``config`` is an error).
+
+    Args:
+        config: settings of the steps' regions (``Config()``: the eviction
+            threshold; without one, on a GPU, evict only when an allocation
+            would fail).
+
+    Returns:
+        The enablement: ``.summary()``, ``.end_step()``, ``.disable()``.
+
+    Raises:
+        MemscaleError: enabled already with another config, or a malformed
+            setting (``ConfigError``, naming it).
+    """
+    global _enabled
+    config = config or Config()
+    if not isinstance(config, Config):
+        raise MemscaleError(f"memscale.enable(config={config!r}): expected a memscale.Config")
+    with _lock:
+        if _enabled is not None:
+            if _enabled.config != config:
+                raise MemscaleError(
+                    f"memscale.enable() was called already with {_enabled.config}; disable() it first"
+                )
+            return _enabled
+        installed = _install_if_gpu()
+        explicit = config.threshold is not None or config.mode is not None or config.device_memory is not None
+        if not explicit and default_budget().nbytes == 0:
+            log.warning(
+                "memscale.enable(): no eviction threshold and no GPU allocator, so there is nothing to "
+                "evict against; the program runs unchanged. Set MEMSCALE_EVICTION_THRESHOLD (bytes, e.g. "
+                "4GiB; a percentage needs a GPU)."
+            )
+            _enabled = Enabled(config, None, installed)
+            return _enabled
+        enabled = Enabled(config, _Steps(config, None, on_demand=True), installed)
+        enabled._hook()
+        _enabled = enabled
+    atexit.register(_at_exit, enabled)
+    return enabled
+
+
+def enabled() -> Enabled | None:
+    """The process's enablement, if :func:`enable` was called."""
+    return _enabled
+
+
+def _install_if_gpu() -> bool:
+    """Install the memscale allocator when there is a GPU and it is not yet installed."""
+    import torch
+
+    from .allocator import install, installed
+    from .errors import CUDAAlreadyInitializedError
+
+    if installed() is not None:
+        return False
+    if not torch.cuda.is_available():
+        return False
+    try:
+        install()
+    except CUDAAlreadyInitializedError as exc:
+        log.warning(
+            "memscale.enable(): %s. DTR runs on PyTorch's own allocator: usage is counted by the engine "
+            "and an allocation that fails is not retried after evictions",
+            exc,
+        )
+        return False
+    return True
+
+
+def _at_exit(enabled: Enabled) -> None:
+    try:
+        enabled.disable()
+    except Exception as exc:  # the process is ending: report, do not raise
+        log.warning("memscale: closing the last step at exit failed: %s", exc)
+    if enabled.active:
+        log.info("memscale: %s", enabled.summary())
