@@ -10,6 +10,7 @@
 
 GO      ?= go
 CC      ?= gcc
+CXX     ?= g++
 PYTHON  ?= python3
 VENV    ?= .venv
 BUILD   := build
@@ -28,7 +29,7 @@ all: lib cli
 
 lib: $(LIB)
 
-$(LIB) $(HEADER): $(GOFILES) $(wildcard cabi/*.c cabi/*.h)
+$(LIB) $(HEADER): $(GOFILES) $(wildcard cabi/*.c cabi/*.cpp cabi/*.h)
 	@mkdir -p $(BUILD)
 	$(GO) build -buildmode=c-shared -o $(LIB) ./cabi
 	@rm -f $(BUILD)/libmemscale.h   # cgo's generated header names internal symbols only
@@ -63,16 +64,23 @@ test: test-go test-c test-python
 test-go: vet
 	$(GO) test -race -count=1 ./...
 
-$(BUILD)/abi_test: tests/c/abi_test.c
+$(BUILD)/abi_test: tests/c/abi_test.c cabi/memscale.h
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -ldl -lpthread
+
+# The C++ driver of memscale_malloc_or_throw; it dlopens the library like
+# abi_test, so it links nothing of it.
+$(BUILD)/throw_test: tests/c/throw_test.cpp cabi/memscale.h
+	@mkdir -p $(BUILD)
+	$(CXX) -O2 -Wall -Wextra -Werror -o $@ $< -ldl
 
 $(BUILD)/bench_driver: tests/c/bench_driver.c
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -ldl -lpthread
 
-test-c: $(LIB) $(BUILD)/abi_test
+test-c: $(LIB) $(BUILD)/abi_test $(BUILD)/throw_test
 	MEMSCALE_BACKEND=sim $(BUILD)/abi_test $(abspath $(LIB))
+	MEMSCALE_BACKEND=sim $(BUILD)/throw_test $(abspath $(LIB))
 
 test-python: $(LIB) $(STAMP)
 	# Two runs: tests/python checks a fresh load of the library (its configuration is

@@ -97,10 +97,12 @@ type Allocator struct {
 	vaSize   uint64
 	slack    float64
 
-	limit     uint64
-	threshold uint64
-	closed    bool
-	reclaim   Reclaimer
+	limit   uint64
+	closed  bool
+	reclaim Reclaimer
+	// threshold is the eviction threshold, read without the lock
+	// (EvictionThreshold is on the C ABI's malloc path).
+	threshold atomic.Uint64
 
 	blocks       map[device.Ptr]*block // every mapped block by address
 	pools        [numPools]pool
@@ -172,7 +174,6 @@ func New(cfg Config) (*Allocator, error) {
 		log:          log,
 		capacity:     capacity,
 		limit:        cfg.Limit,
-		threshold:    cfg.EvictionThreshold,
 		slack:        cfg.CacheSlack,
 		blocks:       make(map[device.Ptr]*block),
 		quickStreams: make(map[device.Stream]*quickStream),
@@ -183,6 +184,7 @@ func New(cfg Config) (*Allocator, error) {
 	if a.limit == 0 {
 		a.limit = capacity
 	}
+	a.threshold.Store(cfg.EvictionThreshold)
 	g := info.Granularity
 	if info.VMM && !cfg.DisableVMM {
 		if g == 0 || g%MinBlockSize != 0 {
@@ -382,18 +384,11 @@ func (a *Allocator) Limit() uint64 {
 }
 
 // SetEvictionThreshold stores the eviction threshold (0 = none).
-func (a *Allocator) SetEvictionThreshold(bytes uint64) {
-	a.mu.Lock()
-	a.threshold = bytes
-	a.mu.Unlock()
-}
+func (a *Allocator) SetEvictionThreshold(bytes uint64) { a.threshold.Store(bytes) }
 
-// EvictionThreshold returns the eviction threshold (0 = none).
-func (a *Allocator) EvictionThreshold() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.threshold
-}
+// EvictionThreshold returns the eviction threshold (0 = none) with one
+// atomic load.
+func (a *Allocator) EvictionThreshold() uint64 { return a.threshold.Load() }
 
 // SetReclaimer installs the function Malloc calls before failing for lack
 // of memory (nil removes it).
@@ -439,7 +434,7 @@ func (a *Allocator) Stats() Stats {
 	m["num_device_free"] = a.cnt.deviceFrees
 	m["max_split_size"] = -1
 	m["limit_bytes"] = int64(a.limit)
-	m["eviction_threshold_bytes"] = int64(a.threshold)
+	m["eviction_threshold_bytes"] = int64(a.threshold.Load())
 	m["device_total_bytes"] = int64(a.capacity)
 	m["granularity_bytes"] = int64(a.gran)
 	m["expandable_segments"] = b2i(a.vmm)

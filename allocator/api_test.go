@@ -363,6 +363,56 @@ func TestReclaimer(t *testing.T) {
 	require.NoError(t, a.checkInvariants())
 }
 
+// TestOOMErrorSaysWhatTheReclaimerDid checks the reclaimer fields of an
+// *OOMError and their text.
+func TestOOMErrorSaysWhatTheReclaimerDid(t *testing.T) {
+	tests := []struct {
+		name string
+		// frees is how many 100 MiB blocks the reclaimer frees per call
+		// (-1: no reclaimer installed).
+		frees int
+		calls int
+		freed uint64
+		text  string
+	}{
+		{"no reclaimer", -1, 0, 0, "no reclaimer installed (nothing was asked to free memory)"},
+		{"a reclaimer that cannot help", 0, 1, 0, "the reclaimer was asked 1 time and freed 0 B (0 bytes)"},
+		{"a reclaimer that frees too little", 1, 5, 400 << 20, "the reclaimer was asked 5 times and freed 400.00 MiB (419430400 bytes)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := newTestAllocator(t, Config{Limit: 512 << 20})
+			var held []device.Ptr
+			for range 4 {
+				p, err := a.Malloc(100<<20, 1)
+				require.NoError(t, err)
+				held = append(held, p)
+			}
+			if tc.frees >= 0 {
+				a.SetReclaimer(func(uint64) uint64 {
+					var n uint64
+					for range tc.frees {
+						if len(held) == 0 {
+							break
+						}
+						require.NoError(t, a.Free(held[0]))
+						held = held[1:]
+						n += 100 << 20
+					}
+					return n
+				})
+			}
+			_, err := a.Malloc(600<<20, 1)
+			var oom *OOMError
+			require.ErrorAs(t, err, &oom)
+			assert.Equal(t, tc.frees >= 0, oom.ReclaimerInstalled)
+			assert.Equal(t, tc.calls, oom.ReclaimCalls)
+			assert.Equal(t, tc.freed, oom.Reclaimed)
+			assert.Contains(t, err.Error(), tc.text)
+		})
+	}
+}
+
 func TestFreeNeighborsAndSizeOf(t *testing.T) {
 	a, _ := newTestAllocator(t, Config{})
 	// Three adjacent small blocks on a fresh stream; free the outer ones

@@ -457,6 +457,8 @@ func (a *Allocator) mallocSlow(size, r uint64, s device.Stream) (device.Ptr, err
 	// Out of memory: wait for every stream so all cached memory can be
 	// released or moved, and try again; then ask the reclaimer.
 	a.cnt.allocRetries++
+	var calls int
+	var reclaimed uint64
 	for round := 0; ; round++ {
 		if err := a.syncAll(); err != nil {
 			a.log.Debug("allocator: out-of-memory path could not wait for every stream", zap.Error(err))
@@ -490,6 +492,8 @@ func (a *Allocator) mallocSlow(size, r uint64, s device.Stream) (device.Ptr, err
 			break
 		}
 		got := a.callReclaimer(a.reclaim, short.short)
+		calls++
+		reclaimed += got
 		if a.closed {
 			return 0, fmt.Errorf("allocator: Malloc(%d): %w", size, ErrClosed)
 		}
@@ -520,6 +524,10 @@ func (a *Allocator) mallocSlow(size, r uint64, s device.Stream) (device.Ptr, err
 		Retries:    a.cnt.allocRetries,
 		OOMs:       a.cnt.ooms,
 		Cause:      short.cause,
+
+		ReclaimerInstalled: a.reclaim != nil,
+		ReclaimCalls:       calls,
+		Reclaimed:          reclaimed,
 	}
 	a.log.Debug("allocator: out of memory", zap.Error(oom))
 	return 0, oom

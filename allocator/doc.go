@@ -122,13 +122,19 @@
 // (num_alloc_retries), waits for every stream and pending free, coalesces
 // the cache, returns empty address space (VMM) or whole free segments (no
 // VMM) and tries again, remapping every free granule now ready. If that
-// fails and a Reclaimer is installed, Malloc releases the lock, asks it for
-// the missing bytes (the eviction engine frees tensors), and retries, up to 8
-// rounds while it makes progress. Finally it counts num_ooms, records an
-// "oom" trace event and returns an *OOMError stating the request, allocated,
-// reserved, limit and device-free bytes; errors.Is(err, device.ErrOutOfMemory)
-// holds. EvictionThreshold is stored and reported for the engine; the
-// allocator itself only enforces Limit.
+// fails and a Reclaimer is installed (SetReclaimer), Malloc releases the
+// lock, asks it for the missing bytes and retries, up to 8 rounds
+// (maxReclaimRounds) while it frees something. The reclaimer may call Free
+// (and Malloc) re-entrantly; Mallocs on several goroutines may call it at
+// once. In the library the reclaimer is the host's (memscale_set_reclaimer):
+// the Python package asks the DTR engine for victims (evict.Engine.Reclaim,
+// memscale_dtr_reclaim) and drops them, which frees their blocks. Finally
+// Malloc counts num_ooms, records an "oom" trace event and returns an
+// *OOMError stating the request, allocated, reserved, limit and device-free
+// bytes, and whether a reclaimer was installed, how often it was asked and
+// what it freed; errors.Is(err, device.ErrOutOfMemory) holds.
+// EvictionThreshold is stored (one atomic load to read) and reported for the
+// engine; the allocator itself only enforces Limit.
 //
 // # Observability
 //

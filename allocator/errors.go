@@ -52,6 +52,14 @@ type OOMError struct {
 	Retries int64
 	// OOMs is num_ooms so far (this failure included).
 	OOMs int64
+	// ReclaimerInstalled reports that a Reclaimer was installed when the
+	// request failed.
+	ReclaimerInstalled bool
+	// ReclaimCalls is the number of times this request called the
+	// Reclaimer (0 when none is installed, or when it failed for another
+	// reason first), and Reclaimed the bytes those calls said they freed.
+	ReclaimCalls int
+	Reclaimed    uint64
 	// Cause is what failed last: the device's error, or nil when the limit
 	// alone stopped the request.
 	Cause error
@@ -60,15 +68,28 @@ type OOMError struct {
 // Error describes the failure with the numbers PyTorch's message has.
 func (e *OOMError) Error() string {
 	msg := fmt.Sprintf("allocator: out of memory: tried to allocate %s (%d bytes, block %d bytes) on stream %#x; "+
-		"allocated %s (%d bytes), reserved %s (%d bytes), limit %s (%d bytes), device free %s; "+
+		"allocated %s (%d bytes), reserved %s (%d bytes), limit %s (%d bytes), device free %s; %s; "+
 		"num_alloc_retries=%d num_ooms=%d",
 		fmtBytes(e.Requested), e.Requested, e.Rounded, uintptr(e.Stream),
 		fmtBytes(e.Allocated), e.Allocated, fmtBytes(e.Reserved), e.Reserved,
-		fmtBytes(e.Limit), e.Limit, fmtBytes(e.DeviceFree), e.Retries, e.OOMs)
+		fmtBytes(e.Limit), e.Limit, fmtBytes(e.DeviceFree), e.reclaimText(), e.Retries, e.OOMs)
 	if e.Cause != nil {
 		return msg + ": " + e.Cause.Error()
 	}
 	return msg + ": " + device.ErrOutOfMemory.Error()
+}
+
+// reclaimText says what the Reclaimer did for the request.
+func (e *OOMError) reclaimText() string {
+	if !e.ReclaimerInstalled {
+		return "no reclaimer installed (nothing was asked to free memory)"
+	}
+	times := "times"
+	if e.ReclaimCalls == 1 {
+		times = "time"
+	}
+	return fmt.Sprintf("the reclaimer was asked %d %s and freed %s (%d bytes)",
+		e.ReclaimCalls, times, fmtBytes(e.Reclaimed), e.Reclaimed)
 }
 
 // Unwrap returns the cause (which wraps device.ErrOutOfMemory) or

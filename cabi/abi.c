@@ -208,6 +208,14 @@ char* memscale_config_json(void) {
 	return memscale_go_config_json();
 }
 
+int memscale_set_reclaimer(int device, memscale_reclaimer fn, void* ctx) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_set_reclaimer(device, (uintptr_t)fn, (uintptr_t)ctx);
+}
+
 // ---- DTR engine ---------------------------------------------------------------
 //
 // The engine's state lives in Go: in a forked child every call fails. The
@@ -314,6 +322,14 @@ int32_t memscale_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* acti
 		return -1;
 	}
 	return memscale_go_dtr_evict(h, extra, ids, actions, cap);
+}
+
+int32_t memscale_dtr_reclaim(int64_t h, int64_t need, int64_t* ids, int32_t* actions, int32_t cap) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_reclaim(h, need, ids, actions, cap);
 }
 
 int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap) {

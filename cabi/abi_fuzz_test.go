@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,12 +14,14 @@ import (
 // size (negative, zero, huge), frees of live, freed, interior and made-up
 // pointers with right and wrong sizes, record_stream, empty_cache, and the DTR
 // engine's calls with ids and handles that exist and ids and handles that do
-// not: evict with negative, small and huge extra and any cap, plan with too
-// small a cap, finish (twice), status_of, set_budget, stats_json. However
-// wrong the input, no call may panic (guard would record "internal error
-// (panic)"), the allocator must account exactly for what is live, freeing
-// what is live must bring it back to zero, and destroying the engine must
-// free its status block.
+// not: evict and reclaim with negative, small and huge extra or need and any
+// cap, plan with too small a cap, finish (twice), status_of, set_budget,
+// stats_json; and set_reclaimer with NULL and with reclaimers that cannot
+// help (returning 0 or a negative count), on devices that exist, cannot be
+// opened or are out of range. However wrong the input, no call may panic
+// (guard would record "internal error (panic)"), the allocator must account
+// exactly for what is live, freeing what is live must bring it back to
+// zero, and destroying the engine must free its status block.
 func FuzzABI(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 6, 7, 8, 10, 11})
 	f.Add([]byte("\x00\x10\x00\x00\x00\x02\x05\x06\x07\x07\x0a\x0b\x08\x0a"))
@@ -43,8 +46,21 @@ func TestABIRandomInputs(t *testing.T) {
 	}
 }
 
+// fuzzReclaimers are the reclaimers FuzzABI installs: they free nothing
+// (one returns 0, the other -5), so the fuzz target's accounting holds.
+// They are never freed: an input may leave one set for a device that never
+// opens until the next input removes it.
+var fuzzReclaimers = sync.OnceValue(func() [2]*testReclaimer {
+	return [2]*testReclaimer{newTestReclaimer(reclaimZero, 0), newTestReclaimer(reclaimNegative, 0)}
+})
+
 func fuzzABIOnce(t *testing.T, data []byte) {
 	require.Zero(t, abiAllocated(0), "a previous input leaked")
+	defer func() { // no reclaimer outlives the input
+		for dev := range maxDevices {
+			abiSetReclaimer(dev, nil)
+		}
+	}()
 	blocks := liveStatusBlocks.Load()
 	r := fuzzReader{data: data}
 	var lives []liveBlock
@@ -72,7 +88,7 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 		return ids[int(r.u8())%len(ids)]
 	}
 	for steps := 0; !r.done() && steps < 200; steps++ {
-		switch r.u8() % 15 {
+		switch r.u8() % 17 {
 		case 0: // malloc, any size
 			size := int64(r.u32()) >> (r.u8() % 40)
 			if r.u8()%16 == 0 {
@@ -183,6 +199,32 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 			abiDTRSetBudget(handle(), int64(r.u16())*64-128)
 			if js := abiDTRStatsJSON(handle()); js != "" {
 				require.Contains(t, js, `"config"`)
+			}
+		case 15: // set_reclaimer: NULL or one that cannot help, on any device
+			dev := int(int8(r.u8()))
+			var rec *testReclaimer
+			if k := r.u8() % 3; k < 2 {
+				rec = fuzzReclaimers()[k]
+			}
+			got := abiSetReclaimer(dev, rec)
+			switch {
+			case dev < 0 || dev >= maxDevices:
+				require.Equal(t, -1, got, "device %d is out of range", dev)
+				require.Contains(t, lastError(), "out of range")
+			case dev == 0:
+				require.Equal(t, 0, got, lastError())
+			}
+		case 16: // reclaim with any need (negative, small, huge) and cap
+			need := int64(r.u16()) - 64
+			if r.u8()%8 == 0 {
+				need = 1 << 40
+			}
+			capacity := int32(r.u8()%5) - 1
+			if n, victims := abiDTRReclaim(handle(), need, capacity); n >= 0 {
+				require.GreaterOrEqual(t, need, int64(0), "a negative need must fail")
+				require.Positive(t, capacity, "a cap <= 0 must fail")
+				require.LessOrEqual(t, n, capacity)
+				require.Len(t, victims, int(n))
 			}
 		}
 		require.NotContains(t, lastError(), "internal error (panic)")

@@ -39,9 +39,13 @@ func memscale_go_malloc(size C.int64_t, dev C.int, stream C.uintptr_t) (ptr C.ui
 		if err != nil {
 			return err
 		}
+		seq := lastShortfall.seq.Load()
 		p, err := a.Malloc(uint64(size), device.Stream(stream))
 		if err != nil {
-			return fmt.Errorf("%d bytes on device %d: %w", int64(size), int(dev), err)
+			return mallocError(int64(size), int(dev), err, seq)
+		}
+		if thresholdWatch.Load() {
+			checkThreshold(a, int(dev))
 		}
 		ptr = C.uintptr_t(p)
 		return nil
@@ -207,7 +211,19 @@ func memscale_go_set_threshold(dev C.int, bytes C.int64_t) C.int {
 			return err
 		}
 		a.SetEvictionThreshold(uint64(bytes))
+		watchThreshold(uint64(bytes))
 		return nil
+	}))
+}
+
+// memscale_go_set_reclaimer installs (fn != 0) or removes (fn 0) the
+// reclaimer of device dev: now if its allocator exists, else when it is
+// created. fn and ctx are the C function pointer and its context.
+//
+//export memscale_go_set_reclaimer
+func memscale_go_set_reclaimer(dev C.int, fn C.uintptr_t, ctx C.uintptr_t) C.int {
+	return status(guard("memscale_set_reclaimer", func() error {
+		return setReclaimer(int(dev), hostReclaimer{fn: fn, ctx: ctx})
 	}))
 }
 

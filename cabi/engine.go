@@ -252,6 +252,7 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		h = dtrEngines.next
 		dtrEngines.m[h] = d
 		dtrEngines.Unlock()
+		liveEngines.Add(1)
 		return nil
 	})
 	return C.int64_t(h)
@@ -267,6 +268,7 @@ func memscale_go_dtr_destroy(h C.int64_t) C.int {
 		if !ok {
 			return fmt.Errorf("unknown engine handle %d", int64(h))
 		}
+		liveEngines.Add(-1)
 		// A call on another thread that looked the handle up before the
 		// delete finishes first; one that locks after this sees it closed.
 		d.mu.Lock()
@@ -448,12 +450,24 @@ func memscale_go_dtr_swapped_in(h, t C.int64_t) C.int {
 	return tensorCall("memscale_dtr_swapped_in", h, t, (*evict.Engine).SwappedIn)
 }
 
-//export memscale_go_dtr_evict
-func memscale_go_dtr_evict(h C.int64_t, extra C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+// byteArg is a byte count argument of a call: its name and value, and what
+// it means (for the error when it is negative).
+type byteArg struct {
+	name  string
+	value C.int64_t
+	means string
+}
+
+// victimCall is memscale_dtr_evict and memscale_dtr_reclaim: it checks that
+// bytes is >= 0, runs fn (the engine's Evict or Reclaim) with bytes and room
+// for capacity victims, and writes the victims it returns to ids and
+// actions. It returns their count, or -1.
+func victimCall(name string, h C.int64_t, bytes byteArg, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t,
+	fn func(d *dtrHandle, bytes uint64, out []evict.Victim) (int, error)) C.int32_t {
 	n := int32(-1)
-	withEngine("memscale_dtr_evict", h, func(d *dtrHandle) error {
-		if extra < 0 {
-			return fmt.Errorf("extra %d: want the bytes about to be allocated, >= 0", int64(extra))
+	withEngine(name, h, func(d *dtrHandle) error {
+		if bytes.value < 0 {
+			return fmt.Errorf("%s %d: want %s, >= 0", bytes.name, int64(bytes.value), bytes.means)
 		}
 		if capacity <= 0 {
 			return fmt.Errorf("cap %d: want > 0", int32(capacity))
@@ -470,7 +484,7 @@ func memscale_go_dtr_evict(h C.int64_t, extra C.int64_t, ids *C.int64_t, actions
 			d.buf = make([]evict.Victim, capacity)
 		}
 		buf := d.buf[:capacity]
-		k, err := d.eng.Evict(uint64(extra), buf)
+		k, err := fn(d, uint64(bytes.value), buf)
 		if err != nil {
 			return err
 		}
@@ -482,6 +496,28 @@ func memscale_go_dtr_evict(h C.int64_t, extra C.int64_t, ids *C.int64_t, actions
 		return nil
 	})
 	return C.int32_t(n)
+}
+
+//export memscale_go_dtr_evict
+func memscale_go_dtr_evict(h C.int64_t, extra C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+	return victimCall("memscale_dtr_evict", h, byteArg{"extra", extra, "the bytes about to be allocated"}, ids, actions, capacity,
+		func(d *dtrHandle, extra uint64, out []evict.Victim) (int, error) { return d.eng.Evict(extra, out) })
+}
+
+// memscale_go_dtr_reclaim evicts victims whatever the budget until they
+// free need bytes (evict.Engine.Reclaim); a shortfall is recorded for the
+// out-of-memory message of memscale_malloc, not reported as an error.
+//
+//export memscale_go_dtr_reclaim
+func memscale_go_dtr_reclaim(h C.int64_t, need C.int64_t, ids *C.int64_t, actions *C.int32_t, capacity C.int32_t) C.int32_t {
+	return victimCall("memscale_dtr_reclaim", h, byteArg{"need", need, "the bytes the allocation is short of"}, ids, actions, capacity,
+		func(d *dtrHandle, need uint64, out []evict.Victim) (int, error) {
+			k, err := d.eng.Reclaim(need, out)
+			if why := d.eng.ReclaimShortfall(); err == nil && why != "" {
+				recordShortfall(int64(h), why)
+			}
+			return k, err
+		})
 }
 
 //export memscale_go_dtr_plan

@@ -19,6 +19,14 @@
 //   - alloc.go: the allocator-side Go exports; report.go: the JSON of
 //     memscale_config_json and memscale_snapshot_json.
 //   - engine.go: the DTR engine exports (memscale_dtr_*).
+//   - reclaim.go: the host's reclaimers (memscale_set_reclaimer) and the C
+//     trampoline that calls them, the reclaim shortfall that
+//     memscale_dtr_reclaim records for the out-of-memory message, and the
+//     one-time warning about an eviction threshold nothing enforces.
+//   - throwing.cpp: memscale_malloc_or_throw, compiled by cgo with g++ (so
+//     the library needs libstdc++ and libgcc_s).
+//   - testhelpers.go: Go and C helpers for the tests (test files cannot use
+//     cgo).
 //
 // The public header is cabi/memscale.h. The header go build writes next to
 // the .so (libmemscale.h) declares the internal memscale_go_* names and is

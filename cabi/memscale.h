@@ -3,14 +3,18 @@
  * Tensor Rematerialization, written in Go.
  *
  * PyTorch loads it with
- *   torch.cuda.memory.CUDAPluggableAllocator(path, "memscale_malloc", "memscale_free")
- * and the optional hooks (memscale_init, memscale_empty_cache,
- * memscale_set_memory_fraction, memscale_record_stream) through
- * alloc._allocator.set_xxx_fn(address).
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "memscale_malloc_or_throw",
+ *                                            "memscale_free")
+ * (memscale_malloc_or_throw turns an allocation failure into a C++ exception,
+ * which PyTorch reports as a Python RuntimeError; memscale_malloc returns NULL,
+ * which PyTorch does not check) and the optional hooks (memscale_init,
+ * memscale_empty_cache, memscale_set_memory_fraction, memscale_record_stream)
+ * through alloc._allocator.set_xxx_fn(address).
  *
  * Conventions
- *  - No call ever lets a Go panic or a C++ exception reach the caller: failures
- *    are recorded and read with memscale_last_error().
+ *  - No call ever lets a Go panic reach the caller, and none but
+ *    memscale_malloc_or_throw throws a C++ exception: failures are recorded
+ *    and read with memscale_last_error().
  *  - int-returning calls return 0 (or a count/id >= 0) on success, -1 on error.
  *  - char* results are malloc'd; free them with memscale_string_free. NULL means
  *    an error (see memscale_last_error).
@@ -53,8 +57,47 @@ typedef void* cudaStream_t;
 
 /* Allocates size bytes on device for use on stream. NULL on error (bad size,
  * bad device, out of memory, bad configuration). size 0 returns a valid,
- * unique, freeable pointer (a minimum-size block). */
+ * unique, freeable pointer (a minimum-size block).
+ * When memory is short it waits for the device's streams and releases cached
+ * memory; if that is not enough and a reclaimer is installed
+ * (memscale_set_reclaimer), it asks the reclaimer for the missing bytes and
+ * retries, up to 8 rounds while the reclaimer frees something. When it then
+ * fails, memscale_last_error() says so, e.g. (one line; a 64 MiB limit, 48 MiB
+ * allocated, and an engine whose resident storages are all locked or pinned)
+ *   memscale_malloc: 33554432 bytes on device 0: allocator: out of memory:
+ *   tried to allocate 32.00 MiB (33554432 bytes, block 33554432 bytes) on
+ *   stream 0x0; allocated 48.00 MiB (50331648 bytes), reserved 48.00 MiB
+ *   (50331648 bytes), limit 64.00 MiB (67108864 bytes), device free
+ *   976.00 MiB; the reclaimer was asked 1 time and freed 0 B (0 bytes);
+ *   num_alloc_retries=1 num_ooms=1: device out of memory; the DTR engine
+ *   could not free enough: engine 1: reclaim of 16777216 bytes found 0:
+ *   nothing more is evictable (4 resident storages, 50331748 bytes: 1 pinned,
+ *   3 locked (50331648 bytes), 0 under the minimum evictee size, 0 not
+ *   recomputable)
+ * ("no reclaimer installed (nothing was asked to free memory)" in place of
+ * what the reclaimer did when there is none; the part from "the DTR engine
+ * could not free enough" only when a memscale_dtr_reclaim called during this
+ * malloc fell short of its need).
+ * An eviction threshold (MEMSCALE_EVICTION_THRESHOLD, memscale_set_threshold)
+ * is not enforced here: the DTR engine of the memscale Python package evicts.
+ * The first allocation that takes a device's allocated bytes above its
+ * threshold while no engine exists (no live memscale_dtr_create handle) logs
+ * a warning, once per process, that names the threshold, the allocated bytes
+ * and how to enable eviction (python -m memscale run your_script.py, or
+ * memscale.enable() in the script). */
 void* memscale_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* memscale_malloc for C++ callers that do not check for NULL (PyTorch's
+ * CUDAPluggableAllocator): calls memscale_malloc (the fork guard applies)
+ * and returns its pointer; when memscale_malloc returns NULL it throws
+ * memscale::OutOfMemoryError, a class derived from std::runtime_error, whose
+ * what() is "memscale: out of memory: " followed by memscale_last_error()
+ * (whatever the failure: out of memory, bad size or device, bad
+ * configuration, a forked child). The class's type information is not
+ * exported: catch std::runtime_error (or std::exception) outside the
+ * library. Call it from C++ only: a C caller cannot catch the exception and
+ * the process terminates. */
+void* memscale_malloc_or_throw(ssize_t size, int device, cudaStream_t stream);
 
 /* Frees ptr. size is the size that was requested (PyTorch passes it back): a
  * mismatch with the recorded size is reported as an error but the block is
@@ -85,7 +128,8 @@ char* memscale_stats_json(int device);
  * in the shape of torch.cuda.memory._snapshot() (pytorch.org/memory_viz). */
 char* memscale_snapshot_json(void);
 int memscale_reset_peak_stats(int device);
-/* Eviction threshold (DTR budget) in bytes; 0 = none. */
+/* Eviction threshold (DTR budget) in bytes; 0 = none. The allocator only
+ * stores it (see memscale_malloc for the warning when nothing evicts). */
 int memscale_set_threshold(int device, int64_t bytes);
 /* Hard limit on reserved bytes; 0 = the device capacity. */
 int memscale_set_limit(int device, int64_t bytes);
@@ -93,6 +137,28 @@ int memscale_set_limit(int device, int64_t bytes);
 int64_t memscale_allocated(int device);
 /* Effective configuration (environment, defaults, per-device resolved sizes). */
 char* memscale_config_json(void);
+
+/* ---- reclaimer: eviction when an allocation fails ----------------------- */
+
+/* Called by memscale_malloc on device `device`, without any allocator lock
+ * held, when a request cannot be met even after cached memory was released:
+ * free about `need` bytes (typically by evicting tensors: ask the DTR engine
+ * with memscale_dtr_reclaim and drop its victims; it may call memscale_free)
+ * and return how many bytes were freed (0: cannot help, the allocation then
+ * fails; a negative return counts as 0). memscale_malloc calls it at most 8
+ * times per request, again only while it frees something. Allocations on
+ * several threads may call it concurrently, each on its own thread. A
+ * memscale_malloc made by the reclaimer itself does not call it again (that
+ * malloc fails if memory is short). It must return normally: no C++
+ * exception or longjmp may leave it. */
+typedef int64_t (*memscale_reclaimer)(int device, int64_t need, void* ctx);
+/* Installs fn (called with ctx) as the reclaimer of device, replacing any;
+ * NULL fn removes it. It applies to the device's allocator now if it exists,
+ * else when it is created. fn and ctx must stay valid while an allocation on
+ * the device may still call them: removing the reclaimer does not wait for
+ * calls in progress. 0, or -1 on error: device out of range, or a reclaimer
+ * (fn not NULL) for a device that could not be opened. */
+int memscale_set_reclaimer(int device, memscale_reclaimer fn, void* ctx);
 
 /* ---- errors and strings ------------------------------------------------ */
 
@@ -178,6 +244,23 @@ int memscale_dtr_release(int64_t h, int64_t t);
  * the victims it wrote from the allocator's count; across calls it reads
  * the allocator). */
 int32_t memscale_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* actions, int32_t cap);
+/* Eviction on demand, for a reclaimer (memscale_set_reclaimer): like
+ * memscale_dtr_evict (the same arrays, victims and duties: first the
+ * storages freed since the last call, then victims chosen by the heuristic;
+ * free each victim's storage), but ignoring the budget: it evicts victims
+ * until the sizes of those written (the freed storages included) sum to at
+ * least need (>= 0; negative is an error), or nothing more is evictable.
+ * Returns the count written, 0 to cap (> 0). A return of cap leaves the
+ * reclaim open: call again with the same need (the bytes already written
+ * count toward it) until it returns less than cap; a memscale_dtr_evict
+ * closes an open reclaim. Falling short of need is not an error: the call
+ * returns what it found (possibly 0) and records the engine's reason
+ * (what keeps the resident storages: pins, locks, plan holds, minimum size)
+ * as the process's reclaim shortfall, which the error of a memscale_malloc
+ * that fails after it includes. The victims count in bytes_evicted (status
+ * block and stats), and in stats' "reclaim_victims". -1 on a bad argument
+ * or an unknown handle. */
+int32_t memscale_dtr_reclaim(int64_t h, int64_t need, int64_t* ids, int32_t* actions, int32_t cap);
 /* The steps that make tensor t resident, evicted ancestors first: kinds[i]
  * 0 = re-run op ids[i] (afterwards report memscale_dtr_rematerialized), 1 =
  * copy swapped storage ids[i] back (memscale_dtr_swapped_in). Returns the

@@ -35,6 +35,7 @@ extern int memscale_go_set_threshold(int device, int64_t bytes);
 extern int memscale_go_set_limit(int device, int64_t bytes);
 extern int64_t memscale_go_allocated(int device);
 extern char* memscale_go_config_json(void);
+extern int memscale_go_set_reclaimer(int device, uintptr_t fn, uintptr_t ctx);
 
 /* Go exports (cabi/engine.go), behind the public memscale_dtr_* wrappers.
  * Strings and arrays are not const here because cgo declares *C.char and
@@ -57,6 +58,8 @@ extern int memscale_go_dtr_pin(int64_t h, int64_t t);
 extern int memscale_go_dtr_release(int64_t h, int64_t t);
 extern int32_t memscale_go_dtr_evict(int64_t h, int64_t extra, int64_t* ids, int32_t* actions,
                                      int32_t cap);
+extern int32_t memscale_go_dtr_reclaim(int64_t h, int64_t need, int64_t* ids, int32_t* actions,
+                                       int32_t cap);
 extern int32_t memscale_go_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
 extern int memscale_go_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 extern int memscale_go_dtr_swapped_in(int64_t h, int64_t t);

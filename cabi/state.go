@@ -129,7 +129,9 @@ func openDevice(d int) (*deviceState, error) {
 	return s, s.err
 }
 
-// open creates the device and its allocator from the configuration.
+// open creates the device and its allocator from the configuration, and
+// installs the reclaimer set for the ordinal, if any. The caller holds
+// devicesMu.
 func (s *deviceState) open(p *process) error {
 	cfg := p.cfg
 	log := p.log.With(zap.Int("device", s.ordinal))
@@ -155,6 +157,9 @@ func (s *deviceState) open(p *process) error {
 		return fmt.Errorf("device %d: creating the allocator: %w", s.ordinal, err)
 	}
 	s.dev, s.alloc, s.info, s.limits = dev, a, info, limits
+	// The caller holds devicesMu, which guards reclaimers.
+	a.SetReclaimer(reclaimers[s.ordinal].allocatorReclaimer(s.ordinal))
+	watchThreshold(limits.EvictionThreshold)
 	log.Info("device opened", zap.String("backend", info.Backend), zap.String("name", info.Name),
 		zap.Uint64("total_memory", info.TotalMemory), zap.Uint64("memory_limit", limits.MemoryLimit),
 		zap.Uint64("eviction_threshold", limits.EvictionThreshold))

@@ -3,6 +3,77 @@ package main
 /*
 #include <stdlib.h>
 #include "memscale_internal.h"
+
+// A reclaimer for the tests, with its state in C memory (ctx). The kinds:
+//   0 frees the next block it holds and returns its size (0 when none is left);
+//   1 returns 0; 2 returns -5;
+//   3 first allocates 1 TiB itself (which must fail without calling it
+//     again), then does what kind 0 does;
+//   4 asks engine for victims with memscale_dtr_reclaim and frees the blocks
+//     of those tensors (tensors[i] is the tensor of ptrs[i]).
+enum { TEST_RECLAIM_SLOTS = 16 };
+typedef struct {
+	int kind;
+	int calls;
+	int device;
+	int nested_failed;
+	int64_t last_need;
+	int64_t engine;
+	int n;
+	uintptr_t ptrs[TEST_RECLAIM_SLOTS];
+	int64_t sizes[TEST_RECLAIM_SLOTS];
+	int64_t tensors[TEST_RECLAIM_SLOTS];
+} test_reclaim_state;
+
+static int64_t test_reclaim_free_slot(test_reclaim_state* st, int i) {
+	int64_t size = st->sizes[i];
+	memscale_free((void*)st->ptrs[i], size, st->device, NULL);
+	st->ptrs[i] = 0;
+	return size;
+}
+
+static int64_t test_reclaimer(int device, int64_t need, void* ctx) {
+	test_reclaim_state* st = (test_reclaim_state*)ctx;
+	st->calls++;
+	st->device = device;
+	st->last_need = need;
+	switch (st->kind) {
+	case 1:
+		return 0;
+	case 2:
+		return -5;
+	case 3:
+		if (memscale_malloc((ssize_t)1 << 40, device, NULL) == NULL) {
+			st->nested_failed++;
+		}
+		break;
+	case 4: {
+		int64_t ids[4];
+		int32_t acts[4];
+		int64_t freed = 0;
+		int32_t got;
+		do {
+			got = memscale_dtr_reclaim(st->engine, need, ids, acts, 4);
+			for (int32_t k = 0; k < got; k++) {
+				for (int i = 0; i < st->n; i++) {
+					if (st->ptrs[i] != 0 && st->tensors[i] == ids[k]) {
+						freed += test_reclaim_free_slot(st, i);
+					}
+				}
+			}
+		} while (got == 4);
+		return freed;
+	}
+	}
+	for (int i = 0; i < st->n; i++) {
+		if (st->ptrs[i] != 0) {
+			return test_reclaim_free_slot(st, i);
+		}
+	}
+	return 0;
+}
+
+static uintptr_t test_reclaimer_fn(void) { return (uintptr_t)test_reclaimer; }
 */
 import "C"
 
@@ -111,11 +182,20 @@ func abiDTRUnlock(h, t int64) int { return int(memscale_go_dtr_unlock(C.int64_t(
 // abiDTREvict calls memscale_dtr_evict's Go export with extra and room for
 // capacity victims; it returns the count (or -1) and the victim ids.
 func abiDTREvict(h, extra int64, capacity int32) (int32, []int64) {
+	return abiVictims(capacity, func(ids *C.int64_t, acts *C.int32_t) C.int32_t {
+		return memscale_go_dtr_evict(C.int64_t(h), C.int64_t(extra), ids, acts, C.int32_t(capacity))
+	})
+}
+
+// abiVictims runs call (memscale_dtr_evict or memscale_dtr_reclaim) with C
+// arrays of room for capacity victims; it returns the count (or -1) and the
+// victim ids.
+func abiVictims(capacity int32, call func(ids *C.int64_t, acts *C.int32_t) C.int32_t) (int32, []int64) {
 	ids := (*C.int64_t)(C.calloc(C.size_t(max(capacity, 0))+1, 8))
 	defer C.free(unsafe.Pointer(ids))
 	acts := (*C.int32_t)(C.calloc(C.size_t(max(capacity, 0))+1, 4))
 	defer C.free(unsafe.Pointer(acts))
-	n := int32(memscale_go_dtr_evict(C.int64_t(h), C.int64_t(extra), ids, acts, C.int32_t(capacity)))
+	n := int32(call(ids, acts))
 	var out []int64
 	if n > 0 {
 		for _, v := range unsafe.Slice(ids, n) {
@@ -221,3 +301,92 @@ func engineOf(h int64) *evict.Engine {
 	}
 	return d.eng
 }
+
+// abiSetLimit calls memscale_set_limit's Go export.
+func abiSetLimit(dev int, bytes int64) int {
+	return int(memscale_go_set_limit(C.int(dev), C.int64_t(bytes)))
+}
+
+// abiSetThreshold calls memscale_set_threshold's Go export.
+func abiSetThreshold(dev int, bytes int64) int {
+	return int(memscale_go_set_threshold(C.int(dev), C.int64_t(bytes)))
+}
+
+// abiSetReclaimer calls memscale_set_reclaimer's Go export with the test
+// reclaimer r (nil: NULL, which removes the reclaimer).
+func abiSetReclaimer(dev int, r *testReclaimer) int {
+	if r == nil {
+		return int(memscale_go_set_reclaimer(C.int(dev), 0, 0))
+	}
+	return int(memscale_go_set_reclaimer(C.int(dev), C.test_reclaimer_fn(), C.uintptr_t(uintptr(unsafe.Pointer(r.st)))))
+}
+
+// abiDTRReclaim calls memscale_dtr_reclaim's Go export with need and room
+// for capacity victims; it returns the count (or -1) and the victim ids.
+func abiDTRReclaim(h, need int64, capacity int32) (int32, []int64) {
+	return abiVictims(capacity, func(ids *C.int64_t, acts *C.int32_t) C.int32_t {
+		return memscale_go_dtr_reclaim(C.int64_t(h), C.int64_t(need), ids, acts, C.int32_t(capacity))
+	})
+}
+
+// testReclaimerKind selects what the test reclaimer does (see the C code
+// above).
+type testReclaimerKind int
+
+// The test reclaimer's kinds.
+const (
+	reclaimFreeNext testReclaimerKind = iota
+	reclaimZero
+	reclaimNegative
+	reclaimNestedMalloc
+	reclaimEngine
+)
+
+// testReclaimer is the C test reclaimer's state, in C memory.
+type testReclaimer struct{ st *C.test_reclaim_state }
+
+// newTestReclaimer returns a reclaimer of the given kind that asks engine
+// (kind reclaimEngine) for victims; free releases its memory.
+func newTestReclaimer(kind testReclaimerKind, engine int64) *testReclaimer {
+	st := (*C.test_reclaim_state)(C.calloc(1, C.sizeof_test_reclaim_state))
+	st.kind = C.int(kind)
+	st.engine = C.int64_t(engine)
+	return &testReclaimer{st: st}
+}
+
+// hold gives the reclaimer a block of size bytes (of tensor, for kind
+// reclaimEngine) that it may free; it reports false when it has no room.
+func (r *testReclaimer) hold(p uintptr, size, tensor int64) bool {
+	i := int(r.st.n)
+	if i >= C.TEST_RECLAIM_SLOTS {
+		return false
+	}
+	r.st.ptrs[i] = C.uintptr_t(p)
+	r.st.sizes[i] = C.int64_t(size)
+	r.st.tensors[i] = C.int64_t(tensor)
+	r.st.n++
+	return true
+}
+
+// held returns the blocks the reclaimer holds and has not freed, with
+// their sizes.
+func (r *testReclaimer) held() map[uintptr]int64 {
+	out := map[uintptr]int64{}
+	for i := range int(r.st.n) {
+		if r.st.ptrs[i] != 0 {
+			out[uintptr(r.st.ptrs[i])] = int64(r.st.sizes[i])
+		}
+	}
+	return out
+}
+
+// calls returns how many times the reclaimer was called, lastNeed the need
+// and device of the last call, and nestedFailed how many of its own mallocs
+// (kind reclaimNestedMalloc) failed.
+func (r *testReclaimer) calls() int        { return int(r.st.calls) }
+func (r *testReclaimer) lastNeed() int64   { return int64(r.st.last_need) }
+func (r *testReclaimer) device() int       { return int(r.st.device) }
+func (r *testReclaimer) nestedFailed() int { return int(r.st.nested_failed) }
+
+// free releases the reclaimer's state (remove it from its device first).
+func (r *testReclaimer) free() { C.free(unsafe.Pointer(r.st)) }

@@ -98,17 +98,14 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 // usage + extra is over the budget, nothing is evictable and nothing was
 // written; and, before doing anything, with a *TooLargeError when extra > 0
 // alone is larger than the budget. Once the engine is finished (Finish) it
-// fails neither way: it evicts what it can and returns.
+// fails neither way: it evicts what it can and returns. Every call closes an
+// open Reclaim.
 func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
+	e.reclaimGot = 0 // closes an open Reclaim
 	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget && !e.finished {
 		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: e.pinnedBytes()}
 	}
-	n := 0
-	for n < len(out) && e.pendAt < len(e.pending) {
-		out[n] = e.pending[e.pendAt]
-		e.pendAt++
-		n++
-	}
+	n := e.handOutPending(out)
 	if e.cfg.Budget == 0 {
 		return n, nil
 	}

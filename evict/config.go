@@ -59,8 +59,8 @@ type Config struct {
 	// using the index (same result, slower; for tests and measurements).
 	ExactScan bool
 	// OnEvict, when set, is called for every storage the engine takes out
-	// of device memory: budget victims, eager evictions and banished
-	// storages (observability and debugging).
+	// of device memory: budget and Reclaim victims, eager evictions and
+	// banished storages (observability and debugging).
 	OnEvict func(v Victim, why EvictReason)
 }
 
@@ -75,6 +75,8 @@ const (
 	ReasonEager
 	// ReasonBanish: released for good.
 	ReasonBanish
+	// ReasonReclaim: chosen by Reclaim (an allocation failed).
+	ReasonReclaim
 )
 
 func (c Config) validate() error {

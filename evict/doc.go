@@ -68,6 +68,8 @@
 //     other configurations; it stops, and says why, at
 //     MaxRecordedInstructions or at anything it cannot follow.
 //   - finished: set by Finish (see the budget loop).
+//   - reclaimGot and shortfall: the bytes an open Reclaim wrote, and why the
+//     last Reclaim fell short (see Reclaim).
 //
 // Config (config.go) is the configuration; Defaults.Decode and Config.JSON
 // (configjson.go) are its JSON form, the keys of memscale_dtr_create, with
@@ -130,7 +132,7 @@
 //
 //  1. fails at once, evicting nothing, with a *TooLargeError (which matches
 //     ErrNoEvictable) when extra alone is larger than a non-zero budget;
-//  2. hands out the pending storages;
+//  2. hands out the pending storages (and closes an open Reclaim);
 //  3. while usage + extra > budget, picks the candidate with the lowest
 //     score (pick), takes it out (evictStorage: drop or swap) and writes it
 //     to out, until out is full;
@@ -146,6 +148,23 @@
 // and usage may end over the budget, which the peak shows. EvictOne evicts
 // the best victim whatever the budget (a memory model that could not place a
 // block although the budget allows it).
+//
+// # Reclaim
+//
+// Reclaim(need, out) (reclaim.go) is eviction on demand, for an allocation
+// that failed: the allocator's reclaimer (in the library, the host's
+// callback, which calls memscale_dtr_reclaim) asks for the bytes it is
+// short of. It ignores the budget: it hands out the pending storages, then
+// picks and evicts victims exactly as the budget loop does (pick,
+// evictStorage: drop or swap; counted in Evictions or SwapsOut and
+// BytesEvicted, and in ReclaimVictims; OnEvict with ReasonReclaim) until the
+// sizes written, the pending ones included, sum to at least need, or out is
+// full. A full out leaves the reclaim open: the next call counts the bytes
+// already written (reclaimGot) toward the same need; a shorter return, and
+// any Evict, closes it. Running out of candidates first is not an error:
+// Reclaim returns what it wrote and ReclaimShortfall says why nothing more
+// could go (whyNoneEvictable: pins, locks, plan holds, minimum size), which
+// the library puts into the allocation's out-of-memory error.
 //
 // # Rebuilding
 //
@@ -201,6 +220,7 @@
 //	              detach, banish and the pending queue
 //	budget.go     Evict, Finish, EvictOne, victim choice and eviction,
 //	              eligibility, keys and Score
+//	reclaim.go    Reclaim, ReclaimShortfall, handing out the pending queue
 //	remat.go      Plan, Rematerialized, SwappedIn
 //	planhold.go   HoldPlan and the plan holds
 //	needed.go     the keep-needed-released rule, and why nothing is evictable

@@ -65,7 +65,7 @@ func (e *TooLargeError) Unwrap() error { return ErrNoEvictable }
 
 // Stats are the engine's counters.
 type Stats struct {
-	// Evictions counts storages dropped by the budget loop.
+	// Evictions counts storages dropped by the budget loop and Reclaim.
 	Evictions int64 `json:"evictions"`
 	// EagerEvictions counts storages dropped because their last reference
 	// was released.
@@ -102,9 +102,16 @@ type Stats struct {
 	Ops      int `json:"ops"`
 	// Heuristic is the heuristic in use.
 	Heuristic string `json:"heuristic"`
-	// BytesEvicted is the sum of the sizes of the budget loop's victims
-	// (drops and swaps out; not eager evictions or banished storages).
+	// BytesEvicted is the sum of the sizes of the victims of the budget
+	// loop and of Reclaim (drops and swaps out; not eager evictions or
+	// banished storages).
 	BytesEvicted uint64 `json:"bytes_evicted"`
+	// ReclaimVictims counts the victims Reclaim chose (also counted in
+	// Evictions or SwapsOut, and in BytesEvicted).
+	ReclaimVictims int64 `json:"reclaim_victims"`
+	// ReclaimShortfalls counts the Reclaim calls that ran out of
+	// candidates before they found the bytes asked for.
+	ReclaimShortfalls int64 `json:"reclaim_shortfalls"`
 	// Auto reports that the engine runs the tuning policy (heuristic
 	// "auto"): it records its step for package autotune.
 	Auto bool `json:"auto"`
@@ -140,6 +147,11 @@ type Engine struct {
 	rec     *recorder // nil unless cfg.Record
 	// finished is set by Finish: the budget loop no longer fails.
 	finished bool
+	// reclaimGot is the bytes written by an open Reclaim (one whose last
+	// call filled its out), 0 when none is open.
+	reclaimGot uint64
+	// shortfall is ReclaimShortfall: why the last Reclaim fell short.
+	shortfall string
 }
 
 // New returns an engine.

@@ -65,6 +65,7 @@ FN(memscale_error_count);
 FN(memscale_clear_error);
 FN(memscale_string_free);
 FN(memscale_version);
+FN(memscale_set_reclaimer);
 
 // DTR engine exports the tests call; NULL with ABI_TEST_SKIP_DTR=1.
 FN(memscale_dtr_create);
@@ -75,6 +76,7 @@ FN(memscale_dtr_call);
 FN(memscale_dtr_lock);
 FN(memscale_dtr_release);
 FN(memscale_dtr_evict);
+FN(memscale_dtr_reclaim);
 FN(memscale_dtr_plan);
 FN(memscale_dtr_rematerialized);
 FN(memscale_dtr_finish);
@@ -89,7 +91,7 @@ static const char* dtr_exports[] = {
     "memscale_dtr_pin",      "memscale_dtr_release",         "memscale_dtr_evict",
     "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
     "memscale_dtr_stats_json", "memscale_dtr_tune",          "memscale_dtr_finish",
-    "memscale_dtr_status_of",
+    "memscale_dtr_status_of", "memscale_dtr_reclaim",
 };
 
 // ---- reporting --------------------------------------------------------------
@@ -647,6 +649,95 @@ static int64_t dtr_op(int64_t e, int64_t in, int64_t size) {
 	return out[0];
 }
 
+// reclaim_ctx is what the reclaimer of test_dtr_reclaimer works with: the
+// engine, and per output tensor of it the block that holds its storage.
+struct reclaim_ctx {
+	int64_t engine;
+	int64_t tensors[3];
+	void* blocks[3];
+	int64_t size;
+	int calls;
+};
+
+// engine_reclaimer is a reclaimer as the Python package's is: it asks the
+// engine for victims (memscale_dtr_reclaim, until it returns less than its
+// cap) and frees their blocks.
+static int64_t engine_reclaimer(int device, int64_t need, void* ctx) {
+	struct reclaim_ctx* rc = ctx;
+	rc->calls++;
+	int64_t ids[2];
+	int32_t acts[2];
+	int64_t freed = 0;
+	int32_t n;
+	do {
+		n = p_memscale_dtr_reclaim(rc->engine, need, ids, acts, 2);
+		for (int32_t k = 0; k < n; k++) {
+			for (int i = 0; i < 3; i++) {
+				if (rc->blocks[i] != NULL && rc->tensors[i] == ids[k]) {
+					p_memscale_free(rc->blocks[i], rc->size, device, stream_a);
+					rc->blocks[i] = NULL;
+					freed += rc->size;
+				}
+			}
+		}
+	} while (n == 2);
+	return freed;
+}
+
+// test_dtr_reclaimer checks the reclaimer and memscale_dtr_reclaim together:
+// under a 64 MiB limit with three 16 MiB outputs of an LRU engine allocated,
+// a 32 MiB request succeeds because the reclaimer evicts the oldest output
+// and frees its block; with the others locked, the request fails and the
+// error names the engine's shortfall.
+static void test_dtr_reclaimer(void) {
+	int before = p_memscale_error_count();
+	struct reclaim_ctx rc = {.size = 16 * MiB};
+	rc.engine = p_memscale_dtr_create("{\"heuristic\": \"lru\"}");
+	check(rc.engine > 0, "dtr_create for the reclaimer test (%lld)", (long long)rc.engine);
+	if (rc.engine <= 0) return;
+	int64_t x = p_memscale_dtr_tensor(rc.engine, 100, 1);
+	for (int i = 0; i < 3; i++) {
+		x = rc.tensors[i] = dtr_op(rc.engine, x, rc.size);
+		rc.blocks[i] = p_memscale_malloc(rc.size, 0, stream_a);
+		check(x >= 0 && rc.blocks[i] != NULL, "reclaimer test: output %d and its block", i);
+	}
+	check(p_memscale_set_limit(0, 64 * MiB) == 0, "reclaimer test: set_limit(64 MiB)");
+	check(p_memscale_set_reclaimer(0, engine_reclaimer, &rc) == 0, "set_reclaimer");
+	void* p = p_memscale_malloc(32 * MiB, 0, stream_a);
+	check(p != NULL, "32 MiB over the limit succeeds: the reclaimer evicted");
+	check(rc.calls == 1 && rc.blocks[0] == NULL && rc.blocks[1] != NULL && rc.blocks[2] != NULL,
+	      "the reclaimer was called once and freed the oldest output's block (%d calls)", rc.calls);
+	char* js = p_memscale_dtr_stats_json(rc.engine);
+	check(stat_value(js, "bytes_evicted") == 16 * MiB && stat_value(js, "reclaim_victims") == 1,
+	      "the engine counts the reclaim victim: %s", js ? js : "(null)");
+	p_memscale_string_free(js);
+	expect_no_error(before, "reclaimer that evicts");
+	p_memscale_free(p, 32 * MiB, 0, stream_a);
+
+	// The remaining outputs locked: nothing to evict, and the error says why.
+	p = p_memscale_malloc(32 * MiB, 0, stream_a); // fills the limit again
+	check(p != NULL, "32 MiB fits again");
+	check(p_memscale_dtr_lock(rc.engine, rc.tensors[1]) == 0 && p_memscale_dtr_lock(rc.engine, rc.tensors[2]) == 0,
+	      "lock the remaining outputs");
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(16 * MiB, 0, stream_a) == NULL, "16 MiB more fails: nothing evictable");
+	expect_error(before, "reclaim shortfall", "out of memory", "the reclaimer was asked 1 time and freed 0 B",
+	             "the DTR engine could not free enough", "nothing more is evictable", "2 locked", NULL);
+
+	check(p_memscale_set_reclaimer(0, NULL, NULL) == 0, "set_reclaimer(NULL)");
+	before = p_memscale_error_count();
+	check(p_memscale_malloc(16 * MiB, 0, stream_a) == NULL, "16 MiB more fails without a reclaimer");
+	expect_error(before, "no reclaimer", "no reclaimer installed", NULL);
+	check(!contains(p_memscale_last_error(), "DTR engine"), "no shortfall without a reclaim");
+	p_memscale_free(p, 32 * MiB, 0, stream_a);
+	for (int i = 1; i < 3; i++) {
+		p_memscale_free(rc.blocks[i], rc.size, 0, stream_a);
+	}
+	check(p_memscale_set_limit(0, 0) == 0, "reclaimer test: limit lifted");
+	check(p_memscale_dtr_destroy(rc.engine) == 0, "reclaimer test: destroy");
+	p_memscale_empty_cache();
+}
+
 // test_dtr_status_plan_finish checks the status block, memscale_dtr_evict's
 // extra, memscale_dtr_plan's count protocol and memscale_dtr_finish on a
 // chain x -> t0 -> t1 -> t2 of 100-byte storages under a budget of 250.
@@ -862,12 +953,13 @@ static int child_dtr_after_fork(void) {
 	    out_ids[0] != -7)
 		bad |= 1 << 15;
 	if (p_memscale_dtr_evict(fork_engine, 0, ids, acts, 4) != -1) bad |= 1 << 16;
+	if (p_memscale_dtr_reclaim(fork_engine, 4096, ids, acts, 4) != -1) bad |= 1 << 24;
 	if (p_memscale_dtr_stats_json(fork_engine) != NULL) bad |= 1 << 17;
 	if (p_memscale_dtr_tune(fork_engine) != NULL) bad |= 1 << 21;
 	if (p_memscale_dtr_finish(fork_engine) != -1) bad |= 1 << 22;
 	if (p_memscale_dtr_status_of(fork_engine) != NULL) bad |= 1 << 23;
 	if (p_memscale_dtr_destroy(fork_engine) != -1) bad |= 1 << 18;
-	if (p_memscale_error_count() != before + 10) bad |= 1 << 19;
+	if (p_memscale_error_count() != before + 11) bad |= 1 << 19;
 	if (!contains(p_memscale_last_error(), "fork")) bad |= 1 << 20;
 	return bad;
 }
@@ -888,6 +980,7 @@ static int child_after_fork(void* inherited) {
 	if (p_memscale_set_limit(0, 0) != -1) bad |= 64;
 	if (p_memscale_set_threshold(0, 0) != -1) bad |= 128;
 	if (p_memscale_reset_peak_stats(0) != -1) bad |= 256;
+	if (p_memscale_set_reclaimer(0, NULL, NULL) != -1) bad |= 2048;
 	p_memscale_empty_cache();
 	p_memscale_record_stream(inherited, stream_b);
 	p_memscale_set_memory_fraction(0.5, 0);
@@ -1102,6 +1195,8 @@ int main(int argc, char** argv) {
 	LOAD(memscale_clear_error);
 	LOAD(memscale_string_free);
 	LOAD(memscale_version);
+	LOAD(memscale_set_reclaimer);
+	must_sym(h, "memscale_malloc_or_throw"); // C++ callers only: tests/c/throw_test.cpp
 	if (failed) {
 		printf("%d passed, %d failed\n", passed, failed);
 		return 1;
@@ -1123,6 +1218,7 @@ int main(int argc, char** argv) {
 		LOAD(memscale_dtr_lock);
 		LOAD(memscale_dtr_release);
 		LOAD(memscale_dtr_evict);
+		LOAD(memscale_dtr_reclaim);
 		LOAD(memscale_dtr_plan);
 		LOAD(memscale_dtr_rematerialized);
 		LOAD(memscale_dtr_finish);
@@ -1147,6 +1243,7 @@ int main(int argc, char** argv) {
 		test_dtr_tune();
 		test_dtr_status_plan_finish();
 		test_dtr_region_defaults();
+		test_dtr_reclaimer();
 	}
 	test_threads();
 	test_fork();
