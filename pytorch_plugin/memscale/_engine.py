@@ -85,6 +85,7 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_pin": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_release": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_evict": (_i32, [_i64, _i64, _P64, _P32, _i32]),
+    "memscale_dtr_reclaim": (_i32, [_i64, _i64, _P64, _P32, _i32]),
     "memscale_dtr_plan": (_i32, [_i64, _i64, _P32, _P64, _i32]),
     "memscale_dtr_rematerialized": (ctypes.c_int, [_i64, _i64, _i64]),
     "memscale_dtr_swapped_in": (ctypes.c_int, [_i64, _i64]),
@@ -202,6 +203,7 @@ class Engine:
         self._pin = lib.memscale_dtr_pin
         self._release = lib.memscale_dtr_release
         self._evict = lib.memscale_dtr_evict
+        self._reclaim = lib.memscale_dtr_reclaim
         self._plan = lib.memscale_dtr_plan
         self._rematerialized = lib.memscale_dtr_rematerialized
         self._swapped_in = lib.memscale_dtr_swapped_in
@@ -365,6 +367,25 @@ class Engine:
                 yield ids[j], actions[j]
             # A short batch is not the end when the engine ran out of
             # candidates after taking some: the next call returns 0 or fails.
+
+    def reclaim(self, need: int) -> Iterator[tuple[int, int]]:
+        """Victims to free for an allocation that failed: yields ``(storage-root
+        id, action)`` pairs, whatever the budget, until their bytes reach
+        ``need`` or nothing more is evictable (not an error: the engine keeps
+        why, and the allocator's out-of-memory message says it). Exhaust the
+        iterator; like :meth:`evict`, each batch is yielded before the next call.
+        """
+        ids = self._victim_ids
+        actions = self._victim_actions
+        cap = self.EVICT_BATCH
+        while True:
+            n = self._reclaim(self.handle, need, ids, actions, cap)
+            if n < 0:
+                raise _fail(f"memscale_dtr_reclaim({need})")
+            for j in range(n):
+                yield ids[j], actions[j]
+            if n < cap:
+                return
 
     def plan(self, t: int) -> list[tuple[int, int]]:
         """Steps that make ``t`` resident: ``(kind, id)``, ancestors first.

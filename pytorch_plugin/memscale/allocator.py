@@ -267,7 +267,11 @@ def install(
             thresholds = _resolve(threshold, threshold_name, devices) if threshold is not None else None
             limits = _resolve(limit, limit_name, devices) if limit is not None else None
 
-            alloc = torch.cuda.memory.CUDAPluggableAllocator(str(path), "memscale_malloc", "memscale_free")
+            # memscale_malloc_or_throw: an allocation that fails (after the
+            # reclaimer asked the DTR engine to evict) throws a C++ exception
+            # PyTorch turns into a Python error, instead of returning a NULL
+            # PyTorch's pluggable path would not check.
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(str(path), "memscale_malloc_or_throw", "memscale_free")
             for setter, export in _HOOKS:
                 getattr(alloc._allocator, setter)(_lib.function_address(export))
 

@@ -58,6 +58,7 @@ session       the per-step session: engine, bookkeeping, releases, externals,
               evictions, exit
 dispatch      pure and in-place ops inside a region
 rebuild       materializing from the engine's plans
+reclaim       allocation failures ask the open sessions to evict
 region        :class:`DTRRegion`, :func:`dtr`, the dispatch mode
 ============  ===============================================================
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 _Tensor = torch.Tensor
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_NOTHING: list[Cell] = []  # no op running
 
 
 def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -111,9 +112,13 @@ def _run_and_register(
     rng = rng_state_for(info, a.args, a.kwargs) if info.seeded else None
     timer = s.cuda_timer
     start = timer.start() if timer is not None else None
-    t0 = perf_ns()
-    out = func(*a.args, **a.kwargs)
-    cost = perf_ns() - t0
+    s.running = a.cells
+    try:
+        t0 = perf_ns()
+        out = func(*a.args, **a.kwargs)
+        cost = perf_ns() - t0
+    finally:
+        s.running = _NOTHING
     # Drop the references to the inputs' real tensors now: one the budget loop
     # evicts after this op must really be freed.
     a.args = []
@@ -280,9 +285,11 @@ def _run_mutating(
     the argument it is or None)``.
     """
     rng = rng_state_for(info, a.args, a.kwargs)
+    s.running = a.cells
     t0 = perf_ns()
     out = func(*a.args, **a.kwargs)
     cost = perf_ns() - t0
+    s.running = _NOTHING
     a.args = []
     a.kwargs = {}
     # Results that are mutated arguments are returned as the argument objects

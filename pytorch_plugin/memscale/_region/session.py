@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
 from ..errors import MemscaleError
-from . import rebuild
+from . import rebuild, reclaim
 from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
 from .device import CudaTimer, copy_to_host
 from .dispatch import dispatch
@@ -75,10 +75,17 @@ class Session:
         self.tuning: dict[str, Any] | None = None  # the engine's report, when it tuned
         self.tune_error: str | None = None
         self.usage_exact = config.get("usage") == "engine"
+        #: Inputs of the op whose kernel is running (locked if the allocator
+        #: asks this session to evict meanwhile, see :mod:`.reclaim`).
+        self.running: list[Cell] = []
+        #: The device whose allocation failures this session evicts for.
+        self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
         self.drain_at = UNBUDGETED_DRAIN_BATCH
         self._set_budgeted(int(config.get("budget") or 0))
         self.queue_release = self._queue_release  # bound once: every wrapper's callback
+        if self.reclaims_for is not None:
+            reclaim.register(self, self.reclaims_for)
 
     # ------------------------------------------------------------ budget
 
@@ -124,6 +131,26 @@ class Session:
                 copy_to_host(group)
             else:
                 group.drop_data()
+
+    def reclaim(self, need: int) -> int:
+        """An allocation failed for ``need`` bytes: evict about that much,
+        whatever the budget; returns the bytes of the storages freed."""
+        if self.closed or need <= 0:
+            return 0
+        freed = 0
+        groups = self.groups
+        with HeldCells(self.engine) as held:
+            held.lock_all([c for c in self.running if c.tensor is not None and c.session is self])
+            for root, action in self.engine.reclaim(need):
+                group = groups.get(root)
+                if group is None:
+                    raise MemscaleError(f"memscale.dtr: the engine evicted unknown storage {root}")
+                if action == ACTION_SWAP:
+                    copy_to_host(group)
+                else:
+                    group.drop_data()
+                freed += group.nbytes
+        return freed
 
     # ---------------------------------------------------------- releases
 
@@ -327,5 +354,7 @@ class Session:
             container.clear()
         self.leaves.clear()
         self.released.clear()
+        if self.reclaims_for is not None:
+            reclaim.unregister(self, self.reclaims_for)
         self.engine.close()
 

@@ -1,0 +1,167 @@
+"""An allocation that fails asks the DTR engine to evict, retries, then fails clearly.
+
+On the simulated device (no GPU here) with a hard limit: the allocator calls the
+reclaimer installed with ``memscale_set_reclaimer``; the reclaimer asks the
+engine for victims (``memscale_dtr_reclaim``) and frees their blocks; the
+allocation then succeeds. When nothing is evictable the allocation fails with a
+message naming the request, the limit and why the engine could not evict, and
+the process allocates again afterwards. The region's side of it
+(``Session.reclaim``, the per-device registry) is tested on CPU tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _helpers import run_child
+
+torch = pytest.importorskip("torch")
+
+from memscale import MemscaleError, dtr  # noqa: E402
+
+try:
+    from memscale import _engine
+
+    _engine.dtr_lib()
+except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
+    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+
+MB = 1 << 20
+
+
+def test_allocation_succeeds_after_the_engine_evicts_then_fails_clearly() -> None:
+    proc = run_child(
+        """
+        import ctypes
+        from memscale import _engine, _lib
+        from memscale._region import reclaim
+
+        MB = 1 << 20
+        lib = _lib.lib()
+        _engine.dtr_lib()
+        _lib.check(lib.memscale_set_limit(0, 16 * MB), "limit")
+        engine = _engine.Engine({"budget": 1 << 40, "heuristic": "lru"})  # only reclaim evicts
+        blocks = {}
+
+        def alloc(n):
+            return lib.memscale_malloc(n, 0, None)
+
+        x = engine.tensor(2 * MB)
+        blocks[x] = alloc(2 * MB)
+        prev = x
+        for _ in range(6):  # 12 MiB of recomputable tensors: 14 of 16 MiB used
+            p = alloc(2 * MB)
+            assert p
+            _, (prev,) = engine.call("add", [prev], [2 * MB], [-1], 1000)
+            blocks[prev] = p
+        asked = []
+
+        def reclaimer(device, need, ctx):
+            asked.append(need)
+            freed = 0
+            for root, _action in engine.reclaim(need):
+                lib.memscale_free(blocks.pop(root), 2 * MB, 0, None)
+                freed += 2 * MB
+            return freed
+
+        callback = reclaim._Reclaimer(reclaimer)
+        _lib.check(lib.memscale_set_reclaimer(0, ctypes.cast(callback, ctypes.c_void_p), None), "set")
+        big = alloc(6 * MB)  # 4 MiB short: the engine evicts
+        assert big, _lib.last_error()
+        print("evictions", engine.stats()["evictions"], "asked", asked)
+        for t in list(blocks):
+            engine.lock(t)  # nothing is evictable any more
+        assert not alloc(6 * MB)
+        print("error:", _lib.last_error())
+        lib.memscale_free(big, 6 * MB, 0, None)
+        again = alloc(4 * MB)
+        assert again, _lib.last_error()
+        print("allocated again")
+        """,
+        MEMSCALE_BACKEND="sim",
+        MEMSCALE_SIM_CAPACITY="1GiB",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    evictions = int(out.split("evictions ")[1].split()[0])
+    assert evictions >= 2, out
+    error = out.split("error:", 1)[1].split("\n", 1)[0]
+    for fact in (str(6 * MB), "limit", str(16 * MB), "locked"):
+        assert fact in error, f"{fact!r} not in the out-of-memory message: {error}"
+    assert "allocated again" in out
+
+
+def _x() -> Any:
+    return torch.arange(256 * 1024, dtype=torch.float32)  # 1 MiB
+
+
+def test_session_reclaim_evicts_what_was_asked_and_values_survive() -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")  # the budget never evicts: only reclaim does
+    with region:
+        session = region._session
+        kept = [x * float(i + 2) for i in range(6)]
+        assert all(k._c.tensor is not None for k in kept)
+        freed = session.reclaim(2 * MB + 1)
+        assert freed >= 2 * MB + 1
+        evicted = [k for k in kept if k._c.tensor is None]
+        assert len(evicted) >= 3
+        assert region.summary()["evictions"] == len(evicted)
+        for i, k in enumerate(kept):
+            assert torch.equal(k * 1, x * float(i + 2))  # rebuilt where evicted
+    assert session.reclaim(MB) == 0  # a closed session frees nothing
+
+
+def test_running_inputs_are_never_reclaimed() -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")
+    with region:
+        session = region._session
+        a = x * 2
+        b = x * 3
+        session.running = [a._c, b._c]
+        assert session.reclaim(4 * MB) == 0  # the only candidates are the running op's inputs
+        session.running = []
+        assert session.reclaim(MB) >= MB
+        assert torch.equal(a + b, x * 5)
+
+
+class _FakeSession:
+    """Stands in for a session in the registry: frees what it is told it has."""
+
+    def __init__(self, has: int, calls: list[tuple[str, int]], name: str) -> None:
+        self.closed = False
+        self.has = has
+        self.calls = calls
+        self.name = name
+
+    def reclaim(self, need: int) -> int:
+        self.calls.append((self.name, need))
+        if self.has < 0:
+            raise RuntimeError("boom")
+        freed = min(need, self.has)
+        self.has -= freed
+        return freed
+
+
+def test_the_registry_asks_the_newest_session_first_and_survives_errors() -> None:
+    import weakref
+
+    from memscale._region import reclaim
+
+    device = 12345  # the registry only: no allocator is asked for this device
+    calls: list[tuple[str, int]] = []
+    old, new = _FakeSession(3 * MB, calls, "old"), _FakeSession(MB, calls, "new")
+    reclaim._sessions[device] = [weakref.ref(old), weakref.ref(new)]  # type: ignore[list-item]
+    try:
+        assert reclaim._reclaim(device, 2 * MB, None) == 2 * MB
+        assert calls == [("new", 2 * MB), ("old", MB)]
+        new.closed = True
+        calls.clear()
+        assert reclaim._reclaim(device, MB, None) == MB and calls == [("old", MB)]
+        old.has = -1  # a failing session: logged, counts as "could not help"
+        assert reclaim._reclaim(device, MB, None) == 0
+        assert reclaim._reclaim(99999, MB, None) == 0  # no session for that device
+    finally:
+        reclaim._sessions.pop(device, None)
