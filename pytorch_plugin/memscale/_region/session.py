@@ -26,6 +26,7 @@ an op needs.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import torch
@@ -122,8 +123,13 @@ class Session:
 
     def evict(self, extra: int = 0, why: str = "") -> None:
         """Run the engine's budget loop and carry out its decisions."""
+        self._carry_out(self.engine.evict(extra, why))
+
+    def _carry_out(self, victims: Iterator[tuple[int, int]]) -> int:
+        """Drop (or swap out) each victim the engine hands out; returns their bytes."""
         groups = self.groups
-        for root, action in self.engine.evict(extra, why):
+        freed = 0
+        for root, action in victims:
             group = groups.get(root)
             if group is None:
                 raise MemscaleError(f"memscale.dtr: the engine evicted unknown storage {root}")
@@ -131,26 +137,17 @@ class Session:
                 copy_to_host(group)
             else:
                 group.drop_data()
+            freed += group.nbytes
+        return freed
 
     def reclaim(self, need: int) -> int:
         """An allocation failed for ``need`` bytes: evict about that much,
         whatever the budget; returns the bytes of the storages freed."""
         if self.closed or need <= 0:
             return 0
-        freed = 0
-        groups = self.groups
         with HeldCells(self.engine) as held:
             held.lock_all([c for c in self.running if c.tensor is not None and c.session is self])
-            for root, action in self.engine.reclaim(need):
-                group = groups.get(root)
-                if group is None:
-                    raise MemscaleError(f"memscale.dtr: the engine evicted unknown storage {root}")
-                if action == ACTION_SWAP:
-                    copy_to_host(group)
-                else:
-                    group.drop_data()
-                freed += group.nbytes
-        return freed
+            return self._carry_out(self.engine.reclaim(need))
 
     # ---------------------------------------------------------- releases
 
