@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from ._budget import default_budget
+from ._region.steps import wrap_closure
 from .api import Summary, _Steps
 from .config import Config
 from .errors import MemscaleError
@@ -121,23 +122,16 @@ class Enabled:
 def _closure_in_its_own_step(steps: _Steps, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
     """An optimizer step's closure (its forward and backward) wrapped to run in
     a region that closes when it returns, before the update."""
-    if "closure" in kwargs:
-        closure = kwargs["closure"]
-    elif args:
-        closure = args[0]
-    else:
-        return None
-    if not callable(closure):
-        return None
 
-    def closure_in_a_step() -> Any:
-        with steps.step():
-            result = closure()
-        return steps.materialize(result)
+    def in_a_step(closure: Any) -> Any:
+        def closure_in_a_step() -> Any:
+            with steps.step():
+                result = closure()
+            return steps.materialize(result)
 
-    if "closure" in kwargs:
-        return args, {**kwargs, "closure": closure_in_a_step}
-    return (closure_in_a_step, *args[1:]), kwargs
+        return closure_in_a_step
+
+    return wrap_closure(args, kwargs, in_a_step)
 
 
 _lock = threading.Lock()

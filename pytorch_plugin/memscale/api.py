@@ -206,17 +206,18 @@ class _Steps:
         return self._open
 
     def _make_region(self, module: torch.nn.Module | None) -> DTRRegion:
-        dtr = _dtr()
         budget = self._budget(module)
         if budget is None:
             # CPU, no explicit size: this step is the unbudgeted baseline.
-            region = dtr(
-                Budget(0, "unbudgeted baseline step (no device memory size on the CPU)"),
-                **self.config.region_kwargs(),
-            )
+            region = self._new_region(Budget(0, "unbudgeted baseline step (no device memory size on the CPU)"))
             self._baseline_region = region
             return region
-        return dtr(budget, **self.config.region_kwargs())
+        return self._new_region(budget)
+
+    def _new_region(self, budget: Budget) -> DTRRegion:
+        region: DTRRegion = _dtr()(budget, **self.config.region_kwargs())
+        region.step_boundaries = False  # this object's hooks close the region at each step
+        return region
 
     def _budget(self, module: torch.nn.Module | None) -> Budget | None:
         """The step's budget; ``None``: run an unbudgeted baseline step first
@@ -273,7 +274,7 @@ class _Steps:
                 budget = Budget(
                     self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak")
                 )
-                self._region = _dtr()(budget, **self.config.region_kwargs())
+                self._region = self._new_region(budget)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:

@@ -87,8 +87,9 @@ def _assert_bitwise(ref: Any, got: Any, what: str) -> None:
         (["gpt2_adamw_loop.py", "4"], {"FOREACH": "1"}),
         (["hf_trainer.py", "WORKDIR"], {}),
         pytest.param(["lightning_trainer.py", "WORKDIR"], {}, marks=_NEEDS_LIGHTNING),
+        (["lbfgs_loop.py", "4"], {}),
     ],
-    ids=["adamw-loop", "adamw-foreach-loop", "hf-trainer", "lightning-trainer"],
+    ids=["adamw-loop", "adamw-foreach-loop", "hf-trainer", "lightning-trainer", "lbfgs-positional-closure"],
 )
 def test_unmodified_script_runs_under_the_threshold(script: list[str], env: dict[str, str], tmp_path: Path) -> None:
     args = [str(tmp_path / "work") if a == "WORKDIR" else a for a in script]

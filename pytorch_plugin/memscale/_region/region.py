@@ -27,9 +27,10 @@ from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import host_bandwidth
 from .dispatch import dispatch
+from . import steps
 from .schema import OpInfo
 from .session import Session
-from .tensor import DTRTensor, unwrap
+from .tensor import DTRTensor, dispatch_outside, unwrap
 
 log = logging.getLogger("memscale")
 
@@ -68,8 +69,13 @@ class RegionMode(TorchDispatchMode):
     def __init__(self, session: Session) -> None:
         super().__init__()
         self.session = session
+        #: While set (an optimizer updating parameters, see :mod:`.steps`), ops
+        #: run as they would outside the region.
+        self.suspended = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.suspended:
+            return dispatch_outside(func, args, kwargs or {})
         return dispatch(self.session, func, args, kwargs or {})
 
 
@@ -131,6 +137,10 @@ class DTRRegion:
         self._recomp_memory_factor = recomp_memory_factor
         self._usage = usage
         self._sink = sink
+        #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
+        #: (:meth:`end_step`); regions whose steps something else closes (the
+        #: drop-in API, :func:`memscale.enable`) turn it off.
+        self.step_boundaries = True
         #: Facts about each ATen overload seen, shared by the region's entries.
         self.op_infos: dict[Any, OpInfo] = {}
         self._session: Session | None = None
@@ -230,6 +240,7 @@ class DTRRegion:
         self._session = session
         self._mode = RegionMode(session)
         self._mode.__enter__()
+        steps.entered(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -237,6 +248,7 @@ class DTRRegion:
         mode = self._mode
         assert session is not None and mode is not None
         try:
+            steps.exited(self)
             mode.__exit__(exc_type, exc, tb)
         finally:
             self._session = None
@@ -246,6 +258,44 @@ class DTRRegion:
             self._keep_tuning(session)
             if self._sink is not None:
                 self._sink.stop()
+
+    @property
+    def is_entered(self) -> bool:
+        """Whether the region is entered now."""
+        return self._session is not None
+
+    def end_step(self) -> None:
+        """End a training step inside this entry, before the parameters are updated.
+
+        What the step leaves behind is made resident and plain, as at exit
+        (the gradients, the loss, whatever the program holds); the step's
+        engine is destroyed, its counters going into :meth:`summary`; the entry
+        goes on with a fresh engine. Every ``torch.optim`` optimizer step does
+        this by itself (see :mod:`.steps`); call it in a loop that updates
+        parameters another way, so that the engine's state stays bounded by
+        one step.
+        """
+        session, mode = self._session, self._mode
+        if session is None or mode is None:
+            raise MemscaleError("DTRRegion.end_step: the region is not entered")
+        try:
+            with _disable_current_modes():  # re-runs must reach the kernels
+                stats = session.close(ok=True)
+        finally:
+            fresh = Session(self, self._config(), self._sink)
+            if self._sink is not None:
+                self._sink.stop()
+                self._sink.start(fresh)
+            self._session = fresh
+            mode.session = fresh
+        self._accumulate(stats, session.config)
+        self._keep_tuning(session)
+
+    def suspend(self, suspended: bool = True) -> None:
+        """Run ops as outside the region until ``suspend(False)`` (the optimizer
+        update between two steps: parameters and optimizer state stay plain)."""
+        if self._mode is not None:
+            self._mode.suspended = suspended
 
     def _keep_tuning(self, session: Session) -> None:
         """Carry the engine's choice (or a tuning failure) to later entries."""
