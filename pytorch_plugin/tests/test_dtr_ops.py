@@ -594,3 +594,28 @@ def test_region_tensors_pickle_as_plain_tensors(tmp_path: Any) -> None:
     loaded = torch.load(path, weights_only=True)["a"]
     assert type(loaded) is torch.Tensor and torch.equal(loaded, x * 3)
     del keep
+
+
+def test_output_size_keys_hold_no_per_call_objects() -> None:
+    """A new generator (or profiler handle) per call neither grows the size
+    cache nor is kept alive by it, and an op that returns no tensor is never
+    run on meta tensors (record_function's exit has effects)."""
+    import gc
+    import weakref
+
+    from memscale._region.arguments import OUTPUT_SIZES
+
+    region = _region()
+    with region:
+        before = len(OUTPUT_SIZES._bytes)
+        refs = []
+        for i in range(10):
+            g = torch.Generator().manual_seed(i)
+            refs.append(weakref.ref(g))
+            with torch.autograd.profiler.record_function(f"step {i}"):
+                t = torch.randint(0, 10, (64, 64), generator=g)
+            del g
+        assert len(OUTPUT_SIZES._bytes) - before <= 2
+        del t
+    gc.collect()
+    assert all(r() is None for r in refs), "the size cache keeps generators alive"

@@ -219,7 +219,11 @@ class OutputSizes:
 
     def predict(self, func: Any, info: OpInfo, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, int]:
         """``(key, bytes)``: the fresh bytes ``func`` is expected to allocate;
-        ``key`` (``None`` for unhashable arguments) is for :meth:`learn`."""
+        ``key`` (``None`` for unhashable arguments, or an op that returns no
+        tensor) is for :meth:`learn`. An op that returns no tensor is never run
+        on meta tensors (it may have effects, as the profiler's ops do)."""
+        if not info.returns_tensors:
+            return None, 0
         try:
             key = (func, _signature(args), tuple([(k, _signature(v)) for k, v in kwargs.items()]) if kwargs else None)
             known = self._bytes.get(key)
@@ -251,13 +255,25 @@ class OutputSizes:
 OUTPUT_SIZES: Final[OutputSizes] = OutputSizes()
 
 
+#: Argument types that are part of an output-size signature by value.
+_BY_VALUE: Final[frozenset[type]] = frozenset(
+    {int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
+
+
 def _signature(x: Any) -> Any:
+    """What of an argument decides output sizes: a tensor's shape and dtype, a
+    scalar's value, and for any other object (a generator, a script object)
+    only its type - so the key neither grows with each new object nor keeps
+    it alive."""
     if isinstance(x, _Tensor):
         return (x.shape, x.dtype)
     t = type(x)
     if t is list or t is tuple:
         return tuple([_signature(y) for y in x])
-    return x
+    if t in _BY_VALUE:
+        return x
+    return t
 
 
 def _to_meta(x: Any) -> Any:

@@ -49,6 +49,7 @@ class OpInfo:
             ``self``), or ``None`` for a fresh or viewing result.
         all_views: every result is a view of an argument (the op allocates
             nothing).
+        returns_tensors: some result is a tensor (or a list of tensors).
         views_first: ... and all of them view the first argument (the alias is
             known without comparing storages).
         factory: the op takes a ``device`` argument.
@@ -68,6 +69,7 @@ class OpInfo:
         "mutated",
         "returns_arg",
         "all_views",
+        "returns_tensors",
         "views_first",
         "factory",
         "seeded",
@@ -113,6 +115,7 @@ class OpInfo:
             returns.append(source)
         self.returns_arg: tuple[ArgKey | None, ...] = tuple(returns)
         self.all_views: bool = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+        self.returns_tensors: bool = any(tensor_kind(r.type) is not None for r in schema.returns)
         first = schema.arguments[0] if schema.arguments else None
         first_sets = (
             set(first.alias_info.before_set)
