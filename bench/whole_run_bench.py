@@ -17,6 +17,7 @@ by an unbudgeted whole-run region over 2 steps (optimizer state included).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import statistics
@@ -61,7 +62,7 @@ def run(make: Any, batch: Any, steps: int, region: Any = None) -> dict[str, Any]
     proc = psutil.Process()
     out: dict[str, Any] = {"times": [], "losses": [], "ops": [], "tensors": [], "rss": {}}
     torch.manual_seed(1)
-    with region if region is not None else _Nothing():
+    with region if region is not None else contextlib.nullcontext():
         for i in range(steps):
             ids = batch(i)
             t0 = time.perf_counter()
@@ -80,13 +81,6 @@ def run(make: Any, batch: Any, steps: int, region: Any = None) -> dict[str, Any]
     out["params"] = [p.detach().clone() for p in model.parameters()]
     return out
 
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def main() -> int:

@@ -18,6 +18,17 @@ import memscale
 from memscale import _lib
 
 
+def require_engine() -> None:
+    """Skip the calling test module when the DTR engine's exports cannot be loaded."""
+    import pytest
+
+    from memscale import _engine
+
+    reason = _engine.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the DTR engine is unavailable: {reason}", allow_module_level=True)
+
+
 def run_child(code: str, timeout: float = 120, **env: str | None) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter that loads the same library (``None`` unsets a variable)."""
     child_env = {**os.environ, _lib.LIBRARY_ENV: str(_lib.find_library())}

@@ -6,19 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _helpers import require_engine
 
 torch = pytest.importorskip("torch")
 
 import memscale  # noqa: E402
-from memscale import Config, ConfigError, MemscaleError, dtr  # noqa: E402
+from memscale import Config, ConfigError, dtr  # noqa: E402
 from memscale._budget import THRESHOLD_ENV, Budget, default_budget, threshold_budget  # noqa: E402
 
-try:
-    from memscale import _engine
-
-    _engine.dtr_lib()
-except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
-    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+require_engine()
 
 MB = 1 << 20
 

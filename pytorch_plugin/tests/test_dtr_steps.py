@@ -10,21 +10,18 @@ memscale, for SGD with momentum, Adam and AdamW (foreach off and on), LBFGS
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _helpers import require_engine
 
 torch = pytest.importorskip("torch")
 
 from memscale import MemscaleError, dtr, unwrap  # noqa: E402
 
-try:
-    from memscale import _engine
-
-    _engine.dtr_lib()
-except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
-    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+require_engine()
 
 STEPS = 6
 Optim = Callable[[Any], Any]
@@ -56,7 +53,7 @@ def _train(make_optimizer: Optim, region: Any = None, steps: int = STEPS) -> dic
     optimizer = make_optimizer(model.parameters())
     losses, grads, ops = [], [], []
     torch.manual_seed(1)
-    with region if region is not None else _nothing():
+    with region if region is not None else contextlib.nullcontext():
         for i in range(steps):
             optimizer.zero_grad(set_to_none=True)
             loss = model(_batch(i)).pow(2).mean()
@@ -68,13 +65,6 @@ def _train(make_optimizer: Optim, region: Any = None, steps: int = STEPS) -> dic
                 ops.append(region.last_summary()["engine"]["ops"])
     return {"losses": losses, "grads": grads, "params": [p.detach().clone() for p in model.parameters()], "ops": ops}
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 _PEAK: dict[str, int] = {}
@@ -124,7 +114,7 @@ def test_a_closure_runs_its_forward_and_backward_under_dtr() -> None:
         optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
         losses = []
         torch.manual_seed(1)
-        with region if region is not None else _nothing():
+        with region if region is not None else contextlib.nullcontext():
             for i in range(3):
                 x = _batch(i)
 
@@ -149,7 +139,7 @@ def test_a_manual_update_ends_its_step_by_hand() -> None:
         model = _model()
         torch.manual_seed(1)
         out = []
-        with region if region is not None else _nothing():
+        with region if region is not None else contextlib.nullcontext():
             for i in range(4):
                 model.zero_grad(set_to_none=True)
                 loss = model(_batch(i)).pow(2).mean()

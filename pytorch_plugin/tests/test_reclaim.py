@@ -14,18 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _helpers import run_child
+from _helpers import require_engine, run_child
 
 torch = pytest.importorskip("torch")
 
-from memscale import MemscaleError, dtr  # noqa: E402
+from memscale import dtr  # noqa: E402
 
-try:
-    from memscale import _engine
-
-    _engine.dtr_lib()
-except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
-    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+require_engine()
 
 MB = 1 << 20
 

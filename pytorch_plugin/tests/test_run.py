@@ -17,18 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import require_engine
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memscale import MemscaleError  # noqa: E402
-
-try:
-    from memscale import _engine
-
-    _engine.dtr_lib()
-except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
-    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+require_engine()
 
 import memscale  # noqa: E402
 

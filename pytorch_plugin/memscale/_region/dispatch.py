@@ -56,11 +56,10 @@ _NOTHING: list[Cell] = []  # no op running
 
 def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run one ATen op inside the region (the mode's ``__torch_dispatch__``)."""
-    status = s.status
     if s.released:
         s.flush()
-    elif status.pending >= s.drain_at:
-        s.evict()
+    else:
+        s.sync()
     info = s.infos.get(func)
     if info is None:
         info = s.infos[func] = OpInfo(func, s.recording)
@@ -75,6 +74,7 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     extra = 0
     if s.budgeted and not info.all_views and not a.missing:
         size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+        status = s.status
         if s.usage_exact and status.usage + extra <= status.budget:
             extra = 0  # room already
     if a.missing or extra:
@@ -94,8 +94,7 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if cells is None:
         return out
     wrappers = wrap_outputs(s, cells, outs)
-    if status.pending >= s.drain_at or (s.budgeted and (not s.usage_exact or status.usage > status.budget)):
-        s.evict()  # the budget loop has work: freed storages, or usage over the budget
+    s.after_op()
     if len(wrappers) == 1 and isinstance(out, _Tensor):
         return wrappers[0]
     return rebuild_result(out, iter(wrappers))
