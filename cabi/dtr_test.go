@@ -135,7 +135,10 @@ func TestDTREvictExtra(t *testing.T) {
 		{"negative", -1, -1, "memscale_dtr_evict: extra -1: want the bytes about to be allocated, >= 0"},
 		{"none", 0, 1, ""},
 		{"room for more", 200, 2, ""},
-		{"larger than the budget", 1001, -1, "memscale_dtr_evict: evict: an allocation of 1001 bytes is larger than " +
+		{"larger than the budget", 1001, -1, "memscale_dtr_evict: evict: budget 1000 B is below what this step needs " +
+			"at this point: 100 B pinned at registration (parameters, inputs) + 0 B pinned later (gradients) + " +
+			"0 B locked by the running op + 1001 B requested; the step's minimum budget so far is 1.1 KiB (this point); " +
+			"an allocation of 1001 bytes is larger than " +
 			"the whole budget of 1000 bytes: raise the budget above 1001 plus the pinned bytes (100 now)"},
 	}
 	for _, tc := range tests {
@@ -286,6 +289,9 @@ func TestDTRRegionDefaults(t *testing.T) {
 		{"environment minimum size", `{"defaults": "region", "budget": 1000000}`, nil, str("4096"), "auto", 4096, true},
 		{"caller over region", `{"defaults": "region", "budget": 1000000, "heuristic": "dtr", "evictee_min_size": 0}`,
 			str("lru"), str("4096"), "dtr", 0, false},
+		{"stress", `{"defaults": "region", "stress": true}`, nil, nil, "default", 0, false},
+		{"stress with a budget: no tuning", `{"defaults": "region", "stress": true, "budget": 1000000}`, nil, nil, "default", 0, false},
+		{"stress, environment minimum size", `{"defaults": "region", "stress": true}`, nil, str("4096"), "default", 4096, false},
 		{"engine defaults", `{"budget": 1000000}`, nil, nil, "default", 0, false},
 		{"engine defaults, environment", `{"budget": 1000000}`, str("size"), str("8"), "size", 8, false},
 	}

@@ -178,7 +178,7 @@ const char* memscale_version(void);
 
 /* config_json: {"budget", "heuristic", "recomp_time_factor",
  * "recomp_memory_factor", "evictee_min_size", "swap_bandwidth", "usage",
- * "device", "simulator_compat", "keep_needed_released", "record",
+ * "device", "simulator_compat", "keep_needed_released", "record", "stress",
  * "defaults"} (all optional; unknown keys are an error; NULL or "" = {}).
  * Keys not given take the engine's defaults, with the environment's
  * MEMSCALE_HEURISTIC, MEMSCALE_RECOMP_*_FACTOR and MEMSCALE_EVICTEE_MIN_SIZE
@@ -186,13 +186,24 @@ const char* memscale_version(void);
  * "keep_needed_released" (default true, as in trace replays): a storage the
  * program released is not evicted at once, nor ranked first, while an
  * evicted storage it still references was computed from it directly.
+ * "stress" (default false): a testing setting in which every evictable
+ * tensor is evicted as soon as no running op needs it. Call
+ * memscale_dtr_evict after every op: it ignores the budget and extra and,
+ * after the freed storages, evicts every storage that is resident, unlocked,
+ * unpinned, at least "evictee_min_size" bytes and recomputable (or
+ * swappable) and that was not rematerialized or swapped in during the
+ * engine's life (a storage rebuilt once is not evicted again by stress, so
+ * the re-runs stay linear in the program); it never returns -1 for lack of
+ * candidates or an extra larger than the budget. A stress engine reports a
+ * budget of 0 (status block and stats).
  * "defaults": "region" (the only accepted value) gives the keys not given
  * the DTR region's defaults instead: "evictee_min_size" 1024 bytes
- * (storages smaller are never evicted) unless MEMSCALE_EVICTEE_MIN_SIZE is
- * set; "heuristic" "auto" (the tuning policy, see memscale_dtr_tune) when
- * "budget" > 0 and MEMSCALE_HEURISTIC is unset or "auto", the heuristic
- * MEMSCALE_HEURISTIC names when it names another, and the default heuristic
- * with no budget. Returns a handle > 0, or -1. */
+ * (storages smaller are never evicted; 0 with "stress": true) unless
+ * MEMSCALE_EVICTEE_MIN_SIZE is set; "heuristic" "auto" (the tuning policy,
+ * see memscale_dtr_tune) when "budget" > 0, "stress" is not true and
+ * MEMSCALE_HEURISTIC is unset or "auto", the heuristic MEMSCALE_HEURISTIC
+ * names when it names another, and the default heuristic with no budget or
+ * with stress. Returns a handle > 0, or -1. */
 int64_t memscale_dtr_create(const char* config_json);
 /* Frees the engine and its status block (memscale_dtr_status_of). */
 int memscale_dtr_destroy(int64_t h);
@@ -234,12 +245,27 @@ int memscale_dtr_release(int64_t h, int64_t t);
  *                 with "an allocation of N bytes is larger than the whole
  *                 budget of B bytes: raise the budget above N plus the
  *                 pinned bytes (P now)"; or a bad argument.
+ *                 In both failures, when the budget is below what the step
+ *                 needs at this point (the pinned storages, the locked ones
+ *                 and extra), the error says so first, e.g. (one line)
+ *                   memscale_dtr_evict: evict: budget 41.0 MiB is below what
+ *                   this step needs at this point: 44.9 MiB pinned at
+ *                   registration (parameters, inputs) + 44.9 MiB pinned later
+ *                   (gradients) + 77.1 MiB locked by the running op +
+ *                   10.0 MiB requested; the step's minimum budget so far is
+ *                   170.0 MiB (largest op: native_batch_norm_backward); usage
+ *                   ... (the details above)
+ *                 ("(this point)" in place of the largest op when this point
+ *                 needs more than any op so far; see "min_budget" in
+ *                 memscale_dtr_stats_json).
  * So it returns fewer victims than needed without an error only when it wrote
  * at least one in that call; a caller that needs usage + extra <= budget
  * calls it until it returns 0 or -1. After memscale_dtr_finish it never
  * returns -1 for lack of candidates nor for an extra larger than the budget:
  * it evicts what it can and returns (0 or the victims it wrote) even when
- * usage + extra stays over the budget. With "usage": "allocator", free the
+ * usage + extra stays over the budget. With "stress": true it ignores the
+ * budget (see memscale_dtr_create) and never returns -1 but for a bad
+ * argument. With "usage": "allocator", free the
  * victims of a call before the next call (within a call the engine discounts
  * the victims it wrote from the allocator's count; across calls it reads
  * the allocator). */
@@ -299,7 +325,7 @@ typedef struct memscale_dtr_status {
     int64_t usage;         /* bytes in use at the end of the last call on this handle;
                               with "usage": "allocator", the allocator's count at that
                               moment (allocations made since are not in it) */
-    int64_t budget;        /* bytes, 0 = unlimited */
+    int64_t budget;        /* bytes, 0 = unlimited (and 0 for a "stress" engine) */
     int64_t pending;       /* storages the engine freed (released, banished, throw-away
                               copies) not yet handed out by memscale_dtr_evict */
     int64_t bytes_evicted; /* bytes of budget victims so far (drops and swaps out; not
@@ -325,13 +351,27 @@ const memscale_dtr_status* memscale_dtr_status_of(int64_t h);
  * "victim_search_ns", "tensors", "storages", "ops", "heuristic" (the one
  * scoring), "bytes_evicted" (as in memscale_dtr_status), "auto" (created
  * with heuristic "auto": it records this step for memscale_dtr_tune),
- * "finished" (memscale_dtr_finish was called), and "config": the
+ * "finished" (memscale_dtr_finish was called), "min_budget" and
+ * "min_budget_parts" (below), and "config": the
  * configuration the engine runs with, after defaults, as memscale_dtr_create
  * keys: "budget", "heuristic" (as configured: "auto" for the tuning policy),
  * "recomp_time_factor" and "recomp_memory_factor" (omitted when unset),
  * "evictee_min_size", "swap_bandwidth" (omitted when 0), "usage" ("engine"
  * or "allocator"), "device" (with "allocator"), "simulator_compat",
- * "keep_needed_released", "record". */
+ * "keep_needed_released", "record", "stress".
+ * "min_budget" is the step's minimum budget so far, in bytes: a lower bound
+ * below which no budget can run the step. At every op (memscale_dtr_call:
+ * inputs and outputs; memscale_dtr_mutate: inputs, whose memory the new
+ * versions take over; memscale_dtr_rematerialized: the re-run's inputs and
+ * outputs) the engine adds up what is resident together then: the pinned
+ * resident storages and the op's own distinct storages that are not pinned;
+ * "min_budget" is the largest such sum, and "min_budget_parts" its parts:
+ * {"pinned_at_registration": bytes of the storages pinned by
+ * memscale_dtr_tensor (parameters, inputs), "pinned_later": bytes of those
+ * pinned by memscale_dtr_pin (gradients), "op_bytes": the op's own bytes,
+ * "op": the op's name ("" before the first op)}; "min_budget" is their sum
+ * (0 before the first op). It is tracked with or without a budget: an
+ * engine with no budget measures it. */
 char* memscale_dtr_stats_json(int64_t h);
 /* Choose the configuration for the steps to come: replay the program this
  * engine recorded (created with "heuristic": "auto" or "record": true) under

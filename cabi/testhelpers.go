@@ -176,6 +176,9 @@ func abiDTRRelease(h, t int64) int { return int(memscale_go_dtr_release(C.int64_
 // abiDTRLock calls memscale_dtr_lock's Go export.
 func abiDTRLock(h, t int64) int { return int(memscale_go_dtr_lock(C.int64_t(h), C.int64_t(t))) }
 
+// abiDTRPin calls memscale_dtr_pin's Go export.
+func abiDTRPin(h, t int64) int { return int(memscale_go_dtr_pin(C.int64_t(h), C.int64_t(t))) }
+
 // abiDTRUnlock calls memscale_dtr_unlock's Go export.
 func abiDTRUnlock(h, t int64) int { return int(memscale_go_dtr_unlock(C.int64_t(h), C.int64_t(t))) }
 

@@ -22,6 +22,9 @@ func (e *Engine) eligible(st *rc.Storage) bool {
 func (e *Engine) refresh(s rc.StorageID) {
 	if e.eligible(e.g.Storage(s)) {
 		e.sel.add(s)
+		if e.cfg.Stress {
+			e.stressNote(s)
+		}
 	} else {
 		e.sel.remove(s)
 	}
@@ -98,12 +101,24 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 // usage + extra is over the budget, nothing is evictable and nothing was
 // written; and, before doing anything, with a *TooLargeError when extra > 0
 // alone is larger than the budget. Once the engine is finished (Finish) it
-// fails neither way: it evicts what it can and returns. Every call closes an
-// open Reclaim.
+// fails neither way: it evicts what it can and returns. When the budget is
+// below what the step needs at this point (the pinned storages, the locked
+// ones and extra), the error says so first, naming those parts and the
+// step's minimum budget so far (MinBudget). Every call closes an open
+// Reclaim.
+//
+// With Config.Stress it ignores the budget and extra: after the pending
+// storages it evicts every candidate that was not rebuilt during the
+// engine's life (see stressEvict), and never fails.
 func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 	e.reclaimGot = 0 // closes an open Reclaim
+	if e.cfg.Stress {
+		return e.stressEvict(out, e.handOutPending(out)), nil
+	}
 	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget && !e.finished {
-		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: e.pinnedBytes()}
+		f := e.floorNow(extra)
+		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: f.reg + f.later,
+			PinnedAtRegistration: f.reg, PinnedLater: f.later, Locked: f.locked, MinBudget: f.most}
 	}
 	n := e.handOutPending(out)
 	if e.cfg.Budget == 0 {
@@ -123,8 +138,8 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 || e.finished {
 				break
 			}
-			return 0, fmt.Errorf("evict: usage %d + %d requested > budget %d: %w (%s)",
-				u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
+			return 0, fmt.Errorf("evict: %susage %d + %d requested > budget %d: %w (%s)",
+				e.floorNow(extra).below(e.cfg.Budget), u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
 		}
 		out[n] = e.evictStorage(s)
 		if e.cfg.OnEvict != nil {
@@ -143,18 +158,6 @@ func (e *Engine) Finish() { e.finished = true }
 
 // Finished reports whether Finish was called.
 func (e *Engine) Finished() bool { return e.finished }
-
-// pinnedBytes returns the bytes of the pinned resident storages (for the
-// error of an allocation larger than the budget).
-func (e *Engine) pinnedBytes() uint64 {
-	var n uint64
-	for s := 0; s < e.g.NumStorages(); s++ {
-		if st := e.g.Storage(rc.StorageID(s)); st.State == rc.Resident && st.Pins > 0 {
-			n += st.Size
-		}
-	}
-	return n
-}
 
 // EvictOne evicts the best victim regardless of the budget (for a memory
 // model that failed to place a block although the budget allows it).
@@ -203,6 +206,7 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	}
 	if v.Action == Swap {
 		e.sel.remove(s)
+		e.uncountPinned(s, st)
 		e.g.SwapOut(s)
 		e.usage -= st.Size
 		e.stats.SwapsOut++

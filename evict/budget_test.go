@@ -42,8 +42,13 @@ func TestEvictExtraLargerThanBudget(t *testing.T) {
 			assert.Zero(t, n)
 			var tl *TooLargeError
 			require.True(t, errors.As(err, &tl), "%v", err)
-			assert.Equal(t, TooLargeError{Extra: tc.extra, Budget: 1000, Pinned: 100}, *tl)
+			assert.Equal(t, TooLargeError{Extra: tc.extra, Budget: 1000, Pinned: 100, PinnedAtRegistration: 100,
+				MinBudget: MinBudgetParts{PinnedAtRegistration: 100, OpBytes: 400, Op: "f"}}, *tl)
 			assert.ErrorIs(t, err, ErrNoEvictable, "replays count it as out of memory")
+			assert.ErrorContains(t, err, "evict: budget 1000 B is below what this step needs at this point: "+
+				"100 B pinned at registration (parameters, inputs) + 0 B pinned later (gradients) + "+
+				"0 B locked by the running op + ")
+			assert.ErrorContains(t, err, "; an allocation of")
 			assert.ErrorContains(t, err, "is larger than the whole budget of 1000 bytes: raise the budget above")
 			assert.ErrorContains(t, err, "plus the pinned bytes (100 now)")
 			// nothing was evicted, nothing handed out

@@ -55,6 +55,17 @@ type Config struct {
 	// that the step can be replayed under other configurations (package
 	// autotune). It costs about 100 bytes per op.
 	Record bool
+	// Stress is a testing setting: every evictable storage is evicted as
+	// soon as no running op needs it. Each Evict (the budget loop, which
+	// the caller then calls after every op) evicts every eligible storage
+	// (resident, unlocked, unpinned, at least EvicteeMinSize bytes,
+	// recomputable or swappable) that has not been rematerialized or
+	// swapped in during the engine's life, whatever the usage and the
+	// budget (which it ignores; Stats reports a budget of 0), and never
+	// fails. A storage rebuilt once is not evicted again by stress, so the
+	// re-runs it causes stay linear in the program. It exercises every
+	// rematerialization path of a program at once.
+	Stress bool
 	// ExactScan chooses victims by scanning every candidate instead of
 	// using the index (same result, slower; for tests and measurements).
 	ExactScan bool
@@ -129,18 +140,21 @@ type Defaults struct {
 // regionDefaults returns cfg with the DTR region's defaults for the
 // settings the caller did not give (given reports whether a configuration
 // key was given):
-//   - evictee_min_size is RegionEvicteeMinSize, unless the environment set
-//     it;
+//   - evictee_min_size is RegionEvicteeMinSize (0 with Stress: a stress
+//     run evicts storages of every size), unless the environment set it;
 //   - heuristic is Auto (the tuning policy) when the budget is > 0 and the
 //     environment did not set a heuristic or set "auto"; with a budget of 0
-//     (nothing to tune for) it is Default in that case; a heuristic the
-//     environment set to any other name stays.
+//     or Stress (nothing to tune for) it is Default in that case; a
+//     heuristic the environment set to any other name stays.
 func (d Defaults) regionDefaults(cfg Config, given func(key string) bool) Config {
 	if !given("evictee_min_size") && !d.EvicteeMinSizeSet {
 		cfg.EvicteeMinSize = RegionEvicteeMinSize
+		if cfg.Stress {
+			cfg.EvicteeMinSize = 0
+		}
 	}
 	if !given("heuristic") && (!d.HeuristicSet || d.Config.Heuristic == Auto) {
-		if cfg.Budget > 0 {
+		if cfg.Budget > 0 && !cfg.Stress {
 			cfg.Heuristic = Auto
 		} else {
 			cfg.Heuristic = Default

@@ -66,15 +66,16 @@ func TestConfigJSONRoundTrip(t *testing.T) {
 	}{
 		{"zero", Config{}, UsageSource{},
 			map[string]any{"budget": 0.0, "heuristic": "default", "evictee_min_size": 0.0, "usage": "engine",
-				"keep_needed_released": true, "simulator_compat": false, "record": false},
+				"keep_needed_released": true, "simulator_compat": false, "record": false, "stress": false},
 			[]string{"recomp_time_factor", "recomp_memory_factor", "swap_bandwidth", "device"}},
 		{"auto region", Config{Budget: 1 << 30, Heuristic: Auto, EvicteeMinSize: RegionEvicteeMinSize}, UsageSource{},
 			map[string]any{"budget": float64(1 << 30), "heuristic": "auto", "evictee_min_size": 1024.0}, nil},
 		{"everything", Config{Budget: 5, Heuristic: DTREq, RecompTimeFactor: 0.5, RecompMemoryFactor: 2,
-			EvicteeMinSize: 7, SwapBandwidth: 1e10, SimulatorCompat: true, DropNeededReleased: true, Record: true},
+			EvicteeMinSize: 7, SwapBandwidth: 1e10, SimulatorCompat: true, DropNeededReleased: true, Record: true, Stress: true},
 			UsageSource{Allocator: true, Device: 3},
 			map[string]any{"heuristic": "dtr-eq", "recomp_time_factor": 0.5, "recomp_memory_factor": 2.0,
-				"swap_bandwidth": 1e10, "usage": "allocator", "device": 3.0, "keep_needed_released": false, "record": true}, nil},
+				"swap_bandwidth": 1e10, "usage": "allocator", "device": 3.0, "keep_needed_released": false, "record": true,
+				"stress": true}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

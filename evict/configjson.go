@@ -17,7 +17,7 @@ import (
 var configKeys = []string{
 	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
 	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
-	"keep_needed_released", "record", "defaults",
+	"keep_needed_released", "record", "stress", "defaults",
 }
 
 // DecodeConfig is Defaults{Config: base}.Decode(data): base holds the
@@ -35,13 +35,14 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
 //	 "simulator_compat": bool, "keep_needed_released": bool,
 //	 "record": bool (Config.Record; "heuristic": "auto" implies it),
-//	 "defaults": "region"}
+//	 "stress": bool (Config.Stress), "defaults": "region"}
 //
 // Every key is optional; an empty input or "{}" gives d.Config. With
 // "defaults": "region" the settings the caller did not give take the DTR
 // region's defaults instead of d.Config's, except where the environment set
-// them (see Defaults): evictee_min_size RegionEvicteeMinSize, and heuristic
-// "auto" when the budget is > 0 ("default" with no budget). An unknown key,
+// them (see Defaults): evictee_min_size RegionEvicteeMinSize (0 with
+// "stress": true), and heuristic "auto" when the budget is > 0 and stress is
+// off ("default" otherwise). An unknown key,
 // a value of the wrong type or out of range is an error naming the key, the
 // value and what is accepted.
 func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
@@ -111,6 +112,10 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 			if json.Unmarshal(v, &cfg.Record) != nil {
 				err = fmt.Errorf("dtr config: record %s: want true or false", v)
 			}
+		case "stress":
+			if json.Unmarshal(v, &cfg.Stress) != nil {
+				err = fmt.Errorf("dtr config: stress %s: want true or false", v)
+			}
 		case "defaults":
 			var s string
 			if json.Unmarshal(v, &s) != nil || s != "region" {
@@ -139,7 +144,8 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 // "recomp_time_factor" and "recomp_memory_factor" (omitted when 0, which
 // means 1), "evictee_min_size", "swap_bandwidth" (omitted when 0),
 // "usage" ("engine" or "allocator", from src), "device" (with "allocator"
-// only), "simulator_compat", "keep_needed_released" and "record". Given
+// only), "simulator_compat", "keep_needed_released", "record" and
+// "stress". Given
 // keys, only those of them it has. Decoding the result on top of defaults
 // with zero exponents and bandwidth gives back c and src, less what JSON
 // cannot carry (Usage, OnEvict, ExactScan).
@@ -152,6 +158,7 @@ func (c Config) JSON(src UsageSource, keys ...string) map[string]any {
 		"simulator_compat":     c.SimulatorCompat,
 		"keep_needed_released": !c.DropNeededReleased,
 		"record":               c.Record,
+		"stress":               c.Stress,
 	}
 	for k, f := range map[string]float64{"recomp_time_factor": c.RecompTimeFactor,
 		"recomp_memory_factor": c.RecompMemoryFactor, "swap_bandwidth": c.SwapBandwidth} {

@@ -70,11 +70,18 @@
 //   - finished: set by Finish (see the budget loop).
 //   - reclaimGot and shortfall: the bytes an open Reclaim wrote, and why the
 //     last Reclaim fell short (see Reclaim).
+//   - pinnedReg, pinnedLater and minBudget (floor.go): the bytes of the
+//     resident pinned storages, pinned at registration and later, and the
+//     step's minimum budget so far (see The step's minimum budget).
+//   - flags: per-storage bits (flagRegPin, flagRebuilt, flagQueued), grown
+//     only when a bit is set.
+//   - stressQ and stressAt (stress.go): with Config.Stress, the storages
+//     that became candidates since the last Evict looked.
 //
 // Config (config.go) is the configuration; Defaults.Decode and Config.JSON
 // (configjson.go) are its JSON form, the keys of memscale_dtr_create, with
 // the DTR region's defaults ("defaults": "region": RegionEvicteeMinSize,
-// the auto policy when there is a budget).
+// the auto policy when there is a budget and no stress).
 //
 // # The life of a storage
 //
@@ -98,9 +105,9 @@
 // Mutate's new versions, and go with Release. A storage left with no
 // references and no locks is "unreferenced" (refs.go, unreferenced):
 //
-//   - with no budget (and not in simulator mode) nothing will ever be
-//     evicted, so nothing needs its lineage: it is detached - freed for good,
-//     and its dependents marked not recomputable;
+//   - with no budget (and not in simulator or stress mode) nothing will
+//     ever be evicted, so nothing needs its lineage: it is detached - freed
+//     for good, and its dependents marked not recomputable;
 //   - when no live (not released) storage was computed from it, nothing can
 //     ever need it: it is banished, and so, in turn, is every parent left
 //     with no references, no locks and no live children;
@@ -140,6 +147,22 @@
 //     (whyNoneEvictable), only when it is still over the budget, nothing is
 //     evictable and it wrote nothing in this call.
 //
+// When it fails (steps 1 and 4) and the budget is below what the step needs
+// at this point - the pinned totals, the bytes of the locked resident
+// storages that are not pinned (the running op's inputs, a plan's held
+// step) and extra - the error says so first, naming those parts and the
+// step's minimum budget so far (floorNow.below), e.g.
+//
+//	budget 41.0 MiB is below what this step needs at this point: 44.9 MiB
+//	pinned at registration (parameters, inputs) + 44.9 MiB pinned later
+//	(gradients) + 77.1 MiB locked by the running op + 10.0 MiB requested;
+//	the step's minimum budget so far is 170.0 MiB (largest op:
+//	native_batch_norm_backward); usage ... > budget ...: nothing
+//	evictable (...)
+//
+// ("(this point)" in place of the largest op when this point needs more
+// than any op so far).
+//
 // A full out means "call again". With an external usage source the victims
 // of a call are still counted by it until the caller frees them, so the loop
 // subtracts what it evicted in this call. Once the engine is finished
@@ -148,6 +171,53 @@
 // and usage may end over the budget, which the peak shows. EvictOne evicts
 // the best victim whatever the budget (a memory model that could not place a
 // block although the budget allows it).
+//
+// # Stress mode
+//
+// Config.Stress ("stress": true) is a testing setting in which every
+// evictable storage is evicted as soon as no running op needs it, so that a
+// program exercises rematerialization everywhere at once. The caller calls
+// Evict after every op. With stress, Evict ignores the budget and extra:
+// after the pending storages it evicts (drop or swap, as the budget loop
+// would) every candidate - eligible as always: resident, unlocked,
+// unpinned, not too small, recomputable or swappable - that was not
+// rematerialized or swapped in during the engine's life, and it never fails.
+// A storage rebuilt once (flagRebuilt, set by RematerializedFor and
+// SwappedIn) is not evicted again by stress, so each storage is evicted by
+// stress at most once and the re-runs stay linear in the program, not
+// quadratic. refresh queues every storage that becomes a candidate
+// (stressNote; flagQueued keeps it in the queue once) and stressEvict takes
+// them in that order, skipping those that are no longer candidates: an
+// Evict with nothing to evict costs nothing. Reclaim and EvictOne still
+// choose among all candidates, rebuilt ones included. The unreferenced
+// rule for no budget (detach) does not apply: stress needs the lineage.
+// Stats reports a budget of 0. The region defaults give a stress engine
+// evictee_min_size 0 and the default heuristic (no tuning, no recording).
+//
+// # The step's minimum budget
+//
+// The engine tracks a lower bound below which no budget can run the step
+// (MinBudget; "min_budget" and "min_budget_parts" in the C ABI's stats):
+// the maximum over the ops so far of
+//
+//	floor = pinned at registration + pinned later + op bytes
+//
+// where the first two are the bytes of the resident storages pinned by
+// NewTensor (parameters, inputs) and by Pin (gradients), and op bytes is
+// the bytes of the distinct storages among the op's inputs and outputs that
+// those totals do not count - all of them are resident together while the
+// op runs. noteFloor evaluates it at every Call (inputs and outputs), Mutate
+// (inputs: the new versions live in their memory) and re-run
+// (RematerializedFor: inputs and outputs, throw-away copies included), in
+// O(inputs + outputs) with a graph mark, allocating nothing; the maximum
+// keeps its parts and the op's name. The two pinned totals are counters
+// (countPinned after a storage becomes resident or pinned, uncountPinned
+// before it stops being either: NewTensor, Pin, Unpin, Mutate's transfer of
+// pins, dropStorage, a swap out, banish, a re-run, SwappedIn); a storage's
+// pins count as "at registration" (flagRegPin) when they come from
+// NewTensor, or from the old version an in-place op's new version took
+// them over from, and as "later" when Pin pinned it while it had none.
+// It is tracked whatever the budget: an engine with no budget measures it.
 //
 // # Reclaim
 //
@@ -205,6 +275,10 @@
 //     forgotten.
 //   - pending[pendAt:] are the victims not handed out yet, in the order
 //     they left memory (queue, Evict).
+//   - pinnedReg + pinnedLater is the sum of the sizes of the resident
+//     storages with Pins > 0, each in the total flagRegPin says.
+//   - With Config.Stress, every candidate that is not flagRebuilt is in
+//     stressQ[stressAt:] (flagQueued).
 //   - A storage's Refs is the sum of its tensors' Refs (Retain, release),
 //     and its LiveChildren counts its children that are not released
 //     (recompute.Graph.AddOp adds them, banish takes them away).
@@ -220,6 +294,10 @@
 //	              detach, banish and the pending queue
 //	budget.go     Evict, Finish, EvictOne, victim choice and eviction,
 //	              eligibility, keys and Score
+//	stress.go     stress mode: the queue of candidates and stressEvict
+//	floor.go      the step's minimum budget, the pinned totals, the
+//	              per-storage flags and the error text of a budget below
+//	              what the step needs
 //	reclaim.go    Reclaim, ReclaimShortfall, handing out the pending queue
 //	remat.go      Plan, Rematerialized, SwappedIn
 //	planhold.go   HoldPlan and the plan holds

@@ -52,12 +52,20 @@ type TooLargeError struct {
 	// Extra is the size of the allocation, Budget the budget and Pinned
 	// the bytes of the pinned resident storages, all in bytes.
 	Extra, Budget, Pinned uint64
+	// PinnedAtRegistration and PinnedLater split Pinned by when the
+	// storages were pinned (NewTensor, Pin); Locked is the bytes of the
+	// locked resident storages that are not pinned.
+	PinnedAtRegistration, PinnedLater, Locked uint64
+	// MinBudget is the step's minimum budget so far (Engine.MinBudget).
+	MinBudget MinBudgetParts
 }
 
-// Error says what is too large and what budget would do.
+// Error says that the budget is below what the step needs at this point
+// (naming the parts), what is too large, and what budget would do.
 func (e *TooLargeError) Error() string {
-	return fmt.Sprintf("evict: an allocation of %d bytes is larger than the whole budget of %d bytes: "+
-		"raise the budget above %d plus the pinned bytes (%d now)", e.Extra, e.Budget, e.Extra, e.Pinned)
+	f := floorNow{reg: e.PinnedAtRegistration, later: e.PinnedLater, locked: e.Locked, extra: e.Extra, most: e.MinBudget}
+	return fmt.Sprintf("evict: %san allocation of %d bytes is larger than the whole budget of %d bytes: "+
+		"raise the budget above %d plus the pinned bytes (%d now)", f.below(e.Budget), e.Extra, e.Budget, e.Extra, e.Pinned)
 }
 
 // Unwrap returns ErrNoEvictable.
@@ -88,8 +96,13 @@ type Stats struct {
 	// Usage is the memory in use now, PeakUsage the highest seen.
 	Usage     uint64 `json:"usage"`
 	PeakUsage uint64 `json:"peak_usage"`
-	// Budget is the budget (0 = unlimited).
+	// Budget is the budget in force (0 = unlimited; 0 with Config.Stress,
+	// which ignores the budget).
 	Budget uint64 `json:"budget"`
+	// MinBudget is the step's minimum budget so far (MinBudgetParts.Bytes),
+	// MinBudgetParts its parts (see Engine.MinBudget).
+	MinBudget      uint64         `json:"min_budget"`
+	MinBudgetParts MinBudgetParts `json:"min_budget_parts"`
 	// Candidates is the number of storages that could be evicted now.
 	Candidates int `json:"candidates"`
 	// VictimSearches and VictimSearchNS count victim selections and the
@@ -152,6 +165,18 @@ type Engine struct {
 	reclaimGot uint64
 	// shortfall is ReclaimShortfall: why the last Reclaim fell short.
 	shortfall string
+	// flags are per-storage bits (flagRegPin, flagRebuilt, flagQueued),
+	// grown only when a bit is set: storages past its end have none.
+	flags []uint8
+	// pinnedReg and pinnedLater are the bytes of the resident pinned
+	// storages, pinned at registration (NewTensor) and later (Pin).
+	pinnedReg, pinnedLater uint64
+	// minBudget is the step's minimum budget so far (MinBudget).
+	minBudget MinBudgetParts
+	// stressQ[stressAt:] are the storages that became candidates, with
+	// Config.Stress, since the last Evict looked (stress.go).
+	stressQ  []rc.StorageID
+	stressAt int
 }
 
 // New returns an engine.
@@ -251,7 +276,10 @@ func (e *Engine) Stats() Stats {
 	s.Clock = e.clock
 	s.Usage = e.Usage()
 	s.PeakUsage = e.peak
-	s.Budget = e.cfg.Budget
+	if !e.cfg.Stress {
+		s.Budget = e.cfg.Budget
+	}
+	s.MinBudget, s.MinBudgetParts = e.minBudget.Bytes(), e.minBudget
 	s.Candidates = e.sel.len()
 	s.Tensors = e.g.NumTensors()
 	s.Storages = e.g.NumStorages()

@@ -345,7 +345,8 @@ func TestStatsJSONKeys(t *testing.T) {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(b, &m))
 	for _, k := range []string{"evictions", "rematerializations", "swaps_out", "swaps_in", "base_cost_ns",
-		"remat_cost_ns", "usage", "peak_usage", "budget", "candidates", "bytes_evicted", "auto", "finished"} {
+		"remat_cost_ns", "usage", "peak_usage", "budget", "candidates", "bytes_evicted", "auto", "finished",
+		"min_budget", "min_budget_parts"} {
 		assert.Contains(t, m, k)
 	}
 }

@@ -17,6 +17,8 @@ func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
 	s := e.g.Tensor(t).Storage
 	if pinned {
 		e.g.Storage(s).Pins++
+		e.setFlag(s, flagRegPin, true)
+		e.countPinned(s, e.g.Storage(s))
 	}
 	e.grow(nbytes)
 	e.refresh(s)
@@ -35,6 +37,7 @@ type Output = rc.OutSpec
 func (e *Engine) Call(name string, inputs []rc.TensorID, outs []Output, cost int64, flags rc.OpFlags) (rc.OpID, []rc.TensorID, error) {
 	op, ids, err := e.call(name, inputs, outs, cost, flags)
 	if err == nil {
+		e.noteFloor(name, inputs, ids)
 		e.recCall(name, inputs, outs, cost, ids)
 	}
 	return op, ids, err
@@ -96,11 +99,19 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 		return 0, nil, err
 	}
 	e.recMutate(name, inputs, mutated, cost, ids)
+	// The new versions live in the inputs' memory: the op needed its
+	// inputs resident, and the pins as they were.
+	e.noteFloor(name, inputs, nil)
 	for i, m := range mutated {
 		old := e.g.Tensor(inputs[m]).Storage
 		nw := e.g.Tensor(ids[i]).Storage
 		os, ns := e.g.Storage(old), e.g.Storage(nw)
+		e.uncountPinned(old, os)
+		e.uncountPinned(nw, ns)
+		reg := os.Pins > 0 && e.flag(old, flagRegPin)
 		ns.Pins, os.Pins = ns.Pins+os.Pins, 0
+		e.setFlag(nw, flagRegPin, reg)
+		e.countPinned(nw, ns)
 		// The new version lives in the old memory: dropping the old
 		// storage gives back the bytes Call counted for the new one. The
 		// old value is recomputed if something needs it; if it cannot be
@@ -126,6 +137,7 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 // dropStorage marks s evicted (no victim is queued).
 func (e *Engine) dropStorage(s rc.StorageID) {
 	st := e.g.Storage(s)
+	e.uncountPinned(s, st)
 	e.g.Drop(s)
 	e.usage -= st.Size
 	e.sel.remove(s)

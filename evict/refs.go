@@ -52,7 +52,13 @@ func (e *Engine) Pin(t rc.TensorID) error {
 	if !e.g.IsResident(t) {
 		return fmt.Errorf("evict: pin: tensor %d is not resident (storage %s)", t, e.g.Storage(x.Storage).State)
 	}
-	e.g.Storage(x.Storage).Pins++
+	st := e.g.Storage(x.Storage)
+	e.uncountPinned(x.Storage, st)
+	if st.Pins <= 0 {
+		e.setFlag(x.Storage, flagRegPin, false) // pinned later, whatever it was before
+	}
+	st.Pins++
+	e.countPinned(x.Storage, st)
 	e.refresh(x.Storage)
 	e.recRef(rc.KindPin, t)
 	return nil
@@ -68,7 +74,9 @@ func (e *Engine) Unpin(t rc.TensorID) error {
 	if st.Pins <= 0 {
 		return fmt.Errorf("evict: unpin: tensor %d is not pinned", t)
 	}
+	e.uncountPinned(x.Storage, st)
 	st.Pins--
+	e.countPinned(x.Storage, st)
 	if st.Pins == 0 && st.Refs == 0 && st.Locks == 0 {
 		e.unreferenced(x.Storage, true)
 	}
@@ -126,12 +134,13 @@ func (e *Engine) release(t rc.TensorID) error {
 // (released), or by Unlock of a storage that was rebuilt only to recompute
 // something else, or released while locked. A locked storage is handled when
 // its last lock goes. In default mode a storage nothing can need any more
-// (no live dependents) is banished, and with an unlimited budget every
-// unreferenced storage is freed. Otherwise a storage whose last reference
-// was just released is dropped at once if it is resident and recomputable
-// (eager eviction; it stays recomputable for its dependents), and one that
-// was only rebuilt stays resident as a candidate that goes before any
-// referenced storage (see key); in simulator mode as an ordinary candidate.
+// (no live dependents) is banished, and with an unlimited budget (and no
+// Config.Stress) every unreferenced storage is freed. Otherwise a storage
+// whose last reference was just released is dropped at once if it is
+// resident and recomputable (eager eviction; it stays recomputable for its
+// dependents), and one that was only rebuilt stays resident as a candidate
+// that goes before any referenced storage (see key); in simulator mode as an
+// ordinary candidate.
 // Unless DropNeededReleased, one that an evicted referenced storage was
 // computed from is neither dropped nor ranked first (see feedsEvicted).
 func (e *Engine) unreferenced(s rc.StorageID, released bool) {
@@ -141,10 +150,11 @@ func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 	}
 	if !e.cfg.SimulatorCompat {
 		switch {
-		case e.cfg.Budget == 0:
+		case e.cfg.Budget == 0 && !e.cfg.Stress:
 			// Nothing will be evicted, so nothing needs the lineage of
 			// an unreferenced storage: free it now. Its dependents lose
 			// the ability to be recomputed, should a budget be set later.
+			// (Stress evicts whatever the budget.)
 			e.detach(s)
 			return
 		case st.LiveChildren == 0:
@@ -200,6 +210,7 @@ func (e *Engine) banish(s rc.StorageID) {
 		}
 		prev := st.State
 		if prev == rc.Resident {
+			e.uncountPinned(s, st)
 			e.usage -= st.Size
 		}
 		if prev == rc.Resident || prev == rc.Swapped {

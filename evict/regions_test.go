@@ -65,6 +65,9 @@ func checkEngine(t *testing.T, e *Engine, what string) {
 		}
 		require.LessOrEqual(t, e.tr.bound(s), c, "%s: bound of storage %d", what, s)
 	}
+	reg, later := e.PinnedBytes()
+	_, pinned := scanPinned(e, nil)
+	require.Equal(t, pinned, reg+later, "%s: pinned totals", what)
 	x, ok := e.sel.(*indexSelector)
 	require.True(t, ok)
 	for s, sl := range x.slotOf {

@@ -56,6 +56,11 @@ func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) e
 		e.peak = e.usage + added + dup
 	}
 	e.usage += added
+	for _, s := range newly {
+		e.countPinned(s, e.g.Storage(s))
+	}
+	e.markRebuilt(newly...)
+	e.noteFloor(o.Name, o.Inputs, o.Outputs)
 	e.tr.resident(newly)
 	for _, s := range newly {
 		e.notNeeded(s)
@@ -101,6 +106,8 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 		return fmt.Errorf("evict: swapped in: storage of tensor %d is %s, not swapped", t, st.State)
 	}
 	e.g.SwapIn(x.Storage)
+	e.countPinned(x.Storage, st)
+	e.markRebuilt(x.Storage)
 	e.grow(st.Size)
 	e.stats.SwapsIn++
 	if e.cfg.SwapBandwidth > 0 {

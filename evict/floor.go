@@ -1,0 +1,176 @@
+// The step's minimum budget: the pinned totals, the floor of each op, and
+// the error text of a budget below what the step needs.
+// See doc.go for the design.
+
+package evict
+
+import (
+	"fmt"
+
+	"github.com/memscale/memscale/internal/bytesize"
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// Per-storage bits of Engine.flags.
+const (
+	// flagRegPin: the storage's pins date from its registration
+	// (NewTensor with pinned, or an in-place op's new version of such a
+	// storage), not from Pin.
+	flagRegPin uint8 = 1 << iota
+	// flagRebuilt: with Config.Stress, the storage was rematerialized or
+	// swapped in; stress does not evict it again.
+	flagRebuilt
+	// flagQueued: with Config.Stress, the storage is in the stress queue.
+	flagQueued
+)
+
+// MinBudgetParts is the step's minimum budget so far and its parts: at the
+// op (or re-run) where the bytes that had to be resident together were the
+// most, the pinned resident storages and the op's own storages. No budget
+// below Bytes can run the step: every part was resident at once.
+type MinBudgetParts struct {
+	// PinnedAtRegistration is the bytes of the resident storages pinned
+	// when they were registered (NewTensor with pinned: parameters,
+	// inputs), PinnedLater those pinned later by Pin (gradients).
+	PinnedAtRegistration uint64 `json:"pinned_at_registration"`
+	PinnedLater          uint64 `json:"pinned_later"`
+	// OpBytes is the bytes of the distinct storages among the op's inputs
+	// and outputs that are not pinned (for an in-place op, its inputs: the
+	// new versions live in their memory).
+	OpBytes uint64 `json:"op_bytes"`
+	// Op is the op's name ("" before the first op).
+	Op string `json:"op"`
+}
+
+// Bytes is the minimum budget: the sum of the parts.
+func (m MinBudgetParts) Bytes() uint64 { return m.PinnedAtRegistration + m.PinnedLater + m.OpBytes }
+
+// MinBudget returns the step's minimum budget so far and its parts. It is
+// tracked whatever the budget (an engine with no budget measures it).
+func (e *Engine) MinBudget() MinBudgetParts { return e.minBudget }
+
+// PinnedBytes returns the bytes of the resident pinned storages, pinned at
+// registration (NewTensor) and later (Pin).
+func (e *Engine) PinnedBytes() (atRegistration, later uint64) { return e.pinnedReg, e.pinnedLater }
+
+// flag reports whether storage s has any of the bits f.
+func (e *Engine) flag(s rc.StorageID, f uint8) bool {
+	return int(s) < len(e.flags) && e.flags[s]&f != 0
+}
+
+// setFlag sets (on) or clears the bits f of storage s. Clearing a storage
+// past the end of flags grows nothing.
+func (e *Engine) setFlag(s rc.StorageID, f uint8, on bool) {
+	if !on {
+		if int(s) < len(e.flags) {
+			e.flags[s] &^= f
+		}
+		return
+	}
+	if int(s) >= len(e.flags) {
+		n := max(int(s)+1, e.g.NumStorages())
+		e.flags = append(e.flags, make([]uint8, n-len(e.flags))...)
+	}
+	e.flags[s] |= f
+}
+
+// pinnedTotal returns the pinned total that s's bytes count in, or nil
+// when they count in none (s is not resident, or not pinned).
+func (e *Engine) pinnedTotal(s rc.StorageID, st *rc.Storage) *uint64 {
+	if st.State != rc.Resident || st.Pins <= 0 {
+		return nil
+	}
+	if e.flag(s, flagRegPin) {
+		return &e.pinnedReg
+	}
+	return &e.pinnedLater
+}
+
+// countPinned adds s's bytes to its pinned total, after s became resident
+// or pinned. uncountPinned takes them away, before s stops being resident
+// or pinned. Both do nothing for a storage that is not both.
+func (e *Engine) countPinned(s rc.StorageID, st *rc.Storage) {
+	if p := e.pinnedTotal(s, st); p != nil {
+		*p += st.Size
+	}
+}
+
+func (e *Engine) uncountPinned(s rc.StorageID, st *rc.Storage) {
+	if p := e.pinnedTotal(s, st); p != nil {
+		*p -= st.Size
+	}
+}
+
+// noteFloor evaluates the floor at an op that has the storages of ins and
+// outs resident together (name is the op's): the pinned totals plus the
+// bytes of those distinct storages that are not counted in them, and keeps
+// the largest (MinBudget). O(len(ins)+len(outs)), no allocation.
+func (e *Engine) noteFloor(name string, ins, outs []rc.TensorID) {
+	m := e.g.Mark()
+	b := e.opBytes(ins, m, 0)
+	b = e.opBytes(outs, m, b)
+	if e.pinnedReg+e.pinnedLater+b > e.minBudget.Bytes() {
+		e.minBudget = MinBudgetParts{PinnedAtRegistration: e.pinnedReg, PinnedLater: e.pinnedLater, OpBytes: b, Op: name}
+	}
+}
+
+// opBytes adds to b the sizes of the storages of ts not marked m yet, and
+// marks them, less those the pinned totals count.
+func (e *Engine) opBytes(ts []rc.TensorID, m uint64, b uint64) uint64 {
+	for _, t := range ts {
+		s := e.g.Tensor(t).Storage
+		if e.g.Marked(s, m) {
+			continue
+		}
+		e.g.SetMark(s, m)
+		if st := e.g.Storage(s); e.pinnedTotal(s, st) == nil {
+			b += st.Size
+		}
+	}
+	return b
+}
+
+// lockedBytes returns the bytes of the resident storages that are locked
+// and not pinned (an error path: it scans every storage).
+func (e *Engine) lockedBytes() uint64 {
+	var n uint64
+	for s := 0; s < e.g.NumStorages(); s++ {
+		if st := e.g.Storage(rc.StorageID(s)); st.State == rc.Resident && st.Locks > 0 && st.Pins <= 0 {
+			n += st.Size
+		}
+	}
+	return n
+}
+
+// floorNow is what the step needs resident at this point: the pinned
+// totals, the locked storages (the running op's inputs, a plan's held
+// step) and extra, the bytes about to be allocated.
+type floorNow struct {
+	reg, later, locked, extra uint64
+	// most is the step's minimum budget so far.
+	most MinBudgetParts
+}
+
+func (e *Engine) floorNow(extra uint64) floorNow {
+	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, locked: e.lockedBytes(), extra: extra, most: e.minBudget}
+}
+
+func (f floorNow) bytes() uint64 { return f.reg + f.later + f.locked + f.extra }
+
+// below returns, when budget is below f, a sentence that says so and names
+// the parts and the step's minimum budget so far, followed by "; " (the
+// start of an error); "" when the budget is not below f.
+func (f floorNow) below(budget uint64) string {
+	if budget >= f.bytes() {
+		return ""
+	}
+	most, where := f.most.Bytes(), "largest op: "+f.most.Op
+	if f.bytes() > most {
+		most, where = f.bytes(), "this point"
+	}
+	h := func(n uint64) string { return bytesize.Format(n, 1) }
+	return fmt.Sprintf("budget %s is below what this step needs at this point: %s pinned at registration (parameters, inputs) + "+
+		"%s pinned later (gradients) + %s locked by the running op + %s requested; "+
+		"the step's minimum budget so far is %s (%s); ",
+		h(budget), h(f.reg), h(f.later), h(f.locked), h(f.extra), h(most), where)
+}
