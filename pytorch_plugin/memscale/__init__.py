@@ -99,10 +99,11 @@ __all__: list[str] = [
 ]
 
 
-_REGION_NAMES = ("DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap")
+_REGION_NAMES = ("CheckReport", "DTRRegion", "DTRTensor", "EvictedTensorError", "check", "dtr", "unwrap")
 _region_import_error: ImportError | None = None
 try:
     from ._region import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
+    from ._check import CheckReport, check
 except ImportError as exc:  # the region cannot load here
     _region_import_error = exc
 else:

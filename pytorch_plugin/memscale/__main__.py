@@ -1,5 +1,7 @@
 """``python -m memscale run [--threshold SIZE] SCRIPT [ARGS...]``: an unmodified
-training script under DTR.
+training script under DTR. ``python -m memscale check [--steps N] SCRIPT
+[ARGS...]``: is the script safe under DTR? (its first N training steps under
+the stress setting, every rebuild verified; exit status 1 when not).
 
 The script runs as ``python SCRIPT ARGS...`` would run it (``sys.argv``,
 ``sys.path[0]`` and ``__name__ == "__main__"`` as usual; ``-m MODULE`` runs a module),
@@ -17,6 +19,7 @@ import json
 import os
 import runpy
 import sys
+from typing import Any
 
 from ._budget import THRESHOLD_ENV
 
@@ -30,7 +33,38 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--summary-json", help="also write the totals as JSON to this file")
     run.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
     run.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or the module's ARGS with -m)")
+    check = sub.add_parser("check", help="check a training script under DTR's stress setting")
+    check.add_argument("--steps", type=int, default=1, help="training steps to check (default 1)")
+    check.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
+    check.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or the module's ARGS with -m)")
     return p
+
+
+def _runner(module: str | None, target: list[str]) -> Any:
+    """A function running the script or module as ``python`` would."""
+
+    def run() -> None:
+        if module is not None:
+            sys.argv = [module, *target]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = target
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
+            runpy.run_path(target[0], run_name="__main__")
+
+    return run
+
+
+def _check(args: argparse.Namespace, target: list[str]) -> int:
+    from ._check import check_program
+
+    try:
+        report = check_program(_runner(args.module, target), steps=args.steps)
+    except SystemExit as exc:  # the script exited before its first step ended
+        print(f"memscale check: the program exited ({exc.code}) before a training step ended", file=sys.stderr)
+        return 2
+    print(report, file=sys.stderr)
+    return 0 if report.safe else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if target[:1] == ["--"]:
         target = target[1:]
     if args.module is None and not target:
-        print("python -m memscale run: give the script to run (or -m MODULE)", file=sys.stderr)
+        print(f"python -m memscale {args.command}: give the script to run (or -m MODULE)", file=sys.stderr)
         return 2
+    if args.command == "check":
+        return _check(args, target)
     if args.threshold is not None:
         os.environ[THRESHOLD_ENV] = args.threshold
 
@@ -50,14 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     enabled = memscale.enable()
     status = 0
     try:
-        if args.module is not None:
-            sys.argv = [args.module, *target]
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
-        else:
-            script = target[0]
-            sys.argv = target
-            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            runpy.run_path(script, run_name="__main__")
+        _runner(args.module, target)()
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):

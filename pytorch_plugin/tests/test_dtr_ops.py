@@ -205,13 +205,144 @@ def test_inplace_on_external_tensors_and_out_variants() -> None:
     assert torch.equal(out, x * 2 + 1)
 
 
-def test_inplace_view_ops_are_refused_clearly() -> None:
+def test_inplace_view_ops_rebase_region_tensors() -> None:
+    """squeeze_ / transpose_ / t_ on the region's own tensors (PyTorch's
+    decompositions call them on intermediates: matmul of a vector, GRU with
+    batch_first): the wrapper takes the new geometry, the old geometry stays
+    what the recorded ops that read it see, and both rebuild bitwise."""
     x = _x()
-    region = dtr(None)
-    with pytest.raises(MemscaleError, match="in-place view op"):
+    ref_y = (x * 2).t().unsqueeze(0)
+    ref_before = (x * 2).sum(dim=1)
+    region = _region()
+    with region:
+        y = x * 2
+        before = y.sum(dim=1)  # reads the old geometry
+        y.t_()
+        y.unsqueeze_(0)
+        assert y.shape == (1, 1024, 256) and y.stride() == ref_y.stride()
+        keep = _fill(x)
+        assert not _resident(y) and not _resident(before)
+        assert _eq(y, ref_y)
+        assert _eq(before, ref_before)
+        assert _eq(y.squeeze_(0) + 1, ref_y.squeeze(0) + 1)
+        del keep
+    assert region.summary()["rematerializations"] > 0
+    _check_peak(region)
+
+
+def test_inplace_view_ops_inside_decompositions_and_autograd() -> None:
+    v = torch.randn(1024, requires_grad=True)
+    m = torch.randn(1024, 256, requires_grad=True)
+    ref = torch.matmul(v, m).tanh().sum()  # matmul(vector, matrix) squeezes in place
+    ref_grads = torch.autograd.grad(ref, (v, m))
+    with dtr(None):
+        out = torch.matmul(v, m).tanh().sum()
+        grads = torch.autograd.grad(out, (v, m))
+    assert _eq(out, ref) and all(_eq(g, r) for g, r in zip(grads, ref_grads))
+
+
+def test_inplace_view_ops_on_plain_tensors_change_them_as_in_eager_mode() -> None:
+    x = _x()
+    y = x.clone()
+    region = _region()
+    with region:
+        before = y * 2  # computed from y's old geometry
+        y.t_()
+        assert type(y) is torch.Tensor and y.shape == (1024, 256)
+        after = y * 3
+        keep = _fill(x)
+        assert not _resident(before)
+        assert _eq(before, x * 2) and _eq(after, x.t() * 3)
+        del keep
+
+
+def test_conjugate_and_negative_views_keep_their_bits() -> None:
+    """A lazily conjugated or negated view reads the same memory as its
+    source; the wrapper, a re-derived view and a swapped-in view must all
+    still read it conjugated / negated."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(128, 1024, dtype=torch.complex64, generator=g)
+    ref_c = z.conj() * 1
+    ref_n = torch._neg_view(z * 2) + 0
+    for swap in (False, True):
+        region = _region(6.5, swap=swap)
         with region:
-            y = x * 2
-            y.t_()
+            base = z * 1
+            c = base.conj()
+            n = torch._neg_view(base * 2)
+            assert c.is_conj() and n.is_neg()
+            assert _eq(c * 1, ref_c) and _eq(n + 0, ref_n)
+            keep = _fill(z)
+            assert not _resident(c)
+            assert _eq(c * 1, ref_c)
+            assert _eq(c, z.conj().resolve_conj())
+            assert _eq(n + 0, ref_n)
+            del keep
+        s = region.summary()
+        assert s["swaps_out"] > 0 if swap else s["rematerializations"] > 0
+
+
+def test_tensors_without_storage_are_constants() -> None:
+    """``sgn``'s backward makes an efficient zero tensor (no storage): it is
+    handed back as it is, used as an argument like a scalar, never held."""
+    x = torch.randn(1024, requires_grad=True)
+    ref = torch.autograd.grad(torch.sgn(x).sum() + (x * 2).sum(), x)[0]
+    with dtr(None):
+        zero = torch._efficientzerotensor(4)
+        assert zero._is_zerotensor() and type(zero) is torch.Tensor
+        grad = torch.autograd.grad(torch.sgn(x).sum() + (x * 2).sum(), x)[0]
+        assert _eq(torch.ones(4) + zero, torch.ones(4))
+    assert torch.equal(unwrap(grad), ref)
+
+
+def test_reruns_use_the_grad_mode_of_the_first_run() -> None:
+    """mkldnn_rnn_layer (LSTM on the CPU) returns its workspace only with grad
+    mode on; backward re-runs it with grad mode off."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(32, 128, num_layers=2)
+    x = torch.randn(16, 8, 32, requires_grad=True)
+    ref = lstm(x)[0].square().mean()
+    ref_grads = torch.autograd.grad(ref, [x, *lstm.parameters()])
+    measure = dtr(None)
+    with measure:
+        torch.autograd.grad(lstm(x)[0].square().mean(), [x, *lstm.parameters()])
+    region = dtr(int(measure.summary()["peak_usage"] * 0.8), heuristic="lru")
+    with region:
+        out = lstm(x)[0].square().mean()
+        grads = torch.autograd.grad(out, [x, *lstm.parameters()])
+    assert _eq(out, ref) and all(_eq(g, r) for g, r in zip(grads, ref_grads))
+    assert region.summary()["rematerializations"] > 0
+
+
+@pytest.mark.parametrize(
+    "norm",
+    ["legit", "with_update", "instance"],
+)
+def test_normalization_with_running_statistics_rebuilds_from_their_old_values(norm: str) -> None:
+    """Ops that write running statistics (declared mutable) and compute
+    results: a rebuild reads the statistics as the first run did and never
+    writes them again."""
+    x = _x().view(64, 16, 256)
+    stats = (torch.zeros(16), torch.ones(16))
+
+    def run(xx: Any, rm: Any, rv: Any) -> Any:
+        if norm == "legit":
+            return torch.ops.aten._native_batch_norm_legit(xx, None, None, rm, rv, True, 0.1, 1e-5)[0]
+        if norm == "with_update":
+            return torch.ops.aten._batch_norm_with_update(xx, None, None, rm, rv, 0.1, 1e-5)[0]
+        return torch.nn.functional.instance_norm(xx, rm, rv, use_input_stats=True)
+
+    ref_stats = [t.clone() for t in stats]
+    ref = [run(x * 2, *ref_stats), run(x * 3, *ref_stats)]
+    region = _region(6.5)
+    with region:
+        ys = [run(x * 2, *stats), run(x * 3, *stats)]
+        keep = _fill(x, 8)
+        assert not _resident(ys[0])
+        assert all(_eq(y, r) for y, r in zip(ys, ref))
+        del keep
+    assert region.summary()["rematerializations"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(stats, ref_stats))
 
 
 # ---------------------------------------------------------- several outputs

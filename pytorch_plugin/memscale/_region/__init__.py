@@ -35,13 +35,25 @@ pinned once accumulated; *tuning*: a budgeted region with no heuristic given
 lets the engine record its first entry and choose the configuration of the
 later ones (``memscale_dtr_tune``).
 
-Known limits: in-place ops that change a tensor's shape (``t_``, ``squeeze_``,
-``resize_``, ``set_``...) are refused on region tensors; sparse results are
-refused; a tensor computed from the old value of an external that was later
-mutated in place inside the same region cannot be rebuilt if it was evicted (the
-engine's plan says so); a plain tensor taken out with ``DTRRegion.unwrap`` and
-fed back into the region's ops is a new external; on CUDA an op's cost is
-approximate (:mod:`.device`).
+Tensor flags: a wrapper carries its tensor's conjugate and negative bits (so
+PyTorch resolves a lazily conjugated view before an op that reads its data,
+as it does for plain tensors), and a view's geometry keeps them when it is
+re-derived or swapped back. In-place shape ops (``squeeze_``, ``transpose_``,
+``t_``, ``as_strided_``...), which PyTorch's own decompositions call on their
+intermediates, register a new view and rebase the wrapper's metadata. Tensors
+without storage (efficient zero tensors) are constants, never held. A re-run
+runs under the grad mode of its first run. An in-place op that overwrites a
+pinned tensor (an external: running statistics, an input) whose old value a
+recorded op read copies the old data first (copy-on-write, counted in the
+budget), so everything computed from it stays rebuildable. Compiled code
+(``torch.compile``) runs eagerly inside a region. The stress setting
+(``dtr(stress=True)``) and verified rebuilds (:mod:`.verify`) are how
+:func:`memscale.check` tests a model.
+
+Known limits: ``resize_`` and ``set_`` on region tensors are refused; sparse
+and other non-strided results are refused; a plain tensor taken out with
+``DTRRegion.unwrap`` and fed back into the region's ops is a new external; on
+CUDA an op's cost is approximate (:mod:`.device`).
 
 Map
 ---
@@ -59,6 +71,8 @@ session       the per-step session: engine, bookkeeping, releases, externals,
 dispatch      pure and in-place ops inside a region
 rebuild       materializing from the engine's plans
 reclaim       allocation failures ask the open sessions to evict
+verify        fingerprints checking that every rebuild is bitwise its first run
+steps         optimizer steps inside a region end a training step
 region        :class:`DTRRegion`, :func:`dtr`, the dispatch mode
 ============  ===============================================================
 

@@ -42,8 +42,10 @@ RERUN_CALL: Final[int] = 0  # re-run func; outputs map to the op's output cells
 RERUN_MUTATION: Final[int] = 1  # re-run an in-place op on a copy of the old version
 RERUN_VIEW: Final[int] = 2  # re-derive a view of a storage from its geometry
 
-#: ``(dtype, size, stride, storage offset)``: where a view sits in its storage.
-Geometry = tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int]
+#: ``(dtype, size, stride, storage offset, conjugate bit, negative bit)``: where
+#: a view sits in its storage and how its data is read (a lazily conjugated or
+#: negated view reads the same memory as its source).
+Geometry = tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int, bool, bool]
 
 
 class Cell:
@@ -60,9 +62,11 @@ class Cell:
         session: the entry the cell belongs to (``None`` once detached).
         released: the engine was told no wrapper names the cell any more.
         pinned: never evicted nor re-run (externals and their new versions).
+        consumed: (pinned cells) a recorded op read it: overwriting its
+            storage in place copies the old data first (copy-on-write).
     """
 
-    __slots__ = ("tensor_id", "tensor", "root", "op_id", "wrapper_ref", "session", "released", "pinned")
+    __slots__ = ("tensor_id", "tensor", "root", "op_id", "wrapper_ref", "session", "released", "pinned", "consumed")
 
     def __init__(
         self,
@@ -81,6 +85,7 @@ class Cell:
         self.session = session
         self.released = False
         self.pinned = pinned
+        self.consumed = False
 
     def __repr__(self) -> str:
         state = "resident" if self.tensor is not None else "evicted"
@@ -191,9 +196,12 @@ class RecordedOp:
         kind: :data:`RERUN_CALL`, :data:`RERUN_MUTATION` or :data:`RERUN_VIEW`.
         mutated: for :data:`RERUN_MUTATION`, the flattened input indices written.
         scratch: argument positions / keywords a re-run gets copies of.
+        grad_mode: whether grad mode was on when the op first ran (a re-run
+            runs under it: some kernels return more outputs with grad mode
+            on, as ``mkldnn_rnn_layer`` returns its workspace).
     """
 
-    __slots__ = ("func", "args", "kwargs", "inputs", "outputs", "rng_state", "kind", "mutated", "scratch")
+    __slots__ = ("func", "args", "kwargs", "inputs", "outputs", "rng_state", "kind", "mutated", "scratch", "grad_mode")
 
     def __init__(
         self,
@@ -206,6 +214,7 @@ class RecordedOp:
         kind: int,
         mutated: tuple[int, ...] = (),
         scratch: tuple[Any, ...] = (),
+        grad_mode: bool = True,
     ) -> None:
         self.func = func
         self.args = args
@@ -216,13 +225,20 @@ class RecordedOp:
         self.kind = kind
         self.mutated = mutated
         self.scratch = scratch
+        self.grad_mode = grad_mode
 
 
 def geometry(t: torch.Tensor) -> Geometry:
-    """Where ``t`` sits in its storage."""
-    return (t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+    """Where ``t`` sits in its storage, with its conjugate and negative bits."""
+    return (t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset(), t.is_conj(), t.is_neg())
 
 
-def storage_view(storage: Any, dtype: torch.dtype, size: Any, stride: Any, offset: int) -> torch.Tensor:
-    """A tensor of the given geometry on ``storage`` (the inverse of :func:`geometry`)."""
-    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+def storage_view(storage: Any, g: Geometry) -> torch.Tensor:
+    """A tensor of geometry ``g`` on ``storage`` (the inverse of :func:`geometry`)."""
+    dtype, size, stride, offset, conj, neg = g
+    t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+    if conj:
+        torch._C._set_conj(t, True)
+    if neg:
+        torch._C._set_neg(t, True)
+    return t

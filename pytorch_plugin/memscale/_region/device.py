@@ -124,8 +124,8 @@ def copy_to_device(group: StorageGroup) -> list[Any]:
     storage = torch.UntypedStorage(host.nbytes(), device=device)
     storage.copy_(host, non_blocking=True)
     cells = []
-    for cell, (dtype, size, stride, offset) in group.swapped_views.items():
-        cell.tensor = storage_view(storage, dtype, size, stride, offset)
+    for cell, g in group.swapped_views.items():
+        cell.tensor = storage_view(storage, g)
         cells.append(cell)
     group.host_copy = None
     group.swapped_views = None

@@ -33,24 +33,40 @@ Holds no state of its own; all of it is the session's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._engine import NO_RECOMPUTE
 from ..errors import MemscaleError
 from .arguments import OUTPUT_SIZES, Arguments, collect, flatten_tensors, rebuild_result
-from .cells import RERUN_CALL, RERUN_MUTATION, RERUN_VIEW, Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef, geometry
+from .cells import (
+    RERUN_CALL,
+    RERUN_MUTATION,
+    RERUN_VIEW,
+    Cell,
+    HeldCells,
+    RecordedOp,
+    StorageGroup,
+    WrapperRef,
+    geometry,
+    storage_view,
+)
 from .device import CudaTimer, perf_ns
 from .rebuild import make_resident
-from .replay import rng_state_for
+from .replay import copy_storage_of, rng_state_for
 from .schema import OpInfo
-from .tensor import DTRTensor
+from .tensor import DTRTensor, unwrap
 
 if TYPE_CHECKING:
     from .session import Session
 
 _Tensor = torch.Tensor
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_set_conj = torch._C._set_conj
+_set_neg = torch._C._set_neg
+_grad_enabled = torch.is_grad_enabled
 _NOTHING: list[Cell] = []  # no op running
 
 
@@ -88,25 +104,43 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
                 if not held.cells:
                     held.lock_all(a.cells)
                 s.make_room(extra, info.name)
-            out, cells, outs = _run_and_register(s, func, info, a, size_key)
+            out, cells, outs, partial = _run_and_register(s, func, info, a, size_key)
     else:
-        out, cells, outs = _run_and_register(s, func, info, a, size_key)
+        out, cells, outs, partial = _run_and_register(s, func, info, a, size_key)
     if cells is None:
         return out
     wrappers = wrap_outputs(s, cells, outs)
     s.after_op()
+    if partial:
+        return rebuild_result(out, _wrappers_and_constants(out, wrappers))
     if len(wrappers) == 1 and isinstance(out, _Tensor):
         return wrappers[0]
     return rebuild_result(out, iter(wrappers))
 
 
+class _Storageless(Exception):
+    """An op returned a tensor without storage (see :func:`_run_and_register`)."""
+
+
+def _wrappers_and_constants(out: Any, wrappers: list[DTRTensor]) -> Iterator[_Tensor]:
+    """Per tensor of ``out``: itself if it has no storage, else the next wrapper."""
+    flat: list[_Tensor] = []
+    flatten_tensors(out, flat)
+    it = iter(wrappers)
+    for t in flat:
+        yield t if t._is_zerotensor() else next(it)
+
+
 def _run_and_register(
     s: Session, func: Any, info: OpInfo, a: Arguments, size_key: Any
-) -> tuple[Any, list[Cell] | None, list[_Tensor]]:
+) -> tuple[Any, list[Cell] | None, list[_Tensor], bool]:
     """Run a non-mutating op on resident inputs and register it.
 
-    Returns ``(result, output cells, output tensors)``; the cells are ``None``
-    for a result without tensors.
+    Returns ``(result, output cells, output tensors, partial)``; the cells are
+    ``None`` for a result without tensors to register. ``partial``: some
+    tensors of the result have no storage (efficient zero tensors); they are
+    not registered and go back to the program as they are - constants, like
+    any tensor the region does not hold.
     """
     rng = rng_state_for(info, a.args, a.kwargs) if info.seeded else None
     timer = s.cuda_timer
@@ -128,19 +162,40 @@ def _run_and_register(
         outs = []
         flatten_tensors(out, outs)
         if not outs:
-            return out, None, outs
+            return out, None, outs, False
     if timer is not None:
         cost = timer.stop((func, outs[0].nbytes), start, cost)
     elif outs[0].is_cuda:
         s.cuda_timer = CudaTimer()
-    cells, fresh_bytes = register(s, info, a.cells, outs, cost)
+    partial = False
+    try:
+        cells, fresh_bytes = register(s, info, a.cells, outs, cost)
+    except _Storageless:
+        outs = [o for o in outs if not o._is_zerotensor()]
+        if not outs:
+            return out, None, outs, False
+        partial = True
+        cells, fresh_bytes = register(s, info, a.cells, outs, cost)
     if size_key is not None:
         OUTPUT_SIZES.learn(size_key, fresh_bytes)
     if s.recording:
+        for c in a.cells:
+            if c.pinned:
+                c.consumed = True
         s.ops[cells[0].op_id] = RecordedOp(
-            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, scratch=info.state_writes
+            func,
+            a.template_args,
+            a.template_kwargs,
+            a.cells,
+            cells,
+            rng,
+            RERUN_CALL,
+            scratch=info.state_writes,
+            grad_mode=_grad_enabled(),
         )
-    return out, cells, outs
+        if s.verifier is not None and info.reproducible:
+            s.verifier.computed(cells[0].op_id, cells)
+    return out, cells, outs, partial
 
 
 def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], cost: int) -> tuple[list[Cell], int]:
@@ -157,8 +212,7 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
     else:
         input_ptrs: list[int] | None = None
         for o in outs:
-            storage = _storage_of(o, info)
-            ptr = storage.data_ptr()
+            storage, ptr = _storage_of(o, info)
             k = -1
             if ptr and n_in:
                 if input_ptrs is None:
@@ -186,10 +240,14 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
     return cells, fresh
 
 
-def _storage_of(t: _Tensor, info: OpInfo) -> Any:
+def _storage_of(t: _Tensor, info: OpInfo) -> tuple[Any, int]:
+    """``t``'s storage and its data pointer."""
     try:
-        return t.untyped_storage()
+        storage = t.untyped_storage()
+        return storage, storage.data_ptr()
     except (RuntimeError, NotImplementedError) as exc:
+        if t._is_zerotensor():
+            raise _Storageless from exc
         raise MemscaleError(
             f"memscale.dtr: {info.label()} returned a {t.layout} tensor; only strided "
             f"(dense) tensors can live in a DTR region ({exc})"
@@ -212,6 +270,10 @@ def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTR
             device=real.device,
             requires_grad=False,
         )
+        if real.is_conj():  # lazily conjugated / negated views: the wrapper
+            _set_conj(wrapper, True)  # carries the bit, so PyTorch resolves it
+        if real.is_neg():  # before an op that reads the data (see module doc)
+            _set_neg(wrapper, True)
         wrapper._c = cell
         ref = WrapperRef(wrapper, queue)
         ref.cell = cell
@@ -225,19 +287,14 @@ def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTR
 
 
 def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    if info.inplace_view:
+        return _dispatch_inplace_view(s, func, info, args, kwargs)
     registered = s.externals_registered
     a = collect(s, info, args, kwargs)
+    mutated = [j for j, key in enumerate(a.keys) if key in info.mutated]
+    copies = _copies_on_write(s, info, a, mutated) if s.recording else None
     if registered != s.externals_registered and not a.missing:
         a.missing = any(c.tensor is None for c in a.cells)
-    mutated = [j for j, key in enumerate(a.keys) if key in info.mutated]
-    if info.inplace_view:
-        for j in mutated:
-            if not a.cells[j].pinned:
-                raise MemscaleError(
-                    f"memscale.dtr: the in-place view op {info.label()} (it changes a tensor's "
-                    "shape in place) is not supported on tensors of a DTR region; use the "
-                    "out-of-place variant"
-                )
     # Every live alias of a mutated storage sees the new data, so each must be
     # resident (views rebuilt) before the op runs.
     stale_aliases: list[Cell] = []
@@ -252,9 +309,9 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
         with HeldCells(s.engine) as held:
             make_resident(s, a.cells + stale_aliases, held)
             a.refill(info)
-            out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated)
+            out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
     else:
-        out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated)
+        out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
     wrappers = iter(wrap_outputs(s, fresh_cells, fresh))
     s.after_op()
     if isinstance(out, _Tensor):
@@ -275,13 +332,151 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
     return out
 
 
+def _dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    """An op that changes its argument's shape, strides or offset in place
+    (``squeeze_``, ``transpose_``, ``as_strided_``, ``detach_``...), as
+    PyTorch's own decompositions do on their intermediates.
+
+    The data stays; the geometry changes. The op runs on a fresh alias of the
+    real tensor, and the result is registered as a new view of the same
+    storage (re-derived from its geometry when rebuilt). Whatever named the old
+    cell names the new one: a wrapper, whose own metadata is rebased, or the
+    user's plain tensor, which the op changes as it would outside a region. The
+    old cell keeps its geometry for the recorded ops that read it.
+    """
+    target = args[0] if args else None
+    if len(info.tensor_args) + len(info.tensor_kwargs) != 1 or not isinstance(target, _Tensor):
+        raise MemscaleError(f"memscale.dtr: in-place view op {info.label()} with more than one tensor is not supported")
+    if info.name.startswith(b"set_") or (info.name.startswith(b"resize_") and not _fits(unwrap(target), args)):
+        raise MemscaleError(
+            f"memscale.dtr: {info.label()} would give a region tensor other memory (it swaps or grows "
+            "its storage), which the region cannot rebuild; make a new tensor instead (torch.empty, "
+            "torch.cat, .clone())"
+        )
+    cell = s.cell_of(target)
+    if cell is None:  # no storage: nothing of it is held
+        with _below_autograd():
+            return func(*args, **kwargs)
+    with HeldCells(s.engine) as held:
+        make_resident(s, [cell], held)
+        real = cell.tensor
+        assert real is not None
+        t0 = perf_ns()
+        view = func(_alias(real), *args[1:], **kwargs)
+        cost = perf_ns() - t0
+        op, (tensor_id,) = s.engine.call(info.name, [cell.tensor_id], [view.nbytes], [0], cost, info.flags)
+        new = Cell(tensor_id, view, cell.root, op, s, pinned=cell.pinned)
+        s.groups[cell.root].add(new)
+        if s.recording:
+            s.ops[op] = RecordedOp(None, geometry(view), None, [cell], [new], None, RERUN_VIEW)
+        if s.sink is not None:
+            s.sink.call(info.name, [cell], [new], [view.nbytes], [0], cost)
+    with _below_autograd():
+        if type(target) is DTRTensor:
+            # Autograd has done its part already (the outer call): only the
+            # wrapper's own sizes and strides change here.
+            with torch._C._DisableTorchDispatch():
+                target.as_strided_(view.size(), view.stride(), view.storage_offset())
+        else:
+            func(*args, **kwargs)  # the user's tensor changes as in eager mode
+    if cell.wrapper_ref is not None and cell.wrapper_ref() is target:
+        _repoint(s, cell, new)
+        s.release_cell(cell)
+    else:  # nothing of the program's names the new geometry
+        s.release_cell(new)
+    s.after_op()
+    return target
+
+
+def _fits(target: _Tensor, args: Any) -> bool:
+    """Whether ``resize_(target, size)`` stays within ``target``'s storage (a
+    change of metadata only)."""
+    if len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return False
+    numel = 1
+    for n in args[1]:
+        numel *= int(n)
+    return (target.storage_offset() + numel) * target.element_size() <= target.untyped_storage().nbytes()
+
+
+def _alias(t: _Tensor) -> _Tensor:
+    """A new tensor object on ``t``'s storage with ``t``'s geometry and bits."""
+    return storage_view(t.untyped_storage(), geometry(t))
+
+
+def _below_autograd() -> Any:
+    return torch._C._AutoDispatchBelowADInplaceOrView()
+
+
+def _copies_on_write(s: Session, info: OpInfo, a: Arguments, mutated: list[int]) -> dict[Cell, _Tensor] | None:
+    """Copies of the pinned storages an in-place op is about to overwrite whose
+    old data a re-run may still need (see :func:`_move_old_versions`).
+
+    A region tensor's old version stays recomputable from its lineage; a
+    pinned one (an external: the user's running statistics, an input) is
+    overwritten for good. When a recorded op read it (or this op computes
+    fresh results from it, as batch norm does), its current data is copied
+    first; the copy is counted in the budget.
+    """
+    copies: dict[Cell, _Tensor] | None = None
+    for j in mutated:
+        cell = a.cells[j]
+        if not cell.pinned or cell.tensor is None or (copies is not None and cell in copies):
+            continue
+        group = s.groups.get(cell.root)
+        if group is None or not (info.fresh_results or any(x.consumed for x in group.cells)):
+            continue
+        if s.budgeted:
+            s.make_room(group.nbytes, b"the old version of an overwritten external")
+            s.externals_registered += 1  # dispatch re-checks the inputs' residency
+        if copies is None:
+            copies = {}
+        copies[cell] = copy_storage_of(cell.tensor)
+    return copies
+
+
+def _move_old_versions(s: Session, copies: dict[Cell, _Tensor]) -> list[tuple[Cell, Cell]]:
+    """Copy-on-write of pinned storages an in-place op overwrote.
+
+    The old version (every cell of the storage: the engine's tensors keep
+    their ids, so recorded ops and plans are unchanged) now reads the copy;
+    the program's tensors, which see the new data, are registered as a new
+    external (and aliases of it) and named by it. The engine is not told of a
+    mutation: to it the old storage stayed resident and pinned, and a new one
+    appeared. Returns ``(old cell, new cell)`` per copied storage.
+    """
+    moved: list[tuple[Cell, Cell]] = []
+    for old, copy in copies.items():
+        group = s.groups[old.root]
+        program = old.tensor
+        assert program is not None
+        storage = copy.untyped_storage()
+        named: list[tuple[Cell, _Tensor]] = []
+        for x in group.cells:
+            if x.tensor is not None:
+                if x is not old and not x.released and x.wrapper_ref is not None:
+                    named.append((x, x.tensor))
+                x.tensor = storage_view(storage, geometry(x.tensor))
+        program_storage = program.untyped_storage()
+        new = s._register_external(program, group.nbytes, program_storage.data_ptr())
+        _repoint(s, old, new)
+        for x, t in named:
+            _, (tensor_id,) = s.engine.call(b"alias", [new.tensor_id], [t.nbytes], [0], 0, NO_RECOMPUTE)
+            alias = Cell(tensor_id, t, new.root, -1, s, pinned=True)
+            s.groups[new.root].add(alias)
+            _repoint(s, x, alias)
+        moved.append((old, new))
+    return moved
+
+
 def _run_mutating(
-    s: Session, func: Any, info: OpInfo, a: Arguments, mutated: list[int]
+    s: Session, func: Any, info: OpInfo, a: Arguments, mutated: list[int], copies: dict[Cell, _Tensor] | None
 ) -> tuple[Any, list[Cell], list[_Tensor], list[Any]]:
     """Run an in-place op on resident inputs and register its new versions.
 
     Returns ``(result, fresh output cells, fresh output tensors, per result
-    the argument it is or None)``.
+    the argument it is or None)``. ``copies``: the old data of pinned
+    storages it overwrites (:func:`_copies_on_write`).
     """
     rng = rng_state_for(info, a.args, a.kwargs)
     s.running = a.cells
@@ -311,13 +506,31 @@ def _run_mutating(
         # Fresh outputs of a mutating op (batch norm with running statistics
         # as declared mutable arguments): a separate call; its re-run works on
         # scratch copies of the mutated arguments.
+        moved = _move_old_versions(s, copies) if copies else ()
         fresh_cells, _ = register(s, info, a.cells, fresh, cost)
         if s.recording:
             s.ops[fresh_cells[0].op_id] = RecordedOp(
-                func, a.template_args, a.template_kwargs, a.cells, fresh_cells, rng, RERUN_CALL, scratch=tuple(info.mutated)
+                func,
+                a.template_args,
+                a.template_kwargs,
+                a.cells,
+                fresh_cells,
+                rng,
+                RERUN_CALL,
+                scratch=tuple(info.mutated),
+                grad_mode=_grad_enabled(),
             )
+            if s.verifier is not None and info.reproducible:
+                s.verifier.computed(fresh_cells[0].op_id, fresh_cells)
+    else:
+        moved = _move_old_versions(s, copies) if copies else ()
+    if copies:
+        mutated = [j for j in mutated if a.cells[j] not in copies]
     if mutated:
         _register_mutation(s, func, info, a, mutated, cost, rng)
+    if s.sink is not None:
+        for old, new in moved:
+            s.sink.version(old, new)
     return out, fresh_cells, fresh, returned_args
 
 
@@ -359,10 +572,15 @@ def _register_mutation(
     if s.sink is not None:
         s.sink.mutate(info.name, inputs, unique, cost)
     if s.recording:
+        for c in inputs:
+            if c.pinned:
+                c.consumed = True
         s.ops[op] = RecordedOp(
             func, a.template_args, a.template_kwargs, inputs, versions, rng, RERUN_MUTATION,
-            mutated=tuple(unique), scratch=info.state_writes,
+            mutated=tuple(unique), scratch=info.state_writes, grad_mode=_grad_enabled(),
         )
+        if s.verifier is not None and info.reproducible:
+            s.verifier.computed(op, versions)
 
 
 def _repoint(s: Session, old: Cell, new: Cell) -> None:

@@ -114,7 +114,10 @@ def run_step(
             extra = sum(groups[c.root].nbytes for c in op.outputs if c.root == c.tensor_id and c.root in groups)
             if extra:
                 s.make_room(extra, b"a rematerialization")
-        cost = rerun(op, s.infos.get(op.func))
+        info = s.infos.get(op.func)
+        cost = rerun(op, info)
+        if s.verifier is not None and info is not None:
+            s.verifier.rebuilt(op_id, info.label(), op.outputs)
         if report:
             s.engine.rematerialized(op_id, cost)
         with _released_on_error(kept):

@@ -31,6 +31,7 @@ from . import steps
 from .schema import OpInfo
 from .session import Session
 from .tensor import DTRTensor, dispatch_outside, unwrap
+from .verify import Where
 
 log = logging.getLogger("memscale")
 
@@ -79,6 +80,35 @@ class RegionMode(TorchDispatchMode):
         return dispatch(self.session, func, args, kwargs or {})
 
 
+#: The lower bound of a feasible budget before any op ran.
+_NO_FLOOR: Final[dict[str, Any]] = {"min_budget": 0, "parts": {}}
+
+
+def _higher_floor(floor: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """The higher of ``floor`` and the engine's ``min_budget`` in ``stats``."""
+    nbytes = int(stats.get("min_budget", 0))
+    if nbytes <= floor["min_budget"]:
+        return floor
+    return {"min_budget": nbytes, "parts": dict(stats.get("min_budget_parts") or {})}
+
+
+def _compiled_code_runs_eagerly() -> Any:
+    """Make ``torch.compile``d code run eagerly until the returned context
+    manager exits (``None`` where torch has no compiler stances).
+
+    A region must see every ATen op to record it: a compiled graph runs its
+    kernels without dispatching them one by one, and Dynamo would otherwise
+    try to trace the region's own Python. Inside a region, compiled modules
+    and functions therefore run as the eager code they were compiled from
+    (``torch.compiler.set_stance("force_eager")``); outside it, they run
+    compiled as before.
+    """
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:
+        return None
+    return set_stance("force_eager")  # takes effect now; __exit__ restores
+
+
 def _allocator_installed() -> bool:
     try:
         from ..allocator import installed
@@ -109,10 +139,11 @@ class DTRRegion:
         recomp_time_factor: float | None = None,
         recomp_memory_factor: float | None = None,
         usage: str | None = None,
+        stress: bool = False,
         sink: Any = None,
     ) -> None:
         check_heuristic(heuristic, "dtr() heuristic")
-        for flag, value in (("recompute", recompute), ("swap", swap)):
+        for flag, value in (("recompute", recompute), ("swap", swap), ("stress", stress)):
             if not isinstance(value, bool):
                 raise ConfigError(f"dtr({flag}={value!r}): expected True or False")
         if not recompute and not swap:
@@ -122,7 +153,13 @@ class DTRRegion:
                 raise ConfigError(f"dtr({name}={value!r}): expected a number >= 0")
         if usage is not None and usage not in ("engine", "allocator"):
             raise ConfigError(f"dtr(usage={usage!r}): expected 'engine' or 'allocator'")
-        resolved = self._resolve_budget(budget, f"dtr(budget={budget!r})")
+        if stress and budget is not THRESHOLD and budget is not None:
+            raise ConfigError(
+                f"dtr(budget={budget!r}, stress=True): the stress setting evicts everything it can "
+                "whatever the budget; give no budget"
+            )
+        self._stress = stress
+        resolved = Budget(0, "dtr(stress=True)") if stress else self._resolve_budget(budget, f"dtr(budget={budget!r})")
         self._budget = resolved.nbytes
         self._budget_source = resolved.source
         self._heuristic = heuristic
@@ -145,8 +182,13 @@ class DTRRegion:
         self.op_infos: dict[Any, OpInfo] = {}
         self._session: Session | None = None
         self._mode: RegionMode | None = None
+        self._eager: Any = None  # the compiler stance of an entry
+        #: When set, every rebuild is checked against a fingerprint of the
+        #: first run, and this says where an op ran (see :mod:`.verify`).
+        self.verify_where: Where | None = None
         self._totals: dict[str, int] = dict.fromkeys(SUMMED_KEYS, 0)
         self._peak = 0
+        self._floor: dict[str, Any] = _NO_FLOOR
         self._entries = 0
         self._last: dict[str, Any] = {}
         # The engine's tuning: the keys merged into later entries' config
@@ -197,6 +239,8 @@ class DTRRegion:
     def budget(self, value: int | str | Budget | None) -> None:
         """Set the budget; a changed budget forgets the tuned configuration
         (the next entry records and tunes again)."""
+        if self._stress:
+            raise ConfigError("DTRRegion.budget: a stress region has no budget")
         resolved = self._resolve_budget(value, f"DTRRegion.budget = {value!r}")
         nbytes = resolved.nbytes
         self._budget_source = resolved.source
@@ -223,6 +267,8 @@ class DTRRegion:
             "swap_bandwidth": host_bandwidth() if self._swap else 0,
             "usage": usage,
         }
+        if self._stress:
+            config["stress"] = True
         if usage == "allocator":
             config["device"] = torch.cuda.current_device()
         if self._tuned_config is not None:
@@ -239,6 +285,7 @@ class DTRRegion:
             self._sink.start(session)
         self._session = session
         self._mode = RegionMode(session)
+        self._eager = _compiled_code_runs_eagerly()
         self._mode.__enter__()
         steps.entered(self)
         return self
@@ -251,6 +298,9 @@ class DTRRegion:
             steps.exited(self)
             mode.__exit__(exc_type, exc, tb)
         finally:
+            if self._eager is not None:
+                self._eager.__exit__(None, None, None)
+                self._eager = None
             self._session = None
             self._mode = None
             stats = session.close(ok=exc_type is None)
@@ -327,6 +377,8 @@ class DTRRegion:
         last["peak_usage"] = int(stats.get("peak_usage", 0))
         last["budget"] = int(stats.get("budget", self._budget))
         self._peak = max(self._peak, last["peak_usage"])
+        last["min_budget"] = int(stats.get("min_budget", 0))
+        self._floor = _higher_floor(self._floor, stats)
         last["overhead"] = overhead(last["base_cost_ns"], last["remat_cost_ns"])
         last["engine"] = stats
         engine_config = stats.get("config")
@@ -343,8 +395,13 @@ class DTRRegion:
         Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
         ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
         (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry),
-        ``budget`` (bytes, 0 = unlimited), ``budget_source`` (where it came
-        from), ``entries``, ``tuning``: ``None``
+        ``min_budget`` (bytes: the lower bound below which no budget can
+        work, the highest of any entry: what is pinned - parameters, inputs,
+        gradients - plus the largest working set of any op or rebuild, as the
+        engine saw them; measure it with ``dtr(None)``), ``min_budget_parts``
+        (its parts: ``pinned_at_registration``, ``pinned_later``,
+        ``op_bytes``, ``op``), ``budget`` (bytes, 0 = unlimited),
+        ``budget_source`` (where it came from), ``entries``, ``tuning``: ``None``
         until the engine tuned this region, else ``choice``, ``feasible``,
         ``overhead``, ``default_overhead``, ``wall_ns``, ``instructions`` and
         ``config`` (the keys later entries run with) of its report, or
@@ -352,15 +409,19 @@ class DTRRegion:
         """
         totals = dict(self._totals)
         peak = self._peak
+        floor = self._floor
         session = self._session
         if session is not None:
             current = session.engine.stats()
             for key in SUMMED_KEYS:
                 totals[key] += int(current.get(key, 0))
             peak = max(peak, int(current.get("peak_usage", 0)))
+            floor = _higher_floor(floor, current)
         out: dict[str, Any] = dict(totals)
         out["overhead"] = overhead(totals["base_cost_ns"], totals["remat_cost_ns"])
         out["peak_usage"] = peak
+        out["min_budget"] = floor["min_budget"]
+        out["min_budget_parts"] = dict(floor["parts"])
         out["budget"] = self._budget
         out["budget_source"] = self._budget_source
         out["entries"] = self._entries + (1 if session is not None else 0)
@@ -376,6 +437,7 @@ class DTRRegion:
         """Forget the counters of past entries."""
         self._totals = dict.fromkeys(SUMMED_KEYS, 0)
         self._peak = 0
+        self._floor = _NO_FLOOR
         self._entries = 0
         self._last = {}
 
@@ -414,6 +476,7 @@ def dtr(
     recomp_time_factor: float | None = None,
     recomp_memory_factor: float | None = None,
     usage: str | None = None,
+    stress: bool = False,
 ) -> DTRRegion:
     """A Dynamic Tensor Rematerialization region.
 
@@ -445,6 +508,12 @@ def dtr(
             ``"allocator"`` (the memscale allocator's allocated bytes); default:
             ``"allocator"`` on CUDA with the allocator installed, else
             ``"engine"``.
+        stress: the stress setting, for testing a model under DTR: no budget;
+            after every op, every evictable tensor no running op needs is
+            evicted (whatever its size), and rebuilt when next read; a
+            tensor rebuilt once stays until released, so a step re-runs each
+            op at most about once more. Outputs and gradients must be bitwise
+            those of the plain run; :func:`memscale.check` compares them.
 
     Returns:
         A :class:`DTRRegion`: ``with region: ...`` once per training step.
@@ -461,4 +530,5 @@ def dtr(
         recomp_time_factor=recomp_time_factor,
         recomp_memory_factor=recomp_memory_factor,
         usage=usage,
+        stress=stress,
     )

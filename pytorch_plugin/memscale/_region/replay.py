@@ -9,7 +9,9 @@ nothing else:
   old version is never clobbered; the copy becomes the new version's data;
 * arguments an op writes but must not write again (running statistics) are
   replaced by scratch copies;
-* a view is re-derived from its storage and geometry, without running an op.
+* a view is re-derived from its storage and geometry, without running an op;
+* the op runs under the grad mode of its first run (backward re-runs forward
+  ops with grad mode off; some kernels return more with it on).
 
 The caller has made every input resident and locked it, and tells the engine
 about the re-run; this module only runs it and puts the results into the
@@ -24,7 +26,7 @@ import torch
 
 from ..errors import MemscaleError
 from .arguments import flatten_tensors, refill, substitute
-from .cells import RERUN_MUTATION, RERUN_VIEW, RecordedOp, storage_view
+from .cells import RERUN_MUTATION, RERUN_VIEW, RecordedOp, geometry, storage_view
 from .device import perf_ns
 from .schema import OpInfo
 
@@ -56,11 +58,16 @@ def rerun(op: RecordedOp, info: OpInfo | None) -> int:
         generator, state = rng
         saved = generator.get_state()
         generator.set_state(state)
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode != op.grad_mode:
+        torch._C._set_grad_enabled(op.grad_mode)
     try:
         t0 = perf_ns()
         out = op.func(*args, **kwargs)
         cost = perf_ns() - t0
     finally:
+        if grad_mode != op.grad_mode:
+            torch._C._set_grad_enabled(grad_mode)
         if rng is not None:
             generator.set_state(saved)
     if op.kind == RERUN_MUTATION:
@@ -69,6 +76,8 @@ def rerun(op: RecordedOp, info: OpInfo | None) -> int:
                 cell.tensor = copy
         return cost
     results = _fresh_results(out, info) if op.scratch and info.mutable else _all_tensors(out)
+    if len(results) != len(op.outputs):
+        results = [t for t in results if not t._is_zerotensor()]  # never registered
     if len(results) != len(op.outputs):
         raise MemscaleError(
             f"memscale.dtr: re-running {info.label()} gave {len(results)} tensors, the original run {len(op.outputs)}"
@@ -82,9 +91,8 @@ def rerun(op: RecordedOp, info: OpInfo | None) -> int:
 def _rederive_view(op: RecordedOp) -> int:
     source = op.inputs[0].tensor
     assert source is not None
-    dtype, size, stride, offset = op.args
     t0 = perf_ns()
-    op.outputs[0].tensor = storage_view(source.untyped_storage(), dtype, size, stride, offset)
+    op.outputs[0].tensor = storage_view(source.untyped_storage(), op.args)
     return perf_ns() - t0
 
 
@@ -114,7 +122,7 @@ def copy_storage_of(t: _Tensor) -> _Tensor:
     storage = t.untyped_storage()
     new = torch.UntypedStorage(storage.nbytes(), device=storage.device)
     new.copy_(storage)
-    return storage_view(new, t.dtype, t.size(), t.stride(), t.storage_offset())
+    return storage_view(new, geometry(t))
 
 
 def generator_for(args: Any, kwargs: dict[str, Any]) -> Any:

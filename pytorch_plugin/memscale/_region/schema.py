@@ -50,10 +50,15 @@ class OpInfo:
         all_views: every result is a view of an argument (the op allocates
             nothing).
         returns_tensors: some result is a tensor (or a list of tensors).
+        fresh_results: some tensor result is not an argument (for a mutating
+            op: it computes something besides writing its arguments, as batch
+            norm with running statistics does).
         views_first: ... and all of them view the first argument (the alias is
             known without comparing storages).
         factory: the op takes a ``device`` argument.
         seeded: the op draws random numbers (its generator state is recorded).
+        reproducible: the same inputs give bitwise the same results (not so
+            for ``empty`` and its kin: their data is undefined until written).
         inplace_view: the op changes a tensor's shape or strides in place.
         state_writes: argument positions written without being declared
             (:data:`UNDECLARED_STATE_WRITES`).
@@ -70,9 +75,11 @@ class OpInfo:
         "returns_arg",
         "all_views",
         "returns_tensors",
+        "fresh_results",
         "views_first",
         "factory",
         "seeded",
+        "reproducible",
         "inplace_view",
         "state_writes",
         "flags",
@@ -116,6 +123,9 @@ class OpInfo:
         self.returns_arg: tuple[ArgKey | None, ...] = tuple(returns)
         self.all_views: bool = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
         self.returns_tensors: bool = any(tensor_kind(r.type) is not None for r in schema.returns)
+        self.fresh_results: bool = any(
+            source is None and tensor_kind(r.type) is not None for r, source in zip(schema.returns, returns)
+        )
         first = schema.arguments[0] if schema.arguments else None
         first_sets = (
             set(first.alias_info.before_set)
@@ -130,6 +140,9 @@ class OpInfo:
         self.factory: bool = any(a.name == "device" for a in schema.arguments)
         tags = func.tags
         self.seeded: bool = torch.Tag.nondeterministic_seeded in tags
+        self.reproducible: bool = torch.Tag.nondeterministic_bitwise not in tags and not base.lstrip("_").startswith(
+            ("empty", "new_empty")
+        )
         self.inplace_view: bool = torch.Tag.inplace_view in tags
         self.state_writes: tuple[int, ...] = UNDECLARED_STATE_WRITES.get(base, ())
         unreplayable = func.namespace in UNREPLAYABLE_NAMESPACES

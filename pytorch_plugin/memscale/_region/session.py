@@ -40,6 +40,7 @@ from .device import CudaTimer, copy_to_host
 from .dispatch import dispatch
 from .schema import OpInfo
 from .tensor import DTRTensor, plain_of
+from .verify import Verifier
 
 if TYPE_CHECKING:
     from .region import DTRRegion
@@ -83,6 +84,10 @@ class Session:
         self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
         self.drain_at = UNBUDGETED_DRAIN_BATCH
+        #: Fingerprints checking every rebuild (:mod:`.verify`), when on.
+        self.verifier: Verifier | None = Verifier(region.verify_where) if region.verify_where is not None else None
+        #: The stress setting: the budget loop runs after every op.
+        self.stress = bool(config.get("stress"))
         self._set_budgeted(int(config.get("budget") or 0))
         self.queue_release = self._queue_release  # bound once: every wrapper's callback
         if self.reclaims_for is not None:
@@ -91,7 +96,7 @@ class Session:
     # ------------------------------------------------------------ budget
 
     def _set_budgeted(self, budget: int) -> None:
-        self.budgeted = budget > 0
+        self.budgeted = budget > 0 or self.stress
         self.drain_at = 1 if self.budgeted else UNBUDGETED_DRAIN_BATCH
 
     def set_budget(self, budget: int) -> None:
@@ -189,7 +194,9 @@ class Session:
     # --------------------------------------------------------- externals
 
     def cell_of(self, x: Any) -> Cell | None:
-        """The cell of an op argument; ``None`` for a non-tensor (a wrapped scalar)."""
+        """The cell of an op argument; ``None`` for a non-tensor (a wrapped
+        scalar) and for a tensor without storage (an efficient zero tensor,
+        as ``sgn``'s backward makes): those take part in ops as constants."""
         if type(x) is DTRTensor:
             cell = x._c
             if cell.session is self:
@@ -199,8 +206,9 @@ class Session:
             return self.extern(x)
         return None
 
-    def extern(self, t: torch.Tensor) -> Cell:
-        """The cell of a plain tensor (registered pinned on first sight).
+    def extern(self, t: torch.Tensor) -> Cell | None:
+        """The cell of a plain tensor (registered pinned on first sight);
+        ``None`` for a tensor without storage.
 
         The cell holds an alias of ``t`` (same storage), not ``t`` itself, and
         a weak reference to ``t``: when the program drops ``t`` the engine is
@@ -212,8 +220,13 @@ class Session:
             return ref.cell
         if type(t) is DTRTensor:  # a wrapper detached from an earlier entry
             return self.extern(plain_of(t))
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        try:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+        except RuntimeError:
+            if t._is_zerotensor():
+                return None  # type: ignore[return-value]  # no storage: a constant
+            raise
         root = self.external_roots.get(ptr) if ptr else None
         if root is not None and root.tensor is not None and not root.released:
             cell = self._register_external_alias(t, root)
