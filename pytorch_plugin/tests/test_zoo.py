@@ -1,0 +1,103 @@
+"""The model-family zoo (``zoo.py``) trains under DTR budgets, bitwise as without memscale.
+
+For each family: three seeded training steps with SGD between them, from the
+same initial weights (``copy.deepcopy`` of one built model):
+
+1. without memscale (the reference: every loss, every parameter's gradient,
+   every buffer, e.g. batch norm's running statistics, after each step);
+2. in ``memscale.dtr(None)`` (``test_zoo_unbudgeted``): bitwise the reference,
+   nothing evicted; its ``peak_usage`` is the step's peak;
+3. under 50 % and 30 % of that peak, or ``1.1 * min_budget`` where the engine
+   reports a ``min_budget`` (a lower bound of a feasible budget) and that is
+   higher (``test_zoo_under_budget``): bitwise the reference, the engine's peak
+   usage never over the budget, something evicted.
+
+Runs against the real ``libmemscale.so``; skipped without the engine. One
+intra-op thread (restored after the module).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _helpers import deadline, require_engine
+
+require_engine()
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import zoo
+from memscale import dtr
+
+FRACTIONS = (0.5, 0.3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: steady step times on a shared, loaded machine
+    (both runs of a comparison use the same count, so bitwise equality holds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _deadline() -> Iterator[None]:
+    """No test may hang: three steps of these models take seconds; a region
+    that thrashes (millions of evictions) fails here instead."""
+    with deadline(60):
+        yield
+
+
+@functools.cache
+def _model(name: str) -> zoo.ZooModel:
+    return zoo.MODELS[name]()
+
+
+@functools.cache
+def _reference(name: str) -> list[dict[str, Any]]:
+    return zoo.train(_model(name))
+
+
+@functools.cache
+def _probe(name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The unbudgeted run: its records and summary (not cached when it raises)."""
+    region = dtr(None)
+    got = zoo.train(_model(name), region)
+    return got, region.summary()
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_zoo_unbudgeted(name: str) -> None:
+    ref = _reference(name)
+    got, s = _probe(name)
+    assert not zoo.differences(ref, got), zoo.differences(ref, got)[:5]
+    assert s["peak_usage"] > 0
+    assert s["evictions"] == 0
+    assert s["entries"] == zoo.STEPS
+
+
+@pytest.mark.parametrize("fraction", FRACTIONS, ids=lambda f: f"{f:.0%}")
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_zoo_under_budget(name: str, fraction: float) -> None:
+    ref = _reference(name)
+    _, probe = _probe(name)
+    peak = int(probe["peak_usage"])
+    budget = zoo.budget_for(peak, fraction, probe.get("min_budget"))
+    region = dtr(budget)
+    got = zoo.train(_model(name), region)
+    s = region.summary()
+    what = f"{name} at {budget} bytes ({budget / peak:.0%} of the {peak}-byte peak)"
+    problems = [f"{what}: {d}" for d in zoo.differences(ref, got)[:5]]
+    if s["peak_usage"] > budget:
+        problems.append(f"{what}: peak usage {s['peak_usage']} > budget")
+    for step, rec in enumerate(got):
+        if rec["stats"]["peak_usage"] > budget:
+            problems.append(f"{what}: step {step} peak usage {rec['stats']['peak_usage']} > budget")
+    if s["evictions"] <= 0:
+        problems.append(f"{what}: nothing evicted ({s})")
+    assert not problems, "\n".join(problems)
