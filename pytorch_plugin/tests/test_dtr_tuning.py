@@ -13,15 +13,13 @@ Runs against the real ``libmemscale.so``; skipped when it lacks the engine.
 
 from __future__ import annotations
 
-import importlib
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import assert_same_steps, deadline
+from _helpers import assert_same_steps, deadline, steady_clock
 
 import memscale
 from memscale import Config, MemscaleError
@@ -216,18 +214,10 @@ _FORCED: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def steady_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every op the region runs or re-runs is measured at exactly 1 us, so the
-    engine's decisions (which depend on measured costs) depend on the program
-    alone and a test's outcome never depends on the machine's load."""
-    ticks = itertools.count(step=1000)
-
-    def now() -> int:
-        return next(ticks)
-
-    for module in ("memscale._region.dispatch", "memscale._region.replay"):
-        monkeypatch.setattr(importlib.import_module(module), "perf_ns", now)
+@pytest.fixture(name="steady_clock")
+def _steady_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every op measured at exactly 1 us (see ``_helpers.steady_clock``)."""
+    steady_clock(monkeypatch)
 
 
 #: Under the DTR authors' simulator semantics the released parents of evicted

@@ -13,7 +13,9 @@ same initial weights (``copy.deepcopy`` of one built model):
    usage never over the budget, something evicted.
 
 Runs against the real ``libmemscale.so``; skipped without the engine. One
-intra-op thread (restored after the module).
+intra-op thread (restored after the module); op costs are fixed at 1 us
+(``_helpers.steady_clock``), so the engine's choices, and whether a budget
+works, do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import deadline, require_engine
+from _helpers import deadline, require_engine, steady_clock
 
 require_engine()
 torch = pytest.importorskip("torch")
@@ -43,6 +45,13 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _steady(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Op costs fixed at 1 us: whether a tight budget works depends on the
+    program, not on the machine's load."""
+    steady_clock(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

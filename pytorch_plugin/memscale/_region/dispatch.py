@@ -345,6 +345,11 @@ def _dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwarg
     old cell keeps its geometry for the recorded ops that read it.
     """
     target = args[0] if args else None
+    if info.name == b"resize_as_" and len(args) >= 2 and isinstance(args[1], _Tensor):
+        # Only the template's shape is read: the same as resize_ to it.
+        func = torch.ops.aten.resize_.default
+        info = s.infos.get(func) or s.infos.setdefault(func, OpInfo(func, s.recording))
+        args = (target, list(args[1].shape))
     if len(info.tensor_args) + len(info.tensor_kwargs) != 1 or not isinstance(target, _Tensor):
         raise MemscaleError(f"memscale.dtr: in-place view op {info.label()} with more than one tensor is not supported")
     if info.name.startswith(b"set_") or (info.name.startswith(b"resize_") and not _fits(unwrap(target), args)):

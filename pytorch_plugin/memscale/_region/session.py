@@ -223,10 +223,13 @@ class Session:
         try:
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
-        except RuntimeError:
-            if t._is_zerotensor():
+        except (RuntimeError, NotImplementedError) as exc:
+            if t.layout == torch.strided and t._is_zerotensor():
                 return None  # type: ignore[return-value]  # no storage: a constant
-            raise
+            raise MemscaleError(
+                f"memscale.dtr: a {t.layout} tensor was passed to an op; only strided (dense) "
+                f"tensors can be used in a DTR region - convert it with .to_dense() first ({exc})"
+            ) from exc
         root = self.external_roots.get(ptr) if ptr else None
         if root is not None and root.tensor is not None and not root.released:
             cell = self._register_external_alias(t, root)
