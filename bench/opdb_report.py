@@ -45,6 +45,10 @@ import memscale  # noqa: E402
 import opdb_corpus as oc  # noqa: E402
 
 
+#: Ops named per skip reason at most (the dtype and variant skips are long).
+MAX_LISTED = 40
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -61,6 +65,18 @@ def _memscale_source() -> str:
             " with uncommitted changes to pytorch_plugin/memscale" if dirty else ""
         )
     return str(package)
+
+
+def _library() -> str:
+    """The engine library the region loaded, with its modification time."""
+    try:
+        from memscale import _lib
+
+        path = Path(_lib.find_library())
+        stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+        return f"{path} (modified {stamp:%Y-%m-%d %H:%M} UTC)"
+    except Exception as exc:  # noqa: BLE001 - a report line, not a check
+        return f"? ({exc})"
 
 
 def _normalize(message: str) -> str:
@@ -85,12 +101,12 @@ def run(setting: oc.Setting, foreach: bool, patterns: list[str]) -> dict[str, An
     return {"setting": setting, "outcomes": outcomes, "seconds": time.perf_counter() - t0}
 
 
-def markdown(runs: list[dict[str, Any]], command: str) -> str:
+def markdown(runs: list[dict[str, Any]], command: str, source: str) -> str:
     out = [
         "# PyTorch's OpInfo corpus through a DTR region",
         "",
         f"Date: {datetime.date.today().isoformat()}. {os.cpu_count()} CPU cores; torch {torch.__version__}; "
-        f"memscale from {_memscale_source()}.",
+        f"memscale from {source}.",
         "",
         "    " + command,
         "",
@@ -146,8 +162,9 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
         for reason in oc.SKIP_REASONS:
             names = sorted(o.op for o in outcomes if o.status == "skip" and o.reason == reason)
             if skips[reason] or sample_skips[reason]:
-                out.append(f"| {reason} | {skips[reason]} | {sample_skips[reason]} | {', '.join(names)} |")
-        ran = [o for o in outcomes if o.op in oc.EXCEPTIONS]
+                listed = ", ".join(names) if len(names) <= MAX_LISTED else f"({len(names)} ops, not listed)"
+                out.append(f"| {reason} | {skips[reason]} | {sample_skips[reason]} | {listed} |")
+        ran = [o for o in outcomes if o.op in oc.EXCEPTIONS and any(x.index >= 0 for x in o.samples)]
         out += ["", "Documented exceptions in this run:" + ("" if ran else " none ran."), ""]
         for o in ran:
             out.append(f"- `{o.op}`: {o.status}{' (' + o.reason + ')' if o.reason else ''}")
@@ -187,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ".venv/bin/python bench/opdb_report.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
+    # What ran, taken before running (others may commit or rebuild meanwhile).
+    source = f"{_memscale_source()}; engine {_library()}"
     runs = []
     for mode in args.mode or ["auto"]:
         for spec in args.setting or ["float32/function/leaves"]:
@@ -200,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             setting = oc.Setting(mode, args.samples, dtype, inputs, variant).resolved()
             print(f"running {setting.describe()}", file=sys.stderr, flush=True)
             runs.append(run(setting, not args.no_foreach, args.ops))
-    text = markdown(runs, command.strip())
+    text = markdown(runs, command.strip(), source)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(text)
     print(text)
