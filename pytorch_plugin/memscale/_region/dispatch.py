@@ -55,7 +55,7 @@ from .cells import (
 )
 from .device import CudaTimer, perf_ns
 from .rebuild import make_resident
-from .replay import copy_storage_of, rng_state_for
+from .replay import copy_storage_of, rng_state_for, run_kernel
 from .schema import OpInfo
 from .tensor import DTRTensor, unwrap
 
@@ -148,7 +148,7 @@ def _run_and_register(
     s.running = a.cells
     try:
         t0 = perf_ns()
-        out = func(*a.args, **a.kwargs)
+        out = run_kernel(func, a.args, a.kwargs)
         cost = perf_ns() - t0
     finally:
         s.running = _NOTHING
@@ -312,6 +312,10 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
             out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
     else:
         out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
+    for key in info.mutated:
+        x = args[key] if isinstance(key, int) else kwargs.get(key)
+        if type(x) is DTRTensor:
+            _follow_resize(s, info, x)
     wrappers = iter(wrap_outputs(s, fresh_cells, fresh))
     s.after_op()
     if isinstance(out, _Tensor):
@@ -367,7 +371,7 @@ def _dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwarg
         real = cell.tensor
         assert real is not None
         t0 = perf_ns()
-        view = func(_alias(real), *args[1:], **kwargs)
+        view = run_kernel(func, (_alias(real), *args[1:]), kwargs)
         cost = perf_ns() - t0
         op, (tensor_id,) = s.engine.call(info.name, [cell.tensor_id], [view.nbytes], [0], cost, info.flags)
         new = Cell(tensor_id, view, cell.root, op, s, pinned=cell.pinned)
@@ -391,6 +395,24 @@ def _dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwarg
         s.release_cell(new)
     s.after_op()
     return target
+
+
+def _follow_resize(s: Session, info: OpInfo, wrapper: DTRTensor) -> None:
+    """An in-place op may resize its output (``addbmm_`` on a one-element
+    ``self``): the wrapper takes the new shape when the data stayed in its
+    storage; a grown storage is an error (the region cannot account for it)."""
+    real = wrapper._c.tensor
+    if real is None or (real.shape == wrapper.shape and real.stride() == wrapper.stride()):
+        return
+    group = s.groups.get(wrapper._c.root)
+    if group is not None and real.untyped_storage().nbytes() > group.nbytes:
+        raise MemscaleError(
+            f"memscale.dtr: {info.label()} resized a region tensor in place from {tuple(wrapper.shape)} to "
+            f"{tuple(real.shape)}, growing its memory, which the region cannot account for; use the "
+            "out-of-place op instead"
+        )
+    with _below_autograd(), torch._C._DisableTorchDispatch():
+        wrapper.as_strided_(real.size(), real.stride(), real.storage_offset())
 
 
 def _fits(target: _Tensor, args: Any) -> bool:
@@ -486,7 +508,7 @@ def _run_mutating(
     rng = rng_state_for(info, a.args, a.kwargs)
     s.running = a.cells
     t0 = perf_ns()
-    out = func(*a.args, **a.kwargs)
+    out = run_kernel(func, a.args, a.kwargs)
     cost = perf_ns() - t0
     s.running = _NOTHING
     a.args = []

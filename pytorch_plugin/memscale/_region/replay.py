@@ -31,6 +31,12 @@ from .device import perf_ns
 from .schema import OpInfo
 
 _Tensor = torch.Tensor
+_exclude_set = torch._C._dispatch_tls_local_exclude_set
+_include_set = torch._C._dispatch_tls_local_include_set
+_ForceGuard = torch._C._ForceDispatchKeyGuard
+_CONJUGATE = torch._C.DispatchKey.Conjugate
+_NEGATIVE = torch._C.DispatchKey.Negative
+_ZERO = torch._C.DispatchKey.ZeroTensor
 
 
 def rerun(op: RecordedOp, info: OpInfo | None) -> int:
@@ -63,7 +69,7 @@ def rerun(op: RecordedOp, info: OpInfo | None) -> int:
         torch._C._set_grad_enabled(op.grad_mode)
     try:
         t0 = perf_ns()
-        out = op.func(*args, **kwargs)
+        out = run_kernel(op.func, args, kwargs)
         cost = perf_ns() - t0
     finally:
         if grad_mode != op.grad_mode:
@@ -86,6 +92,24 @@ def rerun(op: RecordedOp, info: OpInfo | None) -> int:
         if not cell.pinned:
             cell.tensor = t
     return cost
+
+
+def run_kernel(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Call ATen op ``func`` on real tensors as it would run outside a mode.
+
+    Inside ``__torch_dispatch__`` PyTorch excludes the Conjugate, Negative
+    and ZeroTensor keys (they were handled for the op the mode intercepted),
+    so a kernel that makes lazily conjugated or negated views of its own (as
+    ``linalg.pinv``'s ``Vh.mH()``), or reads a zero tensor, would compute
+    something else. The kernel runs with those keys dispatched again, so a
+    first run, a re-run and a run outside any mode agree bitwise.
+    """
+    exclude = _exclude_set()
+    if not exclude.has(_CONJUGATE) and not exclude.has(_NEGATIVE) and not exclude.has(_ZERO):
+        return func(*args, **kwargs)
+    restored = exclude.remove(_CONJUGATE).remove(_NEGATIVE).remove(_ZERO)
+    with _ForceGuard(_include_set(), restored):
+        return func(*args, **kwargs)
 
 
 def _rederive_view(op: RecordedOp) -> int:
