@@ -66,9 +66,7 @@ import contextlib
 import inspect
 import os
 import random
-import signal
 import sys
-import threading
 import time
 import traceback
 import types
@@ -78,11 +76,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode
-
 import memscale
+import torch
+from _helpers import deadline
 from memscale import MemscaleError, unwrap
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode,
+)
 
 #: Samples run per op (the first ones ``sample_inputs`` yields).
 SAMPLES: Final[int] = 2
@@ -561,24 +563,6 @@ class _PassThrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def _deadline(seconds: int) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
-        yield
-        return
-
-    def boom(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"the op took longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def run_op(op: Any, setting: Setting | None = None) -> OpOutcome:
     """Every outcome of ``op``'s first samples, and the op's own (the worst)."""
     setting = (setting or Setting()).resolved()
@@ -594,7 +578,7 @@ def run_op(op: Any, setting: Setting | None = None) -> OpOutcome:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            with _deadline(setting.deadline):
+            with deadline(setting.deadline):
                 samples = run_samples(op, setting)
         except TimeoutError as exc:
             _clean_modes()
