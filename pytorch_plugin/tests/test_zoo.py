@@ -90,8 +90,27 @@ def test_zoo_unbudgeted(name: str) -> None:
     assert s["entries"] == zoo.STEPS
 
 
-@pytest.mark.parametrize("fraction", FRACTIONS, ids=lambda f: f"{f:.0%}")
-@pytest.mark.parametrize("name", list(zoo.MODELS))
+#: Rows that fail today, deterministically (op costs are fixed): at these
+#: budgets, above the reported ``min_budget``, rebuilds nest (an input evicted
+#: while a plan runs is rebuilt by a plan of its own) and the nested plans'
+#: locked inputs no longer fit. ``min_budget`` measured without evictions
+#: cannot see a rebuild's working set. Strict: a row that starts passing must
+#: leave this list.
+NESTED_PLANS_DO_NOT_FIT: frozenset[tuple[str, float]] = frozenset({("resnet", 0.3), ("gru", 0.3), ("gpt2_ckpt", 0.3)})
+
+
+def _rows() -> list[Any]:
+    rows = []
+    for name in zoo.MODELS:
+        for fraction in FRACTIONS:
+            marks = []
+            if (name, fraction) in NESTED_PLANS_DO_NOT_FIT:
+                marks.append(pytest.mark.xfail(strict=True, reason="nested rematerialization plans exceed the budget"))
+            rows.append(pytest.param(name, fraction, marks=marks, id=f"{name}-{fraction:.0%}"))
+    return rows
+
+
+@pytest.mark.parametrize(("name", "fraction"), _rows())
 def test_zoo_under_budget(name: str, fraction: float) -> None:
     ref = _reference(name)
     _, probe = _probe(name)
