@@ -49,6 +49,9 @@ func (e *Engine) lowKey(s rc.StorageID) key {
 func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
 	st := e.g.Storage(s)
 	k := key{l: st.LastAccess, id: int32(s), dead: st.Refs == 0 && !e.cfg.SimulatorCompat && !e.feedsEvicted(st)}
+	if e.softHeld(s) {
+		k.reserve, k.due = true, e.due(s)
+	}
 	m := float64(st.Size)
 	if e.mf != 1 {
 		m = math.Pow(m, e.mf)
@@ -96,6 +99,9 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 // victims, marks them evicted (or swapped) and writes them to out, up to
 // len(out). If it returns len(out), call again. extra is the size of what
 // the caller is about to allocate (an op's outputs, a re-run, a swap-in).
+// Victims are chosen by pick: ordinary candidates first, and a storage that
+// an open plan's later step still reads (a reserve candidate) only when no
+// ordinary one is left.
 //
 // It fails, wrapping ErrNoEvictable and naming usage and budget, only when
 // usage + extra is over the budget, nothing is evictable and nothing was
@@ -180,6 +186,13 @@ func sub(a, b uint64) uint64 {
 	return a - b
 }
 
+// pick returns the candidate to evict next, as the selector chooses it:
+// every ordinary candidate goes before every reserve candidate (a storage
+// that a re-run step of an open plan still reads, HoldPlan); reserve
+// candidates go the one read last first (due), and otherwise dead storages
+// go first, then the lowest score. So a plan's rebuilt intermediates and
+// the resident inputs of its later steps are taken only when nothing else
+// is left, and then the one its plans need last.
 func (e *Engine) pick() (rc.StorageID, bool) {
 	t0 := time.Now()
 	s, ok := e.sel.pick(e.clock)
@@ -198,6 +211,9 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	st := e.g.Storage(s)
 	v := Victim{Tensor: st.Root, Action: Drop, Size: st.Size}
 	e.stats.BytesEvicted += st.Size
+	if e.softHeld(s) {
+		e.stats.ReserveEvictions++
+	}
 	if e.cfg.SwapBandwidth > 0 {
 		// swap when copying out and back is cheaper than recomputing
 		if st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s) {

@@ -63,6 +63,11 @@
 //     queued until Evict hands them to the caller (Pending counts them).
 //   - plans (planhold.go): committed rematerialization plans not run to the
 //     end, innermost last.
+//   - soft (planhold.go, softHolds): the soft plan holds. Per storage, the
+//     number of reads of it by the re-run steps of the open plans not
+//     reported yet, and a stack of entries, one per open plan that reads
+//     it (innermost on top), each with that plan's first unreported step
+//     that does: the top entry says when the storage is read next.
 //   - rec (record.go): with Config.Record, or heuristic Auto, the program as
 //     a recompute.Trace (Recording), for package autotune to replay under
 //     other configurations; it stops, and says why, at
@@ -100,6 +105,8 @@
 // and the round trip is cheaper than recomputing, or the storage cannot be
 // recomputed at all. Locks (Lock, plan holds) keep a storage resident for
 // now, pins (Pin, NewTensor's pinned) for good; neither is ever a candidate.
+// A soft plan hold (a later step of an open plan reads it) keeps a storage
+// a candidate, but a reserve one, taken only when no ordinary one is left.
 //
 // References come from NewTensor and Call (one per tensor), Retain and
 // Mutate's new versions, and go with Release. A storage left with no
@@ -111,13 +118,14 @@
 //   - when no live (not released) storage was computed from it, nothing can
 //     ever need it: it is banished, and so, in turn, is every parent left
 //     with no references, no locks and no live children;
-//   - otherwise, if it is resident, unpinned and recomputable and its last
-//     reference was just released, it is dropped at once (eager eviction):
-//     its dependents may still need to rebuild it, so it stays evicted, not
-//     released;
+//   - otherwise, if it is resident, unpinned and recomputable, no open plan
+//     reads it and its last reference was just released, it is dropped at
+//     once (eager eviction): its dependents may still need to rebuild it, so
+//     it stays evicted, not released;
 //   - otherwise (it was rebuilt only to recompute something else, or it was
-//     locked when released) it stays resident as a dead candidate, evicted
-//     before any referenced storage.
+//     locked or soft-held when released) it stays resident as a dead
+//     candidate, evicted before any referenced storage (once no open plan
+//     reads it: until then it is a reserve candidate).
 //
 // The keep-needed-released rule (needed.go; on unless
 // Config.DropNeededReleased or SimulatorCompat): a released storage that an
@@ -140,9 +148,16 @@
 //  1. fails at once, evicting nothing, with a *TooLargeError (which matches
 //     ErrNoEvictable) when extra alone is larger than a non-zero budget;
 //  2. hands out the pending storages (and closes an open Reclaim);
-//  3. while usage + extra > budget, picks the candidate with the lowest
-//     score (pick), takes it out (evictStorage: drop or swap) and writes it
-//     to out, until out is full;
+//  3. while usage + extra > budget, picks a victim (pick), takes it out
+//     (evictStorage: drop or swap) and writes it to out, until out is full.
+//     pick takes the ordinary candidate with the lowest score (dead ones
+//     first), and a reserve candidate - a storage that a re-run step of an
+//     open plan, not reported yet, reads (soft plan holds, see Rebuilding)
+//     - only when no ordinary candidate is left: among those, the one the
+//     open plans read last goes first (Belady's rule; then dead ones, then
+//     the lowest score), counted in Stats.ReserveEvictions. The two tiers
+//     are one order of keys (key.reserve, key.due), so the index and the
+//     exact scan need nothing else;
 //  4. fails, naming usage, budget and what keeps each resident storage
 //     (whyNoneEvictable), only when it is still over the budget, nothing is
 //     evictable and it wrote nothing in this call.
@@ -185,12 +200,17 @@
 // A storage rebuilt once (flagRebuilt, set by RematerializedFor and
 // SwappedIn) is not evicted again by stress, so each storage is evicted by
 // stress at most once and the re-runs stay linear in the program, not
-// quadratic. refresh queues every storage that becomes a candidate
-// (stressNote; flagQueued keeps it in the queue once) and stressEvict takes
-// them in that order, skipping those that are no longer candidates: an
+// quadratic. Nor does stress evict a reserve candidate: it evicts what no
+// running op and no open plan still needs, so a storage that a later step
+// of an open plan reads is evicted once the last such step is reported (or
+// the plans are abandoned), when softRelease queues it again. refresh
+// queues every storage that becomes a candidate (stressNote; flagQueued
+// keeps it in the queue once) and stressEvict takes them in that order,
+// skipping those that are no longer candidates, or are reserve ones: an
 // Evict with nothing to evict costs nothing. Reclaim and EvictOne still
-// choose among all candidates, rebuilt ones included. The unreferenced
-// rule for no budget (detach) does not apply: stress needs the lineage.
+// choose among all candidates, rebuilt and reserve ones included (reserve
+// ones last, as pick does). The unreferenced rule for no budget (detach)
+// does not apply: stress needs the lineage.
 // Stats reports a budget of 0. The region defaults give a stress engine
 // evictee_min_size 0 and the default heuristic (no tuning, no recording).
 //
@@ -225,28 +245,51 @@
 // that failed: the allocator's reclaimer (in the library, the host's
 // callback, which calls memscale_dtr_reclaim) asks for the bytes it is
 // short of. It ignores the budget: it hands out the pending storages, then
-// picks and evicts victims exactly as the budget loop does (pick,
-// evictStorage: drop or swap; counted in Evictions or SwapsOut and
-// BytesEvicted, and in ReclaimVictims; OnEvict with ReasonReclaim) until the
-// sizes written, the pending ones included, sum to at least need, or out is
-// full. A full out leaves the reclaim open: the next call counts the bytes
-// already written (reclaimGot) toward the same need; a shorter return, and
-// any Evict, closes it. Running out of candidates first is not an error:
-// Reclaim returns what it wrote and ReclaimShortfall says why nothing more
-// could go (whyNoneEvictable: pins, locks, plan holds, minimum size), which
-// the library puts into the allocation's out-of-memory error.
+// picks and evicts victims exactly as the budget loop does (pick: reserve
+// candidates last; evictStorage: drop or swap; counted in Evictions or
+// SwapsOut and BytesEvicted, and in ReclaimVictims; OnEvict with
+// ReasonReclaim) until the sizes written, the pending ones included, sum
+// to at least need, or out is full. A full out leaves the reclaim open: the
+// next call counts the bytes already written (reclaimGot) toward the same
+// need; a shorter return, and any Evict, closes it. Running out of
+// candidates first is not an error: Reclaim returns what it wrote and
+// ReclaimShortfall says why nothing more could go (whyNoneEvictable: pins,
+// locks, plan holds, minimum size), which the library puts into the
+// allocation's out-of-memory error.
 //
 // # Rebuilding
 //
 // Plan (remat.go) returns the steps that make a tensor resident, ancestors
 // first (recompute.Graph.Plan); it changes nothing. HoldPlan commits a plan
-// the caller is about to run: the engine locks the inputs of the first
-// re-run step not reported yet, and only those, so an eviction while the plan
-// runs can take anything but what the next step reads. Rematerialized and
-// SwappedIn report steps; planStepDone moves the lock to the next re-run
-// step. The caller rebuilds an input that was evicted meanwhile with a plan
-// of its own (plans nest; a report advances the innermost plan whose step it
-// is). A re-run of a multi-output op remakes outputs the program released
+// the caller is about to run, and the engine holds what its steps read in
+// two strengths (planhold.go):
+//
+//   - hard: it locks the inputs of the first re-run step not reported yet,
+//     and only those, so an eviction while the plan runs can take anything
+//     but what the next step reads (locking every step's inputs at once
+//     would need O(plan length) storages where DTR needs one op's);
+//   - soft: every storage that a re-run step not reported yet reads - a
+//     resident input of a later step, or the output of an earlier step once
+//     it is produced - is a reserve candidate until the last step that
+//     reads it is reported. Without this, the budget loop took a plan's
+//     just-rebuilt intermediates (dead, or stale) and the resident inputs of
+//     its later steps as cheap victims, each such step then rebuilt its
+//     input with a nested plan, which held its own inputs, and the chain of
+//     plans went deep and thrashed.
+//
+// Rematerialized and SwappedIn report steps; planStepDone moves the lock to
+// the next re-run step and takes away the soft holds of the step that ran.
+// The caller rebuilds an input that was evicted meanwhile with a plan of its
+// own (plans nest; a report advances the innermost plan whose step it is).
+// Plans end when their last re-run step is reported; AbandonPlans drops
+// every open plan's holds at once for a caller that gives up (nothing else
+// drops a plan: Finish, Release and errors leave the open plans as they
+// are). The soft holds are kept incrementally, in O(the reads of the step
+// or plan involved): the count and the stack entry of each read storage at
+// HoldPlan, at each re-run step's report, and at AbandonPlans; a storage
+// whose next read moves later, or that stops being soft-held, is re-keyed
+// (lowered). An op with no plan open neither scans nor allocates for them.
+// A re-run of a multi-output op remakes outputs the program released
 // for good: those throw-away copies are queued as pending drops.
 //
 // # Invariants
@@ -266,19 +309,25 @@
 //   - A key stored in the index never sorts a storage later than its true key
 //     does: keys enter as lower bounds (lowKey), whatever can lower a score
 //     re-keys the storage eagerly (the trackers' lowered, notNeeded,
-//     parentNotNeeded, unreferenced), and pick corrects upward only the
-//     storage at the root. So the index returns the victim the exact scan
-//     would.
+//     parentNotNeeded, unreferenced, softRelease), and pick corrects upward
+//     only the storage at the root (a storage that became a reserve one, or
+//     is read sooner, by HoldPlan, is corrected there). So the index
+//     returns the victim the exact scan would.
 //   - Every unfinished plan holds one lock on each input of exactly one
 //     step, its first re-run step not reported yet (holdStep,
 //     planStepDone); a plan whose steps are all reported holds nothing and is
 //     forgotten.
+//   - soft.count[s] is the number of reads of s by the re-run steps of the
+//     open plans from their held step on, and s's stack has one entry per
+//     open plan among them, innermost on top, with the plan's first such
+//     step (checked against a scan of the plans by the property tests); a
+//     candidate's key is a reserve key exactly when the count is positive.
 //   - pending[pendAt:] are the victims not handed out yet, in the order
 //     they left memory (queue, Evict).
 //   - pinnedReg + pinnedLater is the sum of the sizes of the resident
 //     storages with Pins > 0, each in the total flagRegPin says.
-//   - With Config.Stress, every candidate that is not flagRebuilt is in
-//     stressQ[stressAt:] (flagQueued).
+//   - With Config.Stress, every candidate that is not flagRebuilt and not
+//     soft-held is in stressQ[stressAt:] (flagQueued).
 //   - A storage's Refs is the sum of its tensors' Refs (Retain, release),
 //     and its LiveChildren counts its children that are not released
 //     (recompute.Graph.AddOp adds them, banish takes them away).
@@ -300,7 +349,7 @@
 //	              what the step needs
 //	reclaim.go    Reclaim, ReclaimShortfall, handing out the pending queue
 //	remat.go      Plan, Rematerialized, SwappedIn
-//	planhold.go   HoldPlan and the plan holds
+//	planhold.go   HoldPlan, the plan holds (hard and soft), AbandonPlans
 //	needed.go     the keep-needed-released rule, and why nothing is evictable
 //	heuristic.go  Heuristic, ParseHeuristic, key, exact score comparison
 //	tracker.go    the tracker interface and localTracker

@@ -125,6 +125,11 @@ type Stats struct {
 	// ReclaimShortfalls counts the Reclaim calls that ran out of
 	// candidates before they found the bytes asked for.
 	ReclaimShortfalls int64 `json:"reclaim_shortfalls"`
+	// ReserveEvictions counts the victims of the budget loop, EvictOne
+	// and Reclaim that were reserve candidates: storages a re-run step of
+	// an open plan still read, taken because no ordinary candidate was
+	// left (also counted in Evictions or SwapsOut).
+	ReserveEvictions int64 `json:"reserve_evictions"`
 	// Auto reports that the engine runs the tuning policy (heuristic
 	// "auto"): it records its step for package autotune.
 	Auto bool `json:"auto"`
@@ -156,6 +161,10 @@ type Engine struct {
 	pending []Victim // eager victims not yet handed out
 	pendAt  int
 	plans   []planHold // committed plans not run to the end, innermost last
+	// soft are the soft plan holds (planhold.go): per storage, the reads
+	// of it by the re-run steps of the open plans not reported yet, and
+	// the next of them to run; grown only by HoldPlan.
+	soft    softHolds
 	scratch []rc.StorageID
 	rec     *recorder // nil unless cfg.Record
 	// finished is set by Finish: the budget loop no longer fails.

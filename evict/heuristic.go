@@ -119,17 +119,29 @@ func ParseHeuristic(s string) (Heuristic, error) {
 // numerator a and, for the staleness heuristics, the last access L; the score
 // at clock T is a / (T - L) (a alone for the others). seq breaks ties: the
 // storage that became a candidate last goes first, as in the DTR authors'
-// simulator, whose candidate pool is a list scanned with "<=".
+// simulator, whose candidate pool is a list scanned with "<=". What ranks
+// above the score: a reserve key (a storage that an open plan still reads,
+// planhold.go) goes after every ordinary one, and among reserve keys the
+// smaller due (the storage read last) goes first; then, within each tier, a
+// dead key (a storage nothing referenced needs) goes first.
 type key struct {
-	a    float64
-	l    int64
-	seq  uint64
-	id   int32
-	dead bool
+	a       float64
+	l       int64
+	seq     uint64
+	due     int64 // reserve keys only: Engine.due
+	id      int32
+	dead    bool
+	reserve bool
 }
 
 // before reports whether x is evicted before y at clock now.
 func before(x, y key, now int64, stale bool) bool {
+	if x.reserve != y.reserve {
+		return y.reserve
+	}
+	if x.reserve && x.due != y.due {
+		return x.due < y.due
+	}
 	if x.dead != y.dead {
 		return x.dead
 	}

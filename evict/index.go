@@ -20,7 +20,8 @@ const never = math.MaxInt64
 //
 // Keys are allowed to be stale in one direction only: a stored key may
 // understate the true score (the neighbourhood cost grew, the storage was
-// accessed again) but never overstate it. Increases are therefore applied
+// accessed again, an open plan reads it, or reads it sooner: a reserve key)
+// but never overstate it. Increases are therefore applied
 // lazily: the root's stored key is compared with the true one, and if it
 // understates it the leaf is re-keyed and the root read again. When the
 // root's key is exact it is the true minimum, because every other stored key
@@ -163,7 +164,7 @@ func (x *indexSelector) pick(now int64) (rc.StorageID, bool) {
 		}
 		k := x.e.key(x.owner[w])
 		st := x.keys[w]
-		if k.a == st.a && k.dead == st.dead && (k.l == st.l || !x.stale) {
+		if k.a == st.a && k.dead == st.dead && k.reserve == st.reserve && k.due == st.due && (k.l == st.l || !x.stale) {
 			return x.owner[w], true
 		}
 		// The stored key understated the score: store the true one and
@@ -243,7 +244,7 @@ func (x *indexSelector) recompute(i int) {
 // condition linear in T, so the outcome changes at most once. Its float
 // estimate is checked and corrected with the exact comparison.
 func flipTime(x, y key, now int64, cur bool) int64 {
-	if x.dead != y.dead {
+	if x.dead != y.dead || x.reserve != y.reserve || x.due != y.due {
 		return never
 	}
 	if x.l >= now || y.l >= now {

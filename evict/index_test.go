@@ -19,6 +19,9 @@ type twin struct {
 	scan *Engine
 	live []rc.TensorID // tensors holding references (one entry per reference)
 	log  []string
+	// abandoned is set when a plan run was given up (AbandonPlans): the
+	// history ends there, as a failed rebuild ends the program's step.
+	abandoned bool
 }
 
 func newTwin(t *testing.T, seed int64) *twin {
@@ -99,6 +102,12 @@ func (w *twin) resident(t rc.TensorID) bool {
 	}
 	w.both("hold", func(e *Engine) error { return e.HoldPlan(steps) })
 	for _, st := range steps {
+		if w.rng.Intn(200) == 0 {
+			// the caller gives up (a step failed): every open plan goes
+			w.both("abandon plans", func(e *Engine) error { return e.AbandonPlans() })
+			w.abandoned = true
+			return false
+		}
 		g := w.idx.Graph()
 		var need uint64
 		if st.Kind == rc.StepRerun {
@@ -212,31 +221,43 @@ func (w *twin) step() bool {
 }
 
 // TestIndexMatchesExactScan is the property test: over random engine
-// histories (ops, views, releases, references, plans, every heuristic, both
-// modes, random exponents and minimum sizes) the index returns the same
-// victim as an exact scan at every eviction.
+// histories (ops, views, releases, references, plans - nested, some
+// abandoned -, every heuristic, both modes, random exponents and minimum
+// sizes) the index returns the same victim as an exact scan at every
+// eviction, reserve candidates included, and the soft-hold counts are those
+// of the open plans after every step.
 func TestIndexMatchesExactScan(t *testing.T) {
 	seeds := 300
 	if testing.Short() {
 		seeds = 50
 	}
-	picks := 0
+	picks, reserve, abandoned := 0, 0, 0
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		w := newTwin(t, seed)
 		finished := true
 		for i := 0; i < 400; i++ {
 			if !w.step() {
 				finished = false
-				break // out of memory: both agreed
+				break // out of memory (both agreed) or plans abandoned
 			}
+			checkSoftHolds(t, w.idx, fmt.Sprintf("seed %d step %d", seed, i))
 		}
-		if finished {
-			require.Zero(t, w.idx.PlanHolds(), "seed %d: every plan run to the end releases its hold", seed)
+		if finished || w.abandoned {
+			require.Zero(t, w.idx.PlanHolds(), "seed %d: every plan run to the end or abandoned releases its hold", seed)
 		}
+		if w.abandoned {
+			abandoned++
+		}
+		checkSoftHolds(t, w.idx, fmt.Sprintf("seed %d, end", seed))
 		picks += int(w.idx.Stats().VictimSearches)
+		reserve += int(w.idx.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Stats().Evictions, w.scan.Stats().Evictions)
+		require.Equal(t, w.idx.Stats().ReserveEvictions, w.scan.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Clock(), w.scan.Clock())
 	}
-	t.Logf("%d histories, %d victim selections compared", seeds, picks)
+	t.Logf("%d histories (%d ended by abandoned plans), %d victim selections compared, %d reserve victims",
+		seeds, abandoned, picks, reserve)
 	require.Greater(t, picks, 1000)
+	require.Positive(t, reserve, "some victims are reserve candidates")
+	require.Positive(t, abandoned, "some histories abandon their plans")
 }

@@ -140,7 +140,9 @@ func (e *Engine) release(t rc.TensorID) error {
 // resident and recomputable (eager eviction; it stays recomputable for its
 // dependents), and one that was only rebuilt stays resident as a candidate
 // that goes before any referenced storage (see key); in simulator mode as an
-// ordinary candidate.
+// ordinary candidate. One that a re-run step of an open plan still reads
+// (softHeld) is not dropped either: it stays, a reserve candidate, and goes
+// first once the plan no longer reads it.
 // Unless DropNeededReleased, one that an evicted referenced storage was
 // computed from is neither dropped nor ranked first (see feedsEvicted).
 func (e *Engine) unreferenced(s rc.StorageID, released bool) {
@@ -162,7 +164,7 @@ func (e *Engine) unreferenced(s rc.StorageID, released bool) {
 			return
 		}
 	}
-	if released && st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute && !e.feedsEvicted(st) {
+	if released && st.State == rc.Resident && st.Pins == 0 && !st.NoRecompute && !e.feedsEvicted(st) && !e.softHeld(s) {
 		e.dropStorage(s)
 		e.stats.EagerEvictions++
 		e.queue(Victim{Tensor: st.Root, Action: Drop, Size: st.Size}, ReasonEager)

@@ -54,7 +54,7 @@ func wantCost(g *rc.Graph, h Heuristic, s rc.StorageID) int64 {
 // cost of every storage is the definition (region heuristics) and bounded
 // below by its bound, and that no key stored in the candidate index
 // overstates the true one (the index's invariant: every fall of a score was
-// reported).
+// reported), and that the soft-hold counts are those of the open plans.
 func checkEngine(t *testing.T, e *Engine, what string) {
 	t.Helper()
 	g := e.Graph()
@@ -65,6 +65,7 @@ func checkEngine(t *testing.T, e *Engine, what string) {
 		}
 		require.LessOrEqual(t, e.tr.bound(s), c, "%s: bound of storage %d", what, s)
 	}
+	checkSoftHolds(t, e, what)
 	reg, later := e.PinnedBytes()
 	_, pinned := scanPinned(e, nil)
 	require.Equal(t, pinned, reg+later, "%s: pinned totals", what)
@@ -75,6 +76,14 @@ func checkEngine(t *testing.T, e *Engine, what string) {
 			continue
 		}
 		stored, exact := x.keys[sl], e.key(rc.StorageID(s))
+		require.False(t, stored.reserve && !exact.reserve, "%s: storage %d is an ordinary candidate but its stored key is a reserve one", what, s)
+		if stored.reserve != exact.reserve {
+			continue // reserve keys sort last: a stored ordinary key understates
+		}
+		require.LessOrEqual(t, stored.due, exact.due, "%s: storage %d: stored key has it read later than it is", what, s)
+		if stored.due != exact.due {
+			continue // a smaller due sorts first: the stored key understates
+		}
 		require.False(t, exact.dead && !stored.dead, "%s: storage %d is dead but its stored key is not", what, s)
 		if stored.dead != exact.dead {
 			continue // dead keys sort first: a stored dead key understates
@@ -121,6 +130,9 @@ func TestTrackerCostsAndIndexBounds(t *testing.T) {
 			w.scan = must(New(cfg))
 			for i := 0; i < 250; i++ {
 				if !w.step() {
+					if w.abandoned {
+						checkEngine(t, w.idx, fmt.Sprintf("seed %d %s step %d, plans abandoned", seed, h, i))
+					}
 					break
 				}
 				checkEngine(t, w.idx, fmt.Sprintf("seed %d %s step %d", seed, h, i))

@@ -26,14 +26,17 @@ func (e *Engine) stressNote(s rc.StorageID) {
 // ReasonBudget), in the order they became candidates, writing them to out
 // up to len(out), and returns the count written. A storage that is not a
 // candidate when its turn comes (locked, pinned, gone) leaves the queue;
-// refresh queues it again when it is one again. With an empty queue it
+// refresh queues it again when it is one again. So does a reserve candidate
+// (a storage that a re-run step of an open plan still reads: stress evicts
+// only what no running op or open plan needs), which softRelease
+// queues again when the last such step is reported. With an empty queue it
 // costs nothing.
 func (e *Engine) stressEvict(out []Victim, n int) int {
 	for n < len(out) && e.stressAt < len(e.stressQ) {
 		s := e.stressQ[e.stressAt]
 		e.stressAt++
 		e.setFlag(s, flagQueued, false)
-		if e.flag(s, flagRebuilt) || !e.eligible(e.g.Storage(s)) {
+		if e.flag(s, flagRebuilt) || e.softHeld(s) || !e.eligible(e.g.Storage(s)) {
 			continue
 		}
 		out[n] = e.evictStorage(s)
