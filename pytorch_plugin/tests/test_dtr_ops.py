@@ -265,7 +265,7 @@ def test_conjugate_and_negative_views_keep_their_bits() -> None:
     ref_c = z.conj() * 1
     ref_n = torch._neg_view(z * 2) + 0
     for swap in (False, True):
-        region = _region(6.5, swap=swap)
+        region = _region(6.5, recompute=not swap, swap=swap)  # swap only: never a timing choice
         with region:
             base = z * 1
             c = base.conj()
