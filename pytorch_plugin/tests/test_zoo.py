@@ -101,12 +101,21 @@ NESTED_PLANS_DO_NOT_FIT: frozenset[tuple[str, float]] = frozenset(
 )
 
 
+#: Of those, a row not run at all: after its step fails inside backward with
+#: Hugging Face gradient checkpointing, the Python process segfaults at
+#: interpreter exit (after every test passed; with the engine before and after
+#: soft plan holds alike). Found at the end of a session, not yet understood.
+CRASHES_AT_EXIT_AFTER_FAILING: frozenset[tuple[str, float]] = frozenset({("gpt2_ckpt", 0.3)})
+
+
 def _rows() -> list[Any]:
     rows = []
     for name in zoo.MODELS:
         for fraction in FRACTIONS:
             marks = []
-            if (name, fraction) in NESTED_PLANS_DO_NOT_FIT:
+            if (name, fraction) in CRASHES_AT_EXIT_AFTER_FAILING:
+                marks.append(pytest.mark.xfail(run=False, reason="fails (nested plans), then the process segfaults at exit"))
+            elif (name, fraction) in NESTED_PLANS_DO_NOT_FIT:
                 marks.append(pytest.mark.xfail(strict=True, reason="nested rematerialization plans exceed the budget"))
             rows.append(pytest.param(name, fraction, marks=marks, id=f"{name}-{fraction:.0%}"))
     return rows
