@@ -73,14 +73,31 @@ def materialize(s: Session, cell: Cell) -> None:
 
 
 def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
-    """Lock the resident ``cells`` and rebuild the others; all end up in ``held``."""
-    for cell in cells:
-        if cell.tensor is not None:
-            held.lock(cell)
-    for cell in cells:
-        if cell.tensor is None:
-            materialize(s, cell)
-            held.adopt(cell)
+    """Rebuild the evicted ``cells``, then lock the resident ones; all end up
+    in ``held``.
+
+    Rebuilding first keeps the resident inputs evictable while a rebuild
+    needs room (locking them first made nested rebuilds hold them all); one
+    evicted meanwhile is rebuilt in the next round. Each round locks at least
+    one more cell, so it ends.
+    """
+    pending = list(cells)
+    while pending:
+        missing = [c for c in pending if c.tensor is None]
+        for cell in missing:
+            if cell.tensor is None:
+                materialize(s, cell)
+                held.adopt(cell)
+        locked = set(missing)
+        rest = []
+        for cell in pending:
+            if cell in locked:
+                continue
+            if cell.tensor is not None:
+                held.lock(cell)
+            else:
+                rest.append(cell)
+        pending = rest
 
 
 def make_all_resident(s: Session, cells: list[Cell]) -> None:
