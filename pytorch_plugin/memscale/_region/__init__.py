@@ -69,6 +69,7 @@ device        op timing on CUDA, host bandwidth, swap copies
 session       the per-step session: engine, bookkeeping, releases, externals,
               evictions, exit
 dispatch      pure and in-place ops inside a region
+shapes        in-place ops that change a tensor's shape (views, resizes)
 rebuild       materializing from the engine's plans
 reclaim       allocation failures ask the open sessions to evict
 verify        fingerprints checking that every rebuild is bitwise its first run

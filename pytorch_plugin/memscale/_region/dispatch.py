@@ -26,7 +26,9 @@ because it now sees the new data. The old version stays recomputable from its
 own lineage (a re-run of the in-place op works on a copy, see :mod:`.replay`).
 In-place ops on externals (an optimizer step, BatchNorm's
 ``num_batches_tracked``) mutate the user's tensor; the new version inherits the
-pin. Ops that change a shape in place are refused on region tensors.
+pin. Ops that change a shape in place are :mod:`.shapes`'s; a pinned tensor an
+in-place op overwrites while a recorded op still reads it is copied first
+(copy-on-write, :func:`_copies_on_write`).
 
 Holds no state of its own; all of it is the session's.
 """
@@ -57,7 +59,8 @@ from .device import CudaTimer, perf_ns
 from .rebuild import make_resident
 from .replay import copy_storage_of, rng_state_for, run_kernel
 from .schema import OpInfo
-from .tensor import DTRTensor, unwrap
+from .shapes import dispatch_inplace_view, follow_resize
+from .tensor import DTRTensor
 
 if TYPE_CHECKING:
     from .session import Session
@@ -288,7 +291,7 @@ def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTR
 
 def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     if info.inplace_view:
-        return _dispatch_inplace_view(s, func, info, args, kwargs)
+        return dispatch_inplace_view(s, func, info, args, kwargs)
     registered = s.externals_registered
     a = collect(s, info, args, kwargs)
     mutated = [j for j, key in enumerate(a.keys) if key in info.mutated]
@@ -315,7 +318,7 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
     for key in info.mutated:
         x = args[key] if isinstance(key, int) else kwargs.get(key)
         if type(x) is DTRTensor:
-            _follow_resize(s, info, x)
+            follow_resize(s, info, x)
     wrappers = iter(wrap_outputs(s, fresh_cells, fresh))
     s.after_op()
     if isinstance(out, _Tensor):
@@ -334,105 +337,6 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
                 result.append(o)
         return type(out)(result)
     return out
-
-
-def _dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
-    """An op that changes its argument's shape, strides or offset in place
-    (``squeeze_``, ``transpose_``, ``as_strided_``, ``detach_``...), as
-    PyTorch's own decompositions do on their intermediates.
-
-    The data stays; the geometry changes. The op runs on a fresh alias of the
-    real tensor, and the result is registered as a new view of the same
-    storage (re-derived from its geometry when rebuilt). Whatever named the old
-    cell names the new one: a wrapper, whose own metadata is rebased, or the
-    user's plain tensor, which the op changes as it would outside a region. The
-    old cell keeps its geometry for the recorded ops that read it.
-    """
-    target = args[0] if args else None
-    if info.name == b"resize_as_" and len(args) >= 2 and isinstance(args[1], _Tensor):
-        # Only the template's shape is read: the same as resize_ to it.
-        func = torch.ops.aten.resize_.default
-        info = s.infos.get(func) or s.infos.setdefault(func, OpInfo(func, s.recording))
-        args = (target, list(args[1].shape))
-    if len(info.tensor_args) + len(info.tensor_kwargs) != 1 or not isinstance(target, _Tensor):
-        raise MemscaleError(f"memscale.dtr: in-place view op {info.label()} with more than one tensor is not supported")
-    if info.name.startswith(b"set_") or (info.name.startswith(b"resize_") and not _fits(unwrap(target), args)):
-        raise MemscaleError(
-            f"memscale.dtr: {info.label()} would give a region tensor other memory (it swaps or grows "
-            "its storage), which the region cannot rebuild; make a new tensor instead (torch.empty, "
-            "torch.cat, .clone())"
-        )
-    cell = s.cell_of(target)
-    if cell is None:  # no storage: nothing of it is held
-        with _below_autograd():
-            return func(*args, **kwargs)
-    with HeldCells(s.engine) as held:
-        make_resident(s, [cell], held)
-        real = cell.tensor
-        assert real is not None
-        t0 = perf_ns()
-        view = run_kernel(func, (_alias(real), *args[1:]), kwargs)
-        cost = perf_ns() - t0
-        op, (tensor_id,) = s.engine.call(info.name, [cell.tensor_id], [view.nbytes], [0], cost, info.flags)
-        new = Cell(tensor_id, view, cell.root, op, s, pinned=cell.pinned)
-        s.groups[cell.root].add(new)
-        if s.recording:
-            s.ops[op] = RecordedOp(None, geometry(view), None, [cell], [new], None, RERUN_VIEW)
-        if s.sink is not None:
-            s.sink.call(info.name, [cell], [new], [view.nbytes], [0], cost)
-    with _below_autograd():
-        if type(target) is DTRTensor:
-            # Autograd has done its part already (the outer call): only the
-            # wrapper's own sizes and strides change here.
-            with torch._C._DisableTorchDispatch():
-                target.as_strided_(view.size(), view.stride(), view.storage_offset())
-        else:
-            func(*args, **kwargs)  # the user's tensor changes as in eager mode
-    if cell.wrapper_ref is not None and cell.wrapper_ref() is target:
-        _repoint(s, cell, new)
-        s.release_cell(cell)
-    else:  # nothing of the program's names the new geometry
-        s.release_cell(new)
-    s.after_op()
-    return target
-
-
-def _follow_resize(s: Session, info: OpInfo, wrapper: DTRTensor) -> None:
-    """An in-place op may resize its output (``addbmm_`` on a one-element
-    ``self``): the wrapper takes the new shape when the data stayed in its
-    storage; a grown storage is an error (the region cannot account for it)."""
-    real = wrapper._c.tensor
-    if real is None or (real.shape == wrapper.shape and real.stride() == wrapper.stride()):
-        return
-    group = s.groups.get(wrapper._c.root)
-    if group is not None and real.untyped_storage().nbytes() > group.nbytes:
-        raise MemscaleError(
-            f"memscale.dtr: {info.label()} resized a region tensor in place from {tuple(wrapper.shape)} to "
-            f"{tuple(real.shape)}, growing its memory, which the region cannot account for; use the "
-            "out-of-place op instead"
-        )
-    with _below_autograd(), torch._C._DisableTorchDispatch():
-        wrapper.as_strided_(real.size(), real.stride(), real.storage_offset())
-
-
-def _fits(target: _Tensor, args: Any) -> bool:
-    """Whether ``resize_(target, size)`` stays within ``target``'s storage (a
-    change of metadata only)."""
-    if len(args) < 2 or not isinstance(args[1], (list, tuple)):
-        return False
-    numel = 1
-    for n in args[1]:
-        numel *= int(n)
-    return (target.storage_offset() + numel) * target.element_size() <= target.untyped_storage().nbytes()
-
-
-def _alias(t: _Tensor) -> _Tensor:
-    """A new tensor object on ``t``'s storage with ``t``'s geometry and bits."""
-    return storage_view(t.untyped_storage(), geometry(t))
-
-
-def _below_autograd() -> Any:
-    return torch._C._AutoDispatchBelowADInplaceOrView()
 
 
 def _copies_on_write(s: Session, info: OpInfo, a: Arguments, mutated: list[int]) -> dict[Cell, _Tensor] | None:
@@ -486,12 +390,12 @@ def _move_old_versions(s: Session, copies: dict[Cell, _Tensor]) -> list[tuple[Ce
                 x.tensor = storage_view(storage, geometry(x.tensor))
         program_storage = program.untyped_storage()
         new = s._register_external(program, group.nbytes, program_storage.data_ptr())
-        _repoint(s, old, new)
+        s.repoint(old, new)
         for x, t in named:
             _, (tensor_id,) = s.engine.call(b"alias", [new.tensor_id], [t.nbytes], [0], 0, NO_RECOMPUTE)
             alias = Cell(tensor_id, t, new.root, -1, s, pinned=True)
             s.groups[new.root].add(alias)
-            _repoint(s, x, alias)
+            s.repoint(x, alias)
         moved.append((old, new))
     return moved
 
@@ -578,7 +482,7 @@ def _register_mutation(
         new = Cell(tensor_id, old.tensor, tensor_id, op, s, pinned=old.pinned)
         old_group = s.groups.get(old.root)
         s.groups[tensor_id] = StorageGroup(new, old_group.nbytes if old_group is not None else 0)
-        _repoint(s, old, new)
+        s.repoint(old, new)
         versions.append(new)
         if s.sink is not None:
             s.sink.version(old, new)
@@ -610,22 +514,6 @@ def _register_mutation(
             s.verifier.computed(op, versions)
 
 
-def _repoint(s: Session, old: Cell, new: Cell) -> None:
-    """Make whatever named ``old`` (a wrapper or an external) name ``new``."""
-    ref = old.wrapper_ref
-    if ref is not None:
-        named = ref()
-        if type(named) is DTRTensor:
-            named._c = new
-        ref.cell = new
-        new.wrapper_ref = ref
-        old.wrapper_ref = None
-    if old.pinned and old.tensor is not None:
-        ptr = old.tensor.untyped_storage().data_ptr()
-        if ptr and s.external_roots.get(ptr) is old:
-            s.external_roots[ptr] = new
-
-
 def _realias(s: Session, alias: Cell, new: Cell) -> None:
     """Re-register live ``alias`` of a mutated storage on top of version ``new``."""
     t = alias.tensor
@@ -635,7 +523,7 @@ def _realias(s: Session, alias: Cell, new: Cell) -> None:
     s.groups[new.root].add(cell)
     if s.recording:
         s.ops[op] = RecordedOp(None, geometry(t), None, [new], [cell], None, RERUN_VIEW)
-    _repoint(s, alias, cell)
+    s.repoint(alias, cell)
     if s.sink is not None:
         s.sink.version(alias, cell)
     alias.tensor = None

@@ -268,6 +268,21 @@ class Session:
             self.sink.call(b"alias", [root], [cell], [t.nbytes], [0], 0)
         return cell
 
+    def repoint(self, old: Cell, new: Cell) -> None:
+        """Make whatever named ``old`` (a wrapper or an external) name ``new``."""
+        ref = old.wrapper_ref
+        if ref is not None:
+            named = ref()
+            if type(named) is DTRTensor:
+                named._c = new
+            ref.cell = new
+            new.wrapper_ref = ref
+            old.wrapper_ref = None
+        if old.pinned and old.tensor is not None:
+            ptr = old.tensor.untyped_storage().data_ptr()
+            if ptr and self.external_roots.get(ptr) is old:
+                self.external_roots[ptr] = new
+
     def _pin_gradient(self, param: torch.Tensor) -> None:
         """A parameter's ``.grad`` was accumulated: pin it for this entry.
 
