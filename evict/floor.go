@@ -149,10 +149,14 @@ type floorNow struct {
 	reg, later, locked, extra uint64
 	// most is the step's minimum budget so far.
 	most MinBudgetParts
+	// plans is the number of unfinished rematerialization plans (HoldPlan)
+	// whose held inputs are among the locked bytes.
+	plans int
 }
 
 func (e *Engine) floorNow(extra uint64) floorNow {
-	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, locked: e.lockedBytes(), extra: extra, most: e.minBudget}
+	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, locked: e.lockedBytes(), extra: extra, most: e.minBudget,
+		plans: len(e.plans)}
 }
 
 func (f floorNow) bytes() uint64 { return f.reg + f.later + f.locked + f.extra }
@@ -164,11 +168,20 @@ func (f floorNow) below(budget uint64) string {
 	if budget >= f.bytes() {
 		return ""
 	}
+	h := func(n uint64) string { return bytesize.Format(n, 1) }
 	most, where := f.most.Bytes(), "largest op: "+f.most.Op
+	if f.plans > 0 && f.bytes() > most {
+		// Not a bound: what the nested plans hold depends on the engine's
+		// choices, so the step's lower bound stays the largest op's.
+		return fmt.Sprintf("budget %s is below what this point of the step holds: %s pinned at registration (parameters, inputs) + "+
+			"%s pinned later (gradients) + %s locked (the running op's inputs and those held for %d unfinished "+
+			"rematerialization plans, which nest at this budget) + %s requested = %s; "+
+			"the step's minimum budget (a lower bound) so far is %s (%s); ",
+			h(budget), h(f.reg), h(f.later), h(f.locked), f.plans, h(f.extra), h(f.bytes()), h(most), where)
+	}
 	if f.bytes() > most {
 		most, where = f.bytes(), "this point"
 	}
-	h := func(n uint64) string { return bytesize.Format(n, 1) }
 	return fmt.Sprintf("budget %s is below what this step needs at this point: %s pinned at registration (parameters, inputs) + "+
 		"%s pinned later (gradients) + %s locked by the running op + %s requested; "+
 		"the step's minimum budget so far is %s (%s); ",

@@ -348,3 +348,38 @@ func TestBudgetBelowWhatTheStepNeeds(t *testing.T) {
 		})
 	}
 }
+
+func TestBelowWithNestedPlansKeepsTheLowerBound(t *testing.T) {
+	const mb = 1 << 20
+	most := MinBudgetParts{PinnedAtRegistration: 20 * mb, PinnedLater: 5 * mb, OpBytes: 30 * mb, Op: "convolution_backward"}
+	tests := []struct {
+		name string
+		f    floorNow
+		want string
+	}{
+		{"plans hold more than the bound: the bound stays the largest op's",
+			floorNow{reg: 20 * mb, later: 5 * mb, locked: 40 * mb, extra: 10 * mb, most: most, plans: 3},
+			"budget 60.0 MiB is below what this point of the step holds: 20.0 MiB pinned at registration (parameters, inputs) + " +
+				"5.0 MiB pinned later (gradients) + 40.0 MiB locked (the running op's inputs and those held for 3 unfinished " +
+				"rematerialization plans, which nest at this budget) + 10.0 MiB requested = 75.0 MiB; " +
+				"the step's minimum budget (a lower bound) so far is 55.0 MiB (largest op: convolution_backward); "},
+		{"no plan: this point is a bound",
+			floorNow{reg: 20 * mb, later: 5 * mb, locked: 40 * mb, extra: 10 * mb, most: most},
+			"budget 60.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
+				"5.0 MiB pinned later (gradients) + 40.0 MiB locked by the running op + 10.0 MiB requested; " +
+				"the step's minimum budget so far is 75.0 MiB (this point); "},
+		{"plans, but within the bound", floorNow{reg: 20 * mb, later: 5 * mb, locked: 20 * mb, extra: 10 * mb, most: most, plans: 1},
+			"budget 50.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
+				"5.0 MiB pinned later (gradients) + 20.0 MiB locked by the running op + 10.0 MiB requested; " +
+				"the step's minimum budget so far is 55.0 MiB (largest op: convolution_backward); "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			budget := uint64(60 * mb)
+			if tc.f.bytes() < budget {
+				budget = 50 * mb
+			}
+			assert.Equal(t, tc.want, tc.f.below(budget))
+		})
+	}
+}

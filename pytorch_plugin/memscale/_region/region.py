@@ -308,6 +308,8 @@ class DTRRegion:
             self._keep_tuning(session)
             if self._sink is not None:
                 self._sink.stop()
+            if exc_type is not None:
+                drain_autograd_queue()
 
     @property
     def is_entered(self) -> bool:
@@ -532,3 +534,26 @@ def dtr(
         usage=usage,
         stress=stress,
     )
+
+
+def drain_autograd_queue() -> None:
+    """Free what a failed backward left in this thread's autograd queue.
+
+    When an error escapes a backward that ran nested inside another (a
+    reentrant ``torch.utils.checkpoint``, as Hugging Face's gradient
+    checkpointing uses), PyTorch leaves the failed graph's pending tasks in
+    the thread's ready queue, holding graph nodes and their saved tensors
+    until the next backward on this thread pops and discards them, or until
+    the thread's storage is destroyed at process exit, after Python is
+    finalized: a node whose saved tensors had Python hooks then takes the
+    GIL that no longer exists and the process dies of SIGSEGV instead of
+    exiting with the error. A one-element backward pops them now (tasks of a
+    finished graph are dropped unrun), so their memory comes back and the
+    exit is clean. Called when a region is left by an exception.
+    """
+    leaf = torch.ones(1, requires_grad=True)
+    try:
+        with _disable_current_modes():
+            (leaf * 2).sum().backward()
+    except RuntimeError:  # pragma: no cover - best effort, on an error path
+        logging.getLogger("memscale").debug("draining the autograd queue failed", exc_info=True)
