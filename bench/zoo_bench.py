@@ -10,7 +10,9 @@ train three steps side by side (plain step, region step, interleaved; SGD
 after each step; same seeds). A row: bitwise equality of every loss, gradient
 and buffer, the region's evictions and rematerializations, its peak usage
 against the budget, and the region's median step time over the plain run's.
-A row whose run raised records the error's first line.
+A row whose run raised records the error's first line. For a family with a
+failing row, the lowest budget that works is bisected (op costs fixed at 1 us,
+as in the tests) between its ``min_budget`` and its peak.
 
     MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 \\
         .venv/bin/python bench/zoo_bench.py --markdown bench/results/zoo.md
@@ -19,13 +21,17 @@ A row whose run raised records the error's first line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import importlib
+import itertools
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +73,48 @@ def run_pair(z: zoo.ZooModel, budget: int | None, steps: int) -> dict[str, Any]:
     return row
 
 
+@contextlib.contextmanager
+def _steady_clock() -> Iterator[None]:
+    """Every op the region runs costs 1 us (as in the tests): the engine's
+    choices, and so whether a budget works, depend on the program alone."""
+    modules = [importlib.import_module(m) for m in ("memscale._region.dispatch", "memscale._region.replay")]
+    saved = [m.perf_ns for m in modules]
+    ticks = itertools.count(step=1000)
+    for m in modules:
+        m.perf_ns = lambda: next(ticks)
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, saved):
+            m.perf_ns = f
+
+
+def _works(z: zoo.ZooModel, ref: list[dict[str, Any]], budget: int, steps: int) -> bool:
+    """Whether ``steps`` region steps at ``budget`` run, bitwise, within it."""
+    region = dtr(budget)
+    try:
+        got = zoo.train(z, region, steps)
+    except Exception:  # noqa: BLE001 - a failed budget is an answer
+        return False
+    return not zoo.differences(ref, got) and region.summary()["peak_usage"] <= budget
+
+
+def reach(z: zoo.ZooModel, failed: int, passed: int, steps: int, resolution: int) -> int:
+    """The lowest budget that works, to ``resolution`` bytes, bisecting
+    between a budget that cannot work (``min_budget``) and one that works
+    (the peak), op costs fixed. Whether a budget works need not be monotonic
+    in the budget: this is where bisection lands, not a guarantee below it."""
+    with _steady_clock():
+        ref = zoo.train(z, None, steps)
+        while passed - failed > resolution:
+            mid = (failed + passed) // 2
+            if _works(z, ref, mid, steps):
+                passed = mid
+            else:
+                failed = mid
+    return passed
+
+
 def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[list[str]], dict[str, Any]]:
     """The table rows of one family and what its unbudgeted run measured."""
     t0 = time.perf_counter()
@@ -86,6 +134,7 @@ def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[lis
     info.update(peak=peak, min_budget=min_budget, min_budget_parts=ps.get("min_budget_parts"))
     budgets: list[tuple[float | None, int | None]] = [(None, None)]
     budgets += [(f, zoo.budget_for(peak, f, min_budget)) for f in fractions]
+    failed_budgets = []
     for fraction, budget in budgets:
         r = run_pair(z, budget, steps)
         s = r["summary"]
@@ -110,6 +159,8 @@ def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[lis
             and not r["diffs"]
             and (budget is None or (s["peak_usage"] <= budget and s["evictions"] > 0))
         )
+        if budget is not None and not ok:
+            failed_budgets.append(budget)
         notes = []
         if r["error"]:
             notes.append(f"step {r['failed_step']}: {r['error']}")
@@ -130,6 +181,10 @@ def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[lis
             ]
         )
         print(" | ".join(rows[-1])[:300], flush=True)
+    if failed_budgets:
+        lowest = reach(z, int(min_budget or 0), peak, steps, peak // 100)
+        info["reach"] = lowest
+        print(f"{name}: lowest working budget {lowest} ({lowest / peak:.0%} of peak)", flush=True)
     info["wall_s"] = time.perf_counter() - t0
     return rows, info
 
@@ -191,6 +246,13 @@ def main() -> int:
         + (
             f" ({', '.join(f'{k} {v}' for k, v in info['min_budget_parts'].items())})"
             if info.get("min_budget_parts")
+            else ""
+        )
+        + (
+            f"; lowest budget that works (op costs fixed at 1 us, bisected between min_budget and the peak to 1 % of peak): "
+            f"{format_bytes(info['reach'])}, {info['reach'] / info['peak']:.0%} of peak, "
+            f"{info['reach'] / info['min_budget']:.2f} x min_budget"
+            if "reach" in info and info.get("min_budget")
             else ""
         )
         + f"; {info['wall_s']:.1f} s"
