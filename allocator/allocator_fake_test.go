@@ -39,7 +39,7 @@ type fakeDevice struct {
 	// Counters for assertions. nMapRange and nUnmap count calls (one
 	// access grant per MapRange); nMap counts handles mapped.
 	nMap, nMapRange, nUnmap, nCreate, nRelease, nAlloc, nFree, nReserve, nSync int
-	recorded map[device.Stream]int // RecordEvent calls per stream
+	recorded                                                                   map[device.Stream]int // RecordEvent calls per stream
 
 	// dead streams are refused by RecordEvent (destroyed external streams);
 	// foreign streams by CheckStream (another device's).

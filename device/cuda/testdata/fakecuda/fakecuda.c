@@ -8,7 +8,9 @@
 //   FAKECUDA_NO_VMM=1      devices report no VMM support
 //   FAKECUDA_NO_PEER=1     no device can access another's memory (default: all can)
 //   FAKECUDA_MEMORY=BYTES  every device has BYTES (default: device i has (i+1)*64 MiB)
-//   FAKECUDA_COUNTS=PATH   at exit, write "name count" per driver entry point called
+//   FAKECUDA_COUNTS=PATH   write "name count" per counted entry point at exit and
+//                          whenever the last primary context reference is released
+//                          (a Go process exits without running destructors)
 // Streams are checked as a real driver checks them: only 0, CU_STREAM_LEGACY (1),
 // CU_STREAM_PER_THREAD (2), the stuck stream 0x77 (whose work never completes)
 // and streams made by cuStreamCreate and not yet destroyed are accepted;
@@ -242,6 +244,9 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 	NEED_INIT();
 	if (d < 0 || d >= ndev || ctxs[d].refs == 0) return INVALID_CONTEXT;
 	ctxs[d].refs--;
+	int refs = 0;
+	for (int i = 0; i < ndev; i++) refs += ctxs[i].refs;
+	if (refs == 0) dump_counts();
 	return OK;
 }
 
