@@ -14,7 +14,11 @@
 // host-accessible memory or the 2 GiB sim card print "skip: <reason>" (not
 // counted as passed or failed); capacity-relative sizes come from the
 // device_total_bytes stat. If the first malloc fails there, the test prints
-// "<backend> backend unavailable: <last error>" and exits 1.
+// "<backend> backend unavailable: <last error>" and exits 1. Its streams are
+// real ones, made with cuStreamCreate through libcuda.so.1 (stream 0 when no
+// driver can be loaded): a real driver refuses made-up handles. make test-c
+// runs device mode on the fake libcuda.so.1 of device/cuda's tests, which
+// refuses them too.
 //
 // Set ABI_TEST_SKIP_DTR=1 to skip the memscale_dtr_* engine exports (their
 // presence, and the engine's "usage": "allocator" link to the allocators).
