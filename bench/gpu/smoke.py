@@ -33,7 +33,8 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import _common
@@ -59,12 +60,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------- checks
 
 
+@contextmanager
+def _limit_above_reserved(torch: Any, ms: Any, extra: int) -> Iterator[None]:
+    """memscale's hard limit at what is reserved after empty_cache + ``extra``; no limit after."""
+    torch.cuda.empty_cache()
+    ms.set_limit(ms.memory_reserved() + extra)
+    try:
+        yield
+    finally:
+        ms.set_limit(0)
+
+
 def oom_raises(torch: Any, dev: str, ms: Any) -> str:
     if dev != "cuda":
         raise Skip("needs the memscale allocator on CUDA")
-    torch.cuda.empty_cache()
-    ms.set_limit(max(ms.memory_reserved(), 0) + 256 * MiB)
-    try:
+    with _limit_above_reserved(torch, ms, 256 * MiB):
         try:
             torch.empty(1 << 30, dtype=torch.uint8, device=dev)
         except RuntimeError as exc:
@@ -75,8 +85,6 @@ def oom_raises(torch: Any, dev: str, ms: Any) -> str:
         x = torch.ones(MiB, device=dev)
         assert int(x.sum().item()) == MiB, "the process goes on after the OOM"
         return f"RuntimeError: {msg[:120]}..."
-    finally:
-        ms.set_limit(0)
 
 
 def sizes_alignment(torch: Any, dev: str, ms: Any) -> str:
@@ -213,9 +221,7 @@ def side_stream_record_stream(torch: Any, dev: str, ms: Any) -> str:
 def granules_across_streams(torch: Any, dev: str, ms: Any) -> str:
     if dev != "cuda":
         raise Skip("needs the memscale allocator on CUDA")
-    torch.cuda.empty_cache()
-    ms.set_limit(ms.memory_reserved() + 192 * MiB)
-    try:
+    with _limit_above_reserved(torch, ms, 192 * MiB):
         a, b = torch.cuda.Stream(), torch.cuda.Stream()
         remaps = ms.memory_stats().get("num_remap", 0)
         with torch.cuda.stream(a):
@@ -230,8 +236,6 @@ def granules_across_streams(torch: Any, dev: str, ms: Any) -> str:
         moved = ms.memory_stats().get("num_remap", 0) - remaps
         assert moved > 0, "no granule moved between streams"
         return f"128 MiB freed on stream a backed 128 MiB on stream b under a 192 MiB limit ({moved} granules remapped)"
-    finally:
-        ms.set_limit(0)
 
 
 def graph_capture_refused(torch: Any, dev: str, ms: Any) -> str:
