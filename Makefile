@@ -78,9 +78,23 @@ $(BUILD)/bench_driver: tests/c/bench_driver.c
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -ldl -lpthread
 
-test-c: $(LIB) $(BUILD)/abi_test $(BUILD)/throw_test
+# The fake libcuda.so.1 of device/cuda's tests: abi_test's device mode runs
+# on it (MEMSCALE_BACKEND=cuda), so made-up stream handles, which a real
+# driver refuses, fail here too.
+FAKECUDA := $(BUILD)/fakecuda/libcuda.so.1
+
+$(FAKECUDA): device/cuda/testdata/fakecuda/fakecuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Werror -shared -fPIC -o $@ $< -lpthread
+
+test-c: $(LIB) $(BUILD)/abi_test $(BUILD)/throw_test $(FAKECUDA)
 	MEMSCALE_BACKEND=sim $(BUILD)/abi_test $(abspath $(LIB))
 	MEMSCALE_BACKEND=sim $(BUILD)/throw_test $(abspath $(LIB))
+	LD_LIBRARY_PATH=$(abspath $(dir $(FAKECUDA))) FAKECUDA_DEVICES=1 FAKECUDA_MEMORY=4294967296 \
+	  FAKECUDA_COUNTS=$(abspath $(BUILD))/fakecuda/abi_test.counts MEMSCALE_BACKEND=cuda $(BUILD)/abi_test $(abspath $(LIB))
+	@# exactly one refused handle: memscale's one attempt on the stream abi_test destroyed
+	@grep -qx 'invalid_handle 1' $(BUILD)/fakecuda/abi_test.counts || \
+	  { echo "invalid stream handles reached the driver:"; cat $(BUILD)/fakecuda/abi_test.counts; exit 1; }
 
 test-python: $(LIB) $(STAMP)
 	# Two runs: tests/python checks a fresh load of the library (its configuration is

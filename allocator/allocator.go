@@ -68,9 +68,10 @@ const (
 // the device: marks are events recorded on the stream, each covering every
 // free made up to the allocator epoch it was recorded in.
 type streamState struct {
-	s     device.Stream
-	done  uint64 // frees with freedAt <= done are finished
-	marks []mark
+	s        device.Stream
+	done     uint64 // frees with freedAt <= done are finished
+	lastFree uint64 // epoch of the latest free on s; marks are wanted while it is above done
+	marks    []mark
 }
 
 type mark struct {
@@ -301,6 +302,11 @@ func (a *Allocator) RecordStream(p device.Ptr, s device.Stream) error {
 		if x == s {
 			return nil
 		}
+	}
+	// A stream this device cannot record events on (another device's) is
+	// refused now, with the allocation untouched, rather than failing at Free.
+	if err := a.dev.CheckStream(s); err != nil {
+		return fmt.Errorf("allocator: RecordStream(%#x, stream %#x): the allocation is unchanged: %w", uintptr(p), uintptr(s), err)
 	}
 	b.streams = append(b.streams, s)
 	return nil
@@ -669,6 +675,7 @@ func (a *Allocator) removeSegment(seg *segment) {
 	}
 	if len(list) == 0 {
 		delete(a.segs, k)
+		a.forgetStream(seg.stream)
 	} else {
 		a.segs[k] = list
 	}
@@ -688,6 +695,31 @@ func (a *Allocator) streamState(s device.Stream) *streamState {
 		a.streamList = append(a.streamList, st)
 	}
 	return st
+}
+
+// forgetStream drops the state of stream s once no segment of either pool
+// belongs to it, so that no mark is ever recorded on a stream the
+// allocator holds no memory of (it may have been destroyed).
+func (a *Allocator) forgetStream(s device.Stream) {
+	for pk := range a.pools {
+		if len(a.segs[segKey{poolKind(pk), s}]) > 0 {
+			return
+		}
+	}
+	st := a.streams[s]
+	if st == nil {
+		return
+	}
+	for _, m := range st.marks {
+		a.putEvent(m.ev)
+	}
+	delete(a.streams, s)
+	for i, x := range a.streamList {
+		if x == st {
+			a.streamList = append(a.streamList[:i], a.streamList[i+1:]...)
+			break
+		}
+	}
 }
 
 // getEvent returns an event from the pool or a new one.

@@ -36,8 +36,14 @@ type fakeDevice struct {
 	nextEvent device.Event
 	streams   map[device.Stream]*fakeStream
 
-	// Counters for assertions.
-	nMap, nUnmap, nCreate, nRelease, nAlloc, nFree, nReserve int
+	// Counters for assertions. nMapRange and nUnmap count calls (one
+	// access grant per MapRange); nMap counts handles mapped.
+	nMap, nMapRange, nUnmap, nCreate, nRelease, nAlloc, nFree, nReserve, nSync int
+	recorded                                                                   map[device.Stream]int // RecordEvent calls per stream
+
+	// dead streams are refused by RecordEvent (destroyed external streams);
+	// foreign streams by CheckStream (another device's).
+	dead, foreign map[device.Stream]bool
 
 	failCreateAt, failMapAt int // fault injection: fail the Nth call (0 = never)
 
@@ -72,6 +78,9 @@ func newFakeDevice(capacity, gran uint64, vmm bool) *fakeDevice {
 		allocs:   make(map[device.Ptr]uint64),
 		events:   make(map[device.Event]*fakeEvent),
 		streams:  make(map[device.Stream]*fakeStream),
+		recorded: make(map[device.Stream]int),
+		dead:     make(map[device.Stream]bool),
+		foreign:  make(map[device.Stream]bool),
 	}
 }
 
@@ -209,6 +218,30 @@ func (d *fakeDevice) Map(addr device.Ptr, size uint64, h device.Handle) error {
 	return nil
 }
 
+func (d *fakeDevice) MapRange(addr device.Ptr, each uint64, hs []device.Handle) error {
+	d.mu.Lock()
+	d.nMapRange++
+	d.mu.Unlock()
+	for i, h := range hs {
+		if err := d.Map(addr+device.Ptr(uint64(i)*each), each, h); err != nil {
+			if i > 0 {
+				_ = d.Unmap(addr, uint64(i)*each)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *fakeDevice) CheckStream(s device.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.foreign[s] {
+		return fmt.Errorf("fake: stream %#x belongs to another device", uintptr(s))
+	}
+	return nil
+}
+
 func (d *fakeDevice) Unmap(addr device.Ptr, size uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -297,6 +330,10 @@ func (d *fakeDevice) RecordEvent(e device.Event, s device.Stream) error {
 	if !ok {
 		return d.violate("RecordEvent(%d): unknown event", e)
 	}
+	d.recorded[s]++
+	if d.dead[s] || d.foreign[s] {
+		return fmt.Errorf("fake: RecordEvent on stream %#x: invalid resource handle", uintptr(s))
+	}
 	ev.recorded, ev.stream, ev.epoch = false, s, 0
 	if st := d.streams[s]; st != nil && st.busy {
 		ev.recorded, ev.epoch = true, st.epoch
@@ -340,6 +377,7 @@ func (d *fakeDevice) DestroyEvent(e device.Event) error {
 func (d *fakeDevice) Synchronize() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.nSync++
 	for _, st := range d.streams {
 		if st.busy {
 			return errWouldBlock

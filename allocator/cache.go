@@ -14,6 +14,7 @@ import (
 func (a *Allocator) cacheFreed(b *block) {
 	b.state = stateFree
 	b.freedAt = a.epoch
+	b.seg.st.lastFree = a.epoch
 	if a.quickN < quickCap {
 		a.quickPush(b)
 		return
@@ -258,8 +259,16 @@ func (a *Allocator) freeWithEvents(b *block) error {
 			for _, x := range evs {
 				a.putEvent(x)
 			}
-			return fmt.Errorf("allocator: Free(%#x): recording an event on stream %#x (the allocation stays live): %w",
-				uintptr(b.addr), uintptr(s), err)
+			// The stream was destroyed (or never valid): wait for the whole
+			// device instead, so the block is freed rather than leaked.
+			if serr := a.dev.Synchronize(); serr != nil {
+				return fmt.Errorf("allocator: Free(%#x): recording an event on stream %#x failed and waiting for the device failed too (the allocation stays live): %w",
+					uintptr(b.addr), uintptr(s), errors.Join(err, serr))
+			}
+			a.log.Warn("allocator: a record_stream stream cannot take events (destroyed?); waited for the device instead",
+				zap.Uintptr("ptr", uintptr(b.addr)), zap.Uintptr("stream", uintptr(s)), zap.Error(err))
+			evs = nil
+			break
 		}
 		evs = append(evs, e)
 	}
@@ -348,8 +357,8 @@ func (a *Allocator) refreshMarks() {
 	a.pollMarks()
 	recorded := false
 	for _, st := range a.streamList {
-		if st.done >= a.epoch || len(st.marks) >= maxMarks {
-			continue
+		if st.lastFree <= st.done || len(st.marks) >= maxMarks {
+			continue // no free on s that a mark does not already cover
 		}
 		if n := len(st.marks); n > 0 && st.marks[n-1].covers >= a.epoch {
 			continue
@@ -361,7 +370,9 @@ func (a *Allocator) refreshMarks() {
 			}
 		}
 		if err != nil {
-			a.log.Warn("allocator: recording a stream mark", zap.Uintptr("stream", uintptr(st.s)), zap.Error(err))
+			// Covered by a device synchronization: the epoch must advance
+			// all the same, or later frees would count as done.
+			recorded = a.markFailed(st, a.epoch, err) || recorded
 			continue
 		}
 		st.marks = append(st.marks, mark{covers: a.epoch, ev: e})
@@ -372,6 +383,22 @@ func (a *Allocator) refreshMarks() {
 		a.epoch++
 		a.pollMarks()
 	}
+}
+
+// markFailed handles a stream on which no mark could be recorded (an
+// external stream destroyed while memory freed on it is cached): the device
+// is synchronized instead, which covers the stream's work, so its frees up to
+// covers are done and it is not asked again. It reports whether that worked.
+func (a *Allocator) markFailed(st *streamState, covers uint64, err error) bool {
+	if serr := a.dev.Synchronize(); serr != nil {
+		a.log.Warn("allocator: recording a stream mark", zap.Uintptr("stream", uintptr(st.s)), zap.Error(errors.Join(err, serr)))
+		return false
+	}
+	a.log.Warn("allocator: stream cannot take events (destroyed?); waited for the device instead",
+		zap.Uintptr("stream", uintptr(st.s)), zap.Error(err))
+	a.cnt.syncAllStreams++
+	st.done = max(st.done, covers)
+	return true
 }
 
 // syncAll waits for the events of pending frees and for every stream's
@@ -395,7 +422,7 @@ func (a *Allocator) syncAll() error {
 	a.pollMarks()
 	covers := a.epoch
 	for _, st := range a.streamList {
-		if st.done >= covers {
+		if st.done >= covers || st.lastFree <= st.done {
 			continue
 		}
 		e, err := a.getEvent()
@@ -413,7 +440,7 @@ func (a *Allocator) syncAll() error {
 				a.putEvent(e)
 			}
 		}
-		if err != nil {
+		if err != nil && !a.markFailed(st, covers, err) {
 			errs = append(errs, fmt.Errorf("waiting for stream %#x: %w", uintptr(st.s), err))
 		}
 	}

@@ -47,7 +47,12 @@
 // reserves a large range of address space (twice the device capacity; a
 // second one if a request ever finds no room) with ReserveAddress and maps
 // physical memory into it on demand, one granule (device granularity, 2 MiB
-// on current GPUs) per CreatePhysical handle. Unmapped stretches are blocks
+// on current GPUs) per CreatePhysical handle. A growth maps all its granules
+// with one Device.MapRange, which sets access once for the whole range
+// (PyTorch's expandable segments do the same; cuMemSetAccess is synchronous),
+// and a run of free granules is unmapped with one Unmap. Handles stay one
+// granule each so that any granule can move on its own (below); larger
+// handles would cut cuMemCreate calls but pin granules together. Unmapped stretches are blocks
 // of their own, granule aligned, kept in a per-pool index by (stream,
 // address). When the cache cannot serve a request, planGrow picks the
 // unmapped block where the request needs the fewest new granules, counting
@@ -86,9 +91,13 @@
 // its granules may not be unmapped until that work has finished. PyTorch
 // synchronizes the stream before unmapping; that would stall the CPU in the
 // middle of training, so the allocator uses stream marks instead: each free
-// records the allocator epoch (block.freedAt, one integer store on the hot
-// path); when granules are wanted, an event is recorded on each stream,
-// covering every free up to the current epoch, and the epoch advances. A block
+// records the allocator epoch (block.freedAt and its stream's lastFree, two
+// integer stores on the hot path); when granules are wanted, an event is
+// recorded on each stream with a free no mark covers yet (never on a stream
+// with nothing to wait for), covering every free up to the current epoch,
+// and the epoch advances. A stream is forgotten once it holds no segment; a
+// stream that refuses events (an external stream destroyed while memory freed
+// on it is cached) is covered by one device synchronization instead. A block
 // is ready once a mark covering its epoch has completed; marks are polled
 // without waiting, so on a busy GPU the granules freed before the previous
 // growth are the ones that move. Only the out-of-memory path and EmptyCache
@@ -109,8 +118,11 @@
 //
 // # Streams
 //
-// RecordStream(p, s) adds a stream that uses p's memory. At Free an event is
-// recorded on each such stream and the block waits in the pending list
+// RecordStream(p, s) adds a stream that uses p's memory; a stream the device
+// cannot record on (another device's, Device.CheckStream) is refused there,
+// with the allocation unchanged. At Free an event is recorded on each such
+// stream (if that fails, the device is synchronized instead, so the block is
+// never leaked) and the block waits in the pending list
 // (counted in active_bytes, not allocated_bytes) until they all completed;
 // the list is polled at the start of every Malloc, and waited for by the
 // out-of-memory path and EmptyCache. Events are pooled.

@@ -276,22 +276,24 @@ func (a *Allocator) unmapFree(b *block, take int, hs []device.Handle, remap bool
 	a.removeFree(b)
 	cut := hi
 	var err error
-	for p := hi; p > lo; {
-		p -= g
-		if e := a.dev.Unmap(p, uint64(g)); e != nil {
-			err = fmt.Errorf("unmapping %d bytes at %#x: %w", g, uintptr(p), e)
-			break
+	// One Unmap for the whole run of granules (cuMemUnmap accepts several
+	// adjacent whole mappings; PyTorch unmaps handle by handle).
+	if e := a.dev.Unmap(lo, uint64(hi-lo)); e != nil {
+		err = fmt.Errorf("unmapping %d bytes at %#x: %w", uint64(hi-lo), uintptr(lo), e)
+	} else {
+		for p := lo; p < hi; p += g {
+			i := (p - seg.base) / g
+			hs = append(hs, seg.handles[i])
+			seg.handles[i] = 0
 		}
-		i := (p - seg.base) / g
-		hs = append(hs, seg.handles[i])
-		seg.handles[i] = 0
-		seg.mapped -= uint64(g)
-		a.st.add(stReservedBytes, seg.pool, -int64(g))
-		a.cnt.unmaps++
+		n := uint64(hi - lo)
+		seg.mapped -= n
+		a.st.add(stReservedBytes, seg.pool, -int64(n))
+		a.cnt.unmaps += int64(take)
 		if remap {
-			a.cnt.remaps++
+			a.cnt.remaps += int64(take)
 		}
-		cut = p
+		cut = lo
 	}
 	if a.trace != nil && cut < hi {
 		a.trace.add(actSegmentUnmap, cut, uint64(hi-cut), b.stream)
@@ -373,42 +375,34 @@ func (a *Allocator) addUnmapped(m *block) {
 	t.ReplaceOrInsert(m)
 }
 
-// mapInto maps hs at the planned granules and returns the detached free
-// block, coalesced with its free neighbours, that now covers them.
+// mapInto maps hs at the planned granules (one MapRange: access is set
+// once for the range) and returns the detached free block, coalesced with
+// its free neighbours, that now covers them. On failure the handles are
+// released and nothing changes.
 func (a *Allocator) mapInto(plan growPlan, hs []device.Handle) (*block, error) {
 	u, seg, g := plan.u, plan.u.seg, device.Ptr(a.gran)
-	a.pools[seg.pool].unmapped.Delete(u)
-	mapped := plan.m0
-	var err error
-	for i, h := range hs {
-		p := plan.m0 + device.Ptr(i)*g
-		if e := a.dev.Map(p, uint64(g), h); e != nil {
-			a.releaseHandles(hs[i:])
-			err = fmt.Errorf("mapping %d bytes at %#x: %w", g, uintptr(p), e)
-			break
-		}
-		seg.handles[(p-seg.base)/g] = h
-		seg.mapped += uint64(g)
-		a.st.add(stReservedBytes, seg.pool, int64(g))
-		a.cnt.maps++
-		mapped = p + g
+	n := uint64(len(hs)) * a.gran
+	if err := a.dev.MapRange(plan.m0, a.gran, hs); err != nil {
+		a.releaseHandles(hs)
+		a.handles = hs[:0]
+		return nil, fmt.Errorf("mapping %d bytes at %#x: %w", n, uintptr(plan.m0), err)
 	}
+	a.pools[seg.pool].unmapped.Delete(u)
+	first := (plan.m0 - seg.base) / g
+	for i, h := range hs {
+		seg.handles[first+device.Ptr(i)] = h
+	}
+	seg.mapped += n
+	a.st.add(stReservedBytes, seg.pool, int64(n))
+	a.cnt.maps += int64(len(hs))
 	clear(hs)
 	a.handles = hs[:0]
-	if mapped == plan.m0 {
-		a.pools[seg.pool].unmapped.ReplaceOrInsert(u)
-		return nil, err
-	}
+	mapped := plan.m0 + device.Ptr(n)
 	if a.trace != nil {
-		a.trace.add(actSegmentMap, plan.m0, uint64(mapped-plan.m0), u.stream)
+		a.trace.add(actSegmentMap, plan.m0, n, u.stream)
 	}
 	m := a.carveMapped(u, plan.m0, mapped)
-	m = a.coalesce(m)
-	if err != nil {
-		a.addFree(m)
-		return nil, err
-	}
-	return m, nil
+	return a.coalesce(m), nil
 }
 
 // carveMapped turns [lo, hi) of the detached unmapped block u into a free
@@ -589,21 +583,30 @@ func (a *Allocator) destroySegment(seg *segment) error {
 	}
 	var errs []error
 	g := device.Ptr(a.gran)
-	for i, h := range seg.handles {
-		if h == 0 {
+	for i := 0; i < len(seg.handles); {
+		if seg.handles[i] == 0 {
+			i++
 			continue
 		}
+		j := i
+		for j < len(seg.handles) && seg.handles[j] != 0 {
+			j++
+		}
+		// One Unmap per mapped run, then each handle is released.
 		p := seg.base + device.Ptr(i)*g
-		if err := a.dev.Unmap(p, uint64(g)); err != nil {
-			errs = append(errs, fmt.Errorf("unmapping %#x: %w", uintptr(p), err))
+		if err := a.dev.Unmap(p, uint64(j-i)*a.gran); err != nil {
+			errs = append(errs, fmt.Errorf("unmapping %d bytes at %#x: %w", uint64(j-i)*a.gran, uintptr(p), err))
+			i = j
 			continue
 		}
-		if err := a.dev.ReleasePhysical(h); err != nil {
-			errs = append(errs, fmt.Errorf("releasing the memory at %#x: %w", uintptr(p), err))
-			continue
+		for ; i < j; i++ {
+			if err := a.dev.ReleasePhysical(seg.handles[i]); err != nil {
+				errs = append(errs, fmt.Errorf("releasing the memory at %#x: %w", uintptr(seg.base+device.Ptr(i)*g), err))
+				continue
+			}
+			a.phys -= uint64(g)
+			a.cnt.deviceFrees++
 		}
-		a.phys -= uint64(g)
-		a.cnt.deviceFrees++
 	}
 	if len(errs) == 0 {
 		if err := a.dev.FreeAddress(seg.base, seg.size); err != nil {

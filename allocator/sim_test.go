@@ -39,6 +39,11 @@ func (d *simTestDevice) Map(addr device.Ptr, size uint64, h device.Handle) error
 	return d.Device.Map(addr, size, h)
 }
 
+func (d *simTestDevice) MapRange(addr device.Ptr, each uint64, hs []device.Handle) error {
+	d.nMap.Add(int64(len(hs)))
+	return d.Device.MapRange(addr, each, hs)
+}
+
 func (d *simTestDevice) Alloc(size uint64) (device.Ptr, error) {
 	d.nAlloc.Add(1)
 	return d.Device.Alloc(size)

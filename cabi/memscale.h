@@ -13,7 +13,8 @@
  *
  * Conventions
  *  - No call ever lets a Go panic reach the caller, and none but
- *    memscale_malloc_or_throw throws a C++ exception: failures are recorded
+ *    memscale_malloc_or_throw and memscale_begin_allocate_to_pool throws a
+ *    C++ exception: failures are recorded
  *    and read with memscale_last_error().
  *  - int-returning calls return 0 (or a count/id >= 0) on success, -1 on error.
  *  - char* results are malloc'd; free them with memscale_string_free. NULL means
@@ -119,6 +120,20 @@ void memscale_set_memory_fraction(double fraction, int device);
 /* tensor.record_stream(stream): ptr is not reused until the work queued on
  * stream when ptr is freed has finished. */
 void memscale_record_stream(void* ptr, cudaStream_t stream);
+
+/* PyTorch's begin-allocate-to-pool hook (set_begin_allocate_to_pool), called
+ * when a CUDA graph capture starts (torch.cuda.graph, torch.compile with
+ * mode="reduce-overhead") and by torch.cuda.use_mem_pool, before the capture
+ * begins. memscale has no private pools - memory freed inside a graph would
+ * be reused while the graph still uses it - so it always throws a
+ * std::runtime_error saying so; the capture never starts. PyTorch's C++
+ * signature is void(int, MempoolId_t, std::function<bool(cudaStream_t)>):
+ * the pair of ids arrives in two registers and the std::function (not
+ * trivially copyable) by reference, which is this declaration on x86-64 and
+ * aarch64; filter is never touched. Call it from C++ only (like
+ * memscale_malloc_or_throw). */
+void memscale_begin_allocate_to_pool(int device, unsigned long long pool_id_first, unsigned long long pool_id_second,
+                                     const void* filter);
 
 /* ---- statistics, snapshots, limits ------------------------------------- */
 

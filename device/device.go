@@ -45,6 +45,9 @@ type Info struct {
 	Granularity uint64
 	// VMM reports whether the virtual memory management calls are supported.
 	VMM bool
+	// Peers are the other devices that are granted access to memory mapped
+	// with MapRange (cuda: those cuDeviceCanAccessPeer allows).
+	Peers []int
 }
 
 // Device is one GPU (or its simulation). Implementations are safe for
@@ -69,8 +72,13 @@ type Device interface {
 	// Map maps the whole of h at addr (inside a reserved range) and makes it
 	// readable and writable by the device.
 	Map(addr Ptr, size uint64, h Handle) error
-	// Unmap removes the mapping of [addr, addr+size); touching it afterwards
-	// faults.
+	// MapRange maps the handles hs, each of size each bytes, one after
+	// another from addr, and makes the whole range readable and writable with
+	// one access call (PyTorch sets access once per range). On failure
+	// nothing of it stays mapped.
+	MapRange(addr Ptr, each uint64, hs []Handle) error
+	// Unmap removes the mappings of [addr, addr+size), one or several
+	// adjacent whole mappings; touching the range afterwards faults.
 	Unmap(addr Ptr, size uint64) error
 
 	// Alloc is the non-VMM fallback: size bytes of mapped device memory.
@@ -78,6 +86,9 @@ type Device interface {
 	// Free releases memory obtained from Alloc.
 	Free(p Ptr) error
 
+	// CheckStream reports an error naming the problem when work of this
+	// device cannot be ordered on stream s (a stream of another device).
+	CheckStream(s Stream) error
 	// CreateEvent creates an event for cross-stream synchronization.
 	CreateEvent() (Event, error)
 	// RecordEvent captures the work submitted to s so far in e.

@@ -29,6 +29,7 @@ def _run(cmd: list[str]) -> str | None:
 def collect() -> dict[str, Any]:
     info: dict[str, Any] = _common.record("env", status="ok", machine=platform.machine(), cpus=os.cpu_count())
     info["kernel"] = platform.release()
+    info["glibc"] = " ".join(platform.libc_ver())  # what the carried libmemscale.so needs: bench/gpu/README.md
     info["git_commit"] = _run(["git", "rev-parse", "HEAD"]) or "unknown (no git checkout here)"
     status = _run(["git", "status", "--porcelain"])
     info["git_dirty"] = None if status is None else bool(status)

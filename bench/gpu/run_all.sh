@@ -115,6 +115,13 @@ step() {
 
 main() {
 	echo "memscale GPU run: $(date -Is 2>/dev/null || date), OUT=$OUT, budget ${BUDGET}s, python $PY, library $MEMSCALE_LIBRARY"
+	# The carried binaries need glibc 2.34 or later (bench/gpu/README.md): say first what is here.
+	local glibc
+	glibc=$(ldd --version 2>&1 | head -1)
+	echo "== glibc: $glibc"
+	case $(echo "$glibc" | awk '{print $NF}') in
+	2.[0-9] | 2.[12][0-9] | 2.3[0-3]) echo "WARNING: glibc older than 2.34: the carried libmemscale.so and C drivers will not load (rebuild them on an older glibc)" ;;
+	esac
 
 	if command -v nvidia-smi >/dev/null 2>&1; then
 		step nvidia_smi 30 nvidia-smi
@@ -128,12 +135,21 @@ main() {
 		echo "WARNING: $MEMSCALE_LIBRARY does not exist (run make here and carry build/): memscale steps will fail"
 	fi
 
+	# 0. Smoke: memscale as PyTorch's allocator, one PASS/FAIL line per check.
+	step smoke 120 "$PY" bench/gpu/smoke.py --out "$STEPS/smoke.json"
+
 	# 1. C ABI on the device.
-	if [ -x build/abi_test ]; then
-		# Note: abi_test forces MEMSCALE_BACKEND=sim itself (it writes device memory from the host).
-		step abi_test 90 env MEMSCALE_BACKEND=cuda build/abi_test "$MEMSCALE_LIBRARY"
-	else
+	# Device mode: streams made with cuStreamCreate, host-side data checks skipped.
+	# MEMSCALE_GPU_FAKECUDA=DIR (selftest.sh) runs it on the fake libcuda.so.1 in DIR.
+	if [ ! -x build/abi_test ]; then
 		skip_step abi_test "build/abi_test not built (make test-c)" build/abi_test
+	elif [ -n "${MEMSCALE_GPU_FAKECUDA:-}" ]; then
+		step abi_test 90 env LD_LIBRARY_PATH="$MEMSCALE_GPU_FAKECUDA" FAKECUDA_DEVICES=1 FAKECUDA_MEMORY=4294967296 \
+			MEMSCALE_BACKEND=cuda build/abi_test "$MEMSCALE_LIBRARY"
+	elif [ "$HAVE_CUDA" != 1 ]; then
+		skip_step abi_test "no CUDA device" env MEMSCALE_BACKEND=cuda build/abi_test "$MEMSCALE_LIBRARY"
+	else
+		step abi_test 90 env MEMSCALE_BACKEND=cuda build/abi_test "$MEMSCALE_LIBRARY"
 	fi
 	if [ ! -x build/bench_driver ]; then
 		skip_step bench_driver "build/bench_driver not built (make bench-c)" build/bench_driver

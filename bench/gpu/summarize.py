@@ -104,6 +104,23 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
         L.append(f"| {r['name']} | {r['final_status']} | {r['rc']} | {r['seconds']} | `{cmd}` |")
     L.append("")
 
+    # 0. smoke
+    L.append("## 0. Smoke checks (smoke.py)")
+    L.append("")
+    if env.get("glibc"):
+        L.append(f"glibc on this machine: {env.get('glibc')}")
+        L.append("")
+    smoke = results.get("smoke") or {}
+    if smoke.get("checks"):
+        L.append("| check | result | detail |")
+        L.append("|---|---|---|")
+        for c in smoke["checks"]:
+            detail = str(c.get("detail", "")).replace("|", "\\|").replace("\n", " ")
+            L.append(f"| {c.get('name')} | {c.get('status')} | {detail} |")
+    else:
+        L.append(f"smoke: {smoke.get('status', 'not run')} {smoke.get('reason') or smoke.get('error') or ''}")
+    L.append("")
+
     # 1. C ABI
     L.append("## 1. C ABI on the device")
     L.append("")

@@ -10,6 +10,12 @@
 // A Device uses the device's primary context (the one PyTorch uses). Each
 // driver call is made with that context current on the calling thread, and the
 // thread's previous current context is restored afterwards.
+//
+// Memory mapped by MapRange is accessible to the device and to every other
+// device that cuDeviceCanAccessPeer says can access it (as PyTorch's
+// expandable segments do once peer access is enabled), with one
+// cuMemSetAccess per mapped range. If the driver refuses access for the peers
+// it is set for the device alone from then on (Info.Peers becomes empty).
 package cuda
 
 /*
@@ -135,6 +141,10 @@ type Device struct {
 	ctx     C.CUcontext
 	info    device.Info
 	closed  atomic.Bool
+	// peers are the ordinals that can access this device's memory; cleared
+	// (once) if the driver refuses to grant them access.
+	peersMu sync.Mutex
+	peers   []C.int
 }
 
 // Open retains the primary context of device ordinal and returns the device.
@@ -181,6 +191,15 @@ func Open(ordinal int) (*Device, error) {
 	if d.info.Granularity == 0 {
 		d.info.Granularity = defaultGranularity
 	}
+	for j := 0; j < n; j++ {
+		var other C.CUdevice
+		var can C.int
+		if j == ordinal || resErr(C.ms_device_get(C.int(j), &other)) != nil ||
+			resErr(C.ms_can_access_peer(other, d.dev, &can)) != nil || can == 0 {
+			continue // best effort: a device that cannot be asked is no peer
+		}
+		d.peers = append(d.peers, C.int(j))
+	}
 	return d, nil
 }
 
@@ -226,7 +245,15 @@ func (d *Device) oom(op string, size uint64, e *Error) error {
 }
 
 // Info describes the device.
-func (d *Device) Info() device.Info { return d.info }
+func (d *Device) Info() device.Info {
+	info := d.info
+	d.peersMu.Lock()
+	defer d.peersMu.Unlock()
+	for _, p := range d.peers {
+		info.Peers = append(info.Peers, int(p))
+	}
+	return info
+}
 
 // MemInfo returns the free and total device memory (cuMemGetInfo).
 func (d *Device) MemInfo() (free, total uint64, err error) {
@@ -295,16 +322,39 @@ func (d *Device) ReleasePhysical(h device.Handle) error {
 	return d.wrap("ReleasePhysical", resErr(C.ms_release_physical(d.ctx, C.CUmemGenericAllocationHandle(h))))
 }
 
-// Map maps h at addr and grants this device read-write access (cuMemMap +
-// cuMemSetAccess; the mapping is undone if access cannot be set).
+// Map maps h at addr and grants access (MapRange with one handle).
 func (d *Device) Map(addr device.Ptr, size uint64, h device.Handle) error {
+	return d.MapRange(addr, size, []device.Handle{h})
+}
+
+// MapRange maps the handles hs (each of size each) one after another from
+// addr (cuMemMap per handle) and grants read-write access to the whole range
+// once (one cuMemSetAccess for the device and its peers). On failure nothing
+// stays mapped.
+func (d *Device) MapRange(addr device.Ptr, each uint64, hs []device.Handle) error {
 	if err := d.vmm("Map"); err != nil {
 		return err
 	}
-	if err := d.checkSize("Map", size); err != nil {
+	if err := d.checkSize("Map", each); err != nil {
 		return err
 	}
-	return d.wrap("Map", resErr(C.ms_map(d.ctx, C.int(d.ordinal), C.CUdeviceptr(addr), C.size_t(size), C.CUmemGenericAllocationHandle(h))))
+	if len(hs) == 0 {
+		return nil
+	}
+	d.peersMu.Lock()
+	defer d.peersMu.Unlock()
+	var peers *C.int
+	if len(d.peers) > 0 {
+		peers = &d.peers[0]
+	}
+	var dropped C.int
+	// hs holds no Go pointers; uintptr and CUmemGenericAllocationHandle are both 64 bits.
+	err := d.wrap("Map", resErr(C.ms_map_range(d.ctx, C.int(d.ordinal), C.CUdeviceptr(addr), C.size_t(each),
+		(*C.CUmemGenericAllocationHandle)(unsafe.Pointer(&hs[0])), C.size_t(len(hs)), peers, C.int(len(d.peers)), &dropped)))
+	if dropped != 0 {
+		d.peers = nil
+	}
+	return err
 }
 
 // Unmap unmaps [addr, addr+size) (cuMemUnmap).
@@ -348,6 +398,24 @@ func (d *Device) CreateEvent() (device.Event, error) {
 		return 0, err
 	}
 	return device.Event(e), nil
+}
+
+// CheckStream reports an error when s is a stream of another CUDA context
+// (another device's, cuStreamGetCtx), on which this device's events cannot be
+// recorded. 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are this device's.
+func (d *Device) CheckStream(s device.Stream) error {
+	if err := d.check("CheckStream"); err != nil {
+		return err
+	}
+	var same C.int
+	if err := d.wrap("CheckStream", resErr(C.ms_stream_ctx(d.ctx, C.uintptr_t(s), &same))); err != nil {
+		return fmt.Errorf("%w: stream %#x is not a valid stream (destroyed, or not a CUDA stream)", err, uintptr(s))
+	}
+	if same == 0 {
+		return fmt.Errorf("cuda: stream %#x belongs to another CUDA context, not device %d's primary context: "+
+			"use a stream of device %d (record_stream across devices is not supported by memscale)", uintptr(s), d.ordinal, d.ordinal)
+	}
+	return nil
 }
 
 // RecordEvent records e on stream s (cuEventRecord).
@@ -476,6 +544,20 @@ func setCurrentContext(ctx uintptr) error {
 		return err
 	}
 	return nil
+}
+
+// createStream makes a non-blocking stream in d's context (tests).
+func (d *Device) createStream() (device.Stream, error) {
+	var s C.uintptr_t
+	if err := d.wrap("createStream", resErr(C.ms_stream_create(d.ctx, &s))); err != nil {
+		return 0, err
+	}
+	return device.Stream(s), nil
+}
+
+// destroyStream destroys a stream made by createStream (tests).
+func (d *Device) destroyStream(s device.Stream) error {
+	return d.wrap("destroyStream", resErr(C.ms_stream_destroy(d.ctx, C.uintptr_t(s))))
 }
 
 // context returns the primary context handle of d.

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/memscale/memscale/allocator"
 	"github.com/memscale/memscale/device"
 )
 
@@ -183,11 +185,16 @@ func TestFakeDriver(t *testing.T) {
 	out, err := exec.Command(gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib, filepath.Join("testdata", "fakecuda", "fakecuda.c")).CombinedOutput()
 	require.NoError(t, err, "building the fake driver: %s", out)
 
-	for _, scenario := range []string{"normal", "initfail", "nodevices", "novmm", "wrongctx"} {
+	for _, scenario := range []string{"normal", "initfail", "nodevices", "novmm", "wrongctx", "streams", "nopeer", "growth"} {
 		t.Run(scenario, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestFakeChild$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), envFake+"="+scenario, "LD_LIBRARY_PATH="+dir)
+			counts := filepath.Join(t.TempDir(), "counts")
+			cmd.Env = append(os.Environ(), envFake+"="+scenario, "LD_LIBRARY_PATH="+dir, "FAKECUDA_COUNTS="+counts)
 			switch scenario {
+			case "nopeer":
+				cmd.Env = append(cmd.Env, "FAKECUDA_NO_PEER=1")
+			case "growth":
+				cmd.Env = append(cmd.Env, "FAKECUDA_MEMORY="+strconv.Itoa(4<<30))
 			case "initfail":
 				cmd.Env = append(cmd.Env, "FAKECUDA_INIT_ERROR=100")
 			case "nodevices":
@@ -198,8 +205,38 @@ func TestFakeDriver(t *testing.T) {
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "child output:\n%s", out)
 			require.Contains(t, string(out), "--- PASS: TestFakeChild", "child output:\n%s", out)
+			if want, ok := wantCounts[scenario]; ok {
+				got := readCounts(t, counts)
+				for name, n := range want {
+					assert.Equal(t, n, got[name], "%s calls in scenario %s (all: %v)", name, scenario, got)
+				}
+			}
 		})
 	}
+}
+
+// wantCounts are the driver calls the fake counted in a scenario.
+var wantCounts = map[string]map[string]int{
+	// 1 GiB in one allocation, freed, cache emptied: 512 granules created,
+	// mapped and released, but access set once and unmapped once.
+	"growth":  {"cuMemCreate": 512, "cuMemMap": 512, "cuMemSetAccess": 1, "cuMemUnmap": 1, "cuMemRelease": 512, "invalid_handle": 0},
+	"streams": {"cuStreamCreate": 2, "cuStreamDestroy": 2},
+}
+
+// readCounts reads the "name count" lines the fake writes at exit.
+func readCounts(t *testing.T, path string) map[string]int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err, "the fake driver writes its counts at exit")
+	got := make(map[string]int)
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		require.Len(t, f, 2, "count line %q", line)
+		n, err := strconv.Atoi(f[1])
+		require.NoError(t, err)
+		got[f[0]] = n
+	}
+	return got
 }
 
 // TestFakeChild is the child side of TestFakeDriver.
@@ -297,6 +334,70 @@ func TestFakeChild(t *testing.T) {
 		require.NoError(t, setCurrentContext(0))
 		require.NoError(t, d0.Close())
 		require.NoError(t, d1.Close())
+
+	case "streams":
+		d0, err := Open(0)
+		require.NoError(t, err)
+		d1, err := Open(1)
+		require.NoError(t, err)
+		assert.Equal(t, []int{1}, d0.Info().Peers, "device 1 can access device 0's memory")
+		s0, err := d0.createStream()
+		require.NoError(t, err)
+		s1, err := d1.createStream()
+		require.NoError(t, err)
+		for _, s := range []device.Stream{0, 1, 2, s0} {
+			require.NoError(t, d0.CheckStream(s), "stream %#x is device 0's", uintptr(s))
+		}
+		err = d0.CheckStream(s1)
+		require.ErrorContains(t, err, "belongs to another CUDA context, not device 0's primary context")
+		e, err := d0.CreateEvent()
+		require.NoError(t, err)
+		require.NoError(t, d0.RecordEvent(e, s0))
+		// Made-up handles, as abi_test once passed, are what a real driver refuses.
+		for _, bad := range []device.Stream{0x5a5a, 0x1000} {
+			require.ErrorContains(t, d0.RecordEvent(e, bad), "CUDA_ERROR_INVALID_HANDLE", "stream %#x", uintptr(bad))
+			require.ErrorContains(t, d0.CheckStream(bad), "not a valid stream")
+		}
+		require.ErrorContains(t, d0.RecordEvent(e, s1), "CUDA_ERROR_INVALID_HANDLE", "another context's stream")
+		require.NoError(t, d0.destroyStream(s0))
+		require.ErrorContains(t, d0.RecordEvent(e, s0), "CUDA_ERROR_INVALID_HANDLE", "a destroyed stream")
+		require.NoError(t, d1.destroyStream(s1))
+		require.NoError(t, d0.DestroyEvent(e))
+		// Access for the peer is granted with the mapping.
+		b, err := d0.ReserveAddress(4 * mib)
+		require.NoError(t, err)
+		h0, err := d0.CreatePhysical(2 * mib)
+		require.NoError(t, err)
+		h1, err := d0.CreatePhysical(2 * mib)
+		require.NoError(t, err)
+		require.NoError(t, d0.MapRange(b, 2*mib, []device.Handle{h0, h1}))
+		require.ErrorContains(t, d0.Map(b, 2*mib, h0), "cuMemMap", "mapped twice")
+		require.ErrorContains(t, d0.Unmap(b, 2*mib+2*mib/2), "Unmap", "part of a mapping")
+		require.NoError(t, d0.Unmap(b, 4*mib), "two mappings unmapped in one call")
+		require.NoError(t, d0.ReleasePhysical(h0))
+		require.NoError(t, d0.ReleasePhysical(h1))
+		require.NoError(t, d0.FreeAddress(b, 4*mib))
+		require.NoError(t, d0.Close())
+		require.NoError(t, d1.Close())
+
+	case "nopeer":
+		d, err := Open(0)
+		require.NoError(t, err)
+		assert.Empty(t, d.Info().Peers)
+		exercise(t, scenario, 0)
+		require.NoError(t, d.Close())
+
+	case "growth":
+		d, err := Open(0)
+		require.NoError(t, err)
+		a, err := allocator.New(allocator.Config{Device: d})
+		require.NoError(t, err)
+		p, err := a.Malloc(1<<30, 0)
+		require.NoError(t, err)
+		require.NoError(t, a.Free(p))
+		require.NoError(t, a.EmptyCache())
+		require.NoError(t, a.Close())
+		require.NoError(t, d.Close())
 
 	case "initfail":
 		for _, err := range []error{Available(), errOf(DeviceCount()), errOf(Open(0))} {

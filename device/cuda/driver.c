@@ -43,6 +43,11 @@ static struct {
 	CUresult (*cuEventQuery)(CUevent);
 	CUresult (*cuEventSynchronize)(CUevent);
 	CUresult (*cuEventDestroy_v2)(CUevent);
+	// Optional: peer access, stream ownership, stream creation.
+	CUresult (*cuDeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+	CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+	CUresult (*cuStreamDestroy_v2)(CUstream);
 	// Virtual memory management (CUDA 10.2+); optional.
 	CUresult (*cuMemGetAllocationGranularity)(size_t *, const ms_CUmemAllocationProp *, int);
 	CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -100,6 +105,10 @@ int ms_load(char *err, size_t errlen) {
 		SYM(cuEventQuery, 1),
 		SYM(cuEventSynchronize, 1),
 		SYM(cuEventDestroy_v2, 1),
+		SYM(cuDeviceCanAccessPeer, 0),
+		SYM(cuStreamGetCtx, 0),
+		SYM(cuStreamCreate, 0),
+		SYM(cuStreamDestroy_v2, 0),
 		SYM(cuMemGetAllocationGranularity, 2),
 		SYM(cuMemAddressReserve, 2),
 		SYM(cuMemAddressFree, 2),
@@ -292,20 +301,81 @@ ms_res ms_release_physical(CUcontext ctx, CUmemGenericAllocationHandle h) {
 	LEAVE;
 }
 
-ms_res ms_map(CUcontext ctx, int ordinal, CUdeviceptr p, size_t size, CUmemGenericAllocationHandle h) {
+ms_res ms_map_range(CUcontext ctx, int ordinal, CUdeviceptr p, size_t each, const CUmemGenericAllocationHandle *hs,
+                    size_t n, const int *peers, int npeers, int *peers_dropped) {
 	ENTER(ctx);
-	CALL(cuMemMap, p, size, 0, h, 0);
-	ms_CUmemAccessDesc desc;
-	memset(&desc, 0, sizeof(desc));
-	desc.location.type = MS_CU_MEM_LOCATION_TYPE_DEVICE;
-	desc.location.id = ordinal;
-	desc.flags = MS_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	CUresult r = api.cuMemSetAccess(p, size, &desc, 1);
-	if (r != 0) {
-		api.cuMemUnmap(p, size); // undo the mapping; report the access error
-		res = (ms_res){r, "cuMemSetAccess"};
-		goto out;
+	*peers_dropped = 0;
+	size_t mapped = 0;
+	for (; mapped < n; mapped++) {
+		CUresult r = api.cuMemMap(p + mapped * each, each, 0, hs[mapped], 0);
+		if (r != 0) {
+			res = (ms_res){r, "cuMemMap"};
+			break;
+		}
 	}
+	if (res.r == 0) {
+		ms_CUmemAccessDesc desc[16];
+		int nd = 1 + (npeers < 15 ? npeers : 15);
+		memset(desc, 0, sizeof(desc));
+		for (int i = 0; i < nd; i++) {
+			desc[i].location.type = MS_CU_MEM_LOCATION_TYPE_DEVICE;
+			desc[i].location.id = i == 0 ? ordinal : peers[i - 1];
+			desc[i].flags = MS_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		}
+		CUresult r = api.cuMemSetAccess(p, n * each, desc, (size_t)nd);
+		if (r != 0 && nd > 1) {
+			r = api.cuMemSetAccess(p, n * each, desc, 1);
+			*peers_dropped = r == 0;
+		}
+		if (r != 0) {
+			res = (ms_res){r, "cuMemSetAccess"};
+		}
+	}
+	if (res.r != 0 && mapped > 0) {
+		api.cuMemUnmap(p, mapped * each); // undo; report the first error
+	}
+	goto out;
+	LEAVE;
+}
+
+ms_res ms_can_access_peer(CUdevice dev, CUdevice peer, int *can) {
+	*can = 0;
+	if (api.cuDeviceCanAccessPeer == NULL) {
+		return ok;
+	}
+	CUresult r = api.cuDeviceCanAccessPeer(can, dev, peer);
+	return r ? (ms_res){r, "cuDeviceCanAccessPeer"} : ok;
+}
+
+ms_res ms_stream_ctx(CUcontext ctx, uintptr_t stream, int *same) {
+	*same = 1;
+	if (stream <= 2 || api.cuStreamGetCtx == NULL) {
+		return ok;
+	}
+	ENTER(ctx);
+	CUcontext sc = NULL;
+	CALL(cuStreamGetCtx, (CUstream)stream, &sc);
+	*same = sc == ctx;
+	LEAVE;
+}
+
+ms_res ms_stream_create(CUcontext ctx, uintptr_t *stream) {
+	if (api.cuStreamCreate == NULL) {
+		return (ms_res){MS_CUDA_ERROR_NOT_FOUND, "cuStreamCreate (not in this driver)"};
+	}
+	ENTER(ctx);
+	CUstream s = NULL;
+	CALL(cuStreamCreate, &s, 1); // CU_STREAM_NON_BLOCKING
+	*stream = (uintptr_t)s;
+	LEAVE;
+}
+
+ms_res ms_stream_destroy(CUcontext ctx, uintptr_t stream) {
+	if (api.cuStreamDestroy_v2 == NULL) {
+		return (ms_res){MS_CUDA_ERROR_NOT_FOUND, "cuStreamDestroy_v2 (not in this driver)"};
+	}
+	ENTER(ctx);
+	CALL(cuStreamDestroy_v2, (CUstream)stream);
 	LEAVE;
 }
 

@@ -22,6 +22,7 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 enum {
 	MS_CUDA_SUCCESS = 0,
 	MS_CUDA_ERROR_OUT_OF_MEMORY = 2,
+	MS_CUDA_ERROR_NOT_FOUND = 500,
 	MS_CUDA_ERROR_NOT_READY = 600,
 };
 
@@ -98,7 +99,24 @@ ms_res ms_reserve(CUcontext ctx, size_t size, size_t align, CUdeviceptr *p);
 ms_res ms_address_free(CUcontext ctx, CUdeviceptr p, size_t size);
 ms_res ms_create(CUcontext ctx, int ordinal, size_t size, CUmemGenericAllocationHandle *h);
 ms_res ms_release_physical(CUcontext ctx, CUmemGenericAllocationHandle h);
-ms_res ms_map(CUcontext ctx, int ordinal, CUdeviceptr p, size_t size, CUmemGenericAllocationHandle h);
+// ms_map_range maps the n handles hs, each of size each, one after another
+// from p, then grants access to the whole range with one cuMemSetAccess: to
+// ordinal and to the npeers devices in peers. If access with the peers is
+// refused it is set for ordinal alone and *peers_dropped is set to 1. On
+// failure nothing stays mapped.
+ms_res ms_map_range(CUcontext ctx, int ordinal, CUdeviceptr p, size_t each, const CUmemGenericAllocationHandle *hs,
+                    size_t n, const int *peers, int npeers, int *peers_dropped);
+// ms_can_access_peer sets *can to whether device dev can access peer's
+// memory (0 when the driver lacks cuDeviceCanAccessPeer).
+ms_res ms_can_access_peer(CUdevice dev, CUdevice peer, int *can);
+// ms_stream_ctx sets *same to 1 when stream belongs to ctx (the special
+// handles 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD always do; without
+// cuStreamGetCtx every stream is assumed to).
+ms_res ms_stream_ctx(CUcontext ctx, uintptr_t stream, int *same);
+// ms_stream_create / ms_stream_destroy make and destroy a non-blocking
+// stream in ctx (tests, and the GPU smoke check).
+ms_res ms_stream_create(CUcontext ctx, uintptr_t *stream);
+ms_res ms_stream_destroy(CUcontext ctx, uintptr_t stream);
 ms_res ms_unmap(CUcontext ctx, CUdeviceptr p, size_t size);
 
 ms_res ms_alloc(CUcontext ctx, size_t size, CUdeviceptr *p);

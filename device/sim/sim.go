@@ -542,6 +542,34 @@ func (d *Device) Map(addr device.Ptr, size uint64, h device.Handle) error {
 	return d.mapLocked(addr, size, h)
 }
 
+// MapRange maps the handles hs (each of size each) one after another from
+// addr; the sim grants access with the mapping. On failure the handles
+// mapped so far are unmapped again.
+func (d *Device) MapRange(addr device.Ptr, each uint64, hs []device.Handle) error {
+	for i, h := range hs {
+		if err := d.Map(addr+device.Ptr(uint64(i)*each), each, h); err != nil {
+			if i > 0 {
+				if uerr := d.Unmap(addr, uint64(i)*each); uerr != nil {
+					return errors.Join(err, uerr)
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckStream accepts every stream: the sim has one device and its streams
+// are any handle.
+func (d *Device) CheckStream(device.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("sim: CheckStream: %w", ErrClosed)
+	}
+	return nil
+}
+
 func (d *Device) mapLocked(addr device.Ptr, size uint64, h device.Handle) error {
 	g := d.cfg.Granularity
 	if uint64(addr)%g != 0 {

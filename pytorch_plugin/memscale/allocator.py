@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from . import _lib
+from . import _lib, _torch_limits
 from .config import SizeLike, format_bytes, is_percentage, parse_size
 from .errors import (
     AlreadyInstalledError,
@@ -47,6 +47,10 @@ _HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("set_reset_fn", "memscale_empty_cache"),
     ("set_memory_fraction_fn", "memscale_set_memory_fraction"),
     ("set_record_stream_fn", "memscale_record_stream"),
+    # Throws before a CUDA graph capture (or a torch.cuda.MemPool) starts:
+    # memscale has no private pools, so memory freed inside a graph would be
+    # reused while the graph still uses it.
+    ("set_begin_allocate_to_pool", "memscale_begin_allocate_to_pool"),
 )
 
 
@@ -302,6 +306,7 @@ def install(
                 else:
                     os.environ[BACKEND_ENV] = saved_backend
             raise
+        _torch_limits.guard(torch)  # cudnn.benchmark kept off, CUDA IPC refused clearly
         _installed = Installation(
             library=path,
             backend=backend,

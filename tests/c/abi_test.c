@@ -14,7 +14,11 @@
 // host-accessible memory or the 2 GiB sim card print "skip: <reason>" (not
 // counted as passed or failed); capacity-relative sizes come from the
 // device_total_bytes stat. If the first malloc fails there, the test prints
-// "<backend> backend unavailable: <last error>" and exits 1.
+// "<backend> backend unavailable: <last error>" and exits 1. Its streams are
+// real ones, made with cuStreamCreate through libcuda.so.1 (stream 0 when no
+// driver can be loaded): a real driver refuses made-up handles. make test-c
+// runs device mode on the fake libcuda.so.1 of device/cuda's tests, which
+// refuses them too.
 //
 // Set ABI_TEST_SKIP_DTR=1 to skip the memscale_dtr_* engine exports (their
 // presence, and the engine's "usage": "allocator" link to the allocators).
@@ -195,8 +199,86 @@ static int json_balanced(const char* s) {
 
 // ---- tests --------------------------------------------------------------------
 
+// stream_a is the legacy default stream. stream_b and the worker threads'
+// streams are made-up handles on the sim, which accepts any; in device mode
+// they are real streams made with cuStreamCreate (make_device_streams): a
+// real driver answers a made-up handle with CUDA_ERROR_INVALID_HANDLE (or
+// worse) once memscale records an event on it.
+enum { NWORKERS = 4 };
 static cudaStream_t stream_a = (cudaStream_t)0;
 static cudaStream_t stream_b = (cudaStream_t)(uintptr_t)0x5a5a;
+static cudaStream_t worker_streams[NWORKERS] = {(cudaStream_t)0x1000, (cudaStream_t)0x1001, (cudaStream_t)0x1002,
+                                                (cudaStream_t)0x1003};
+
+// The driver entry points device mode uses to make streams (NULL otherwise).
+typedef int (*cu_stream_fn)(cudaStream_t*, unsigned int);
+typedef int (*cu_stream_destroy_fn)(cudaStream_t);
+static cu_stream_fn cu_stream_create;
+static cu_stream_destroy_fn cu_stream_destroy;
+
+// make_device_streams loads libcuda.so.1, makes device 0's primary context
+// current on this thread and creates the test's streams in it. Without a
+// driver (MEMSCALE_BACKEND=auto falling back to the sim) every stream is the
+// legacy stream 0, valid everywhere. Returns 0 when the driver fails.
+static int make_device_streams(void) {
+	void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (cu == NULL) {
+		printf("device mode: no libcuda.so.1 (%s): every stream is stream 0\n", dlerror());
+		stream_b = 0;
+		for (int i = 0; i < NWORKERS; i++) worker_streams[i] = 0;
+		return 1;
+	}
+	int (*cu_init)(unsigned int) = (int (*)(unsigned int))dlsym(cu, "cuInit");
+	int (*cu_device_get)(int*, int) = (int (*)(int*, int))dlsym(cu, "cuDeviceGet");
+	int (*cu_retain)(void**, int) = (int (*)(void**, int))dlsym(cu, "cuDevicePrimaryCtxRetain");
+	int (*cu_set_current)(void*) = (int (*)(void*))dlsym(cu, "cuCtxSetCurrent");
+	cu_stream_create = (cu_stream_fn)dlsym(cu, "cuStreamCreate");
+	cu_stream_destroy = (cu_stream_destroy_fn)dlsym(cu, "cuStreamDestroy_v2");
+	if (!cu_init || !cu_device_get || !cu_retain || !cu_set_current || !cu_stream_create || !cu_stream_destroy) {
+		printf("device mode: libcuda.so.1 lacks a stream entry point\n");
+		return 0;
+	}
+	int dev = 0, r;
+	void* ctx = NULL;
+	if ((r = cu_init(0)) != 0 || (r = cu_device_get(&dev, 0)) != 0 || (r = cu_retain(&ctx, dev)) != 0 ||
+	    (r = cu_set_current(ctx)) != 0 || (r = cu_stream_create(&stream_b, 1)) != 0) {
+		printf("device mode: making a stream on device 0 failed: CUresult %d\n", r);
+		return 0;
+	}
+	for (int i = 0; i < NWORKERS; i++) {
+		if ((r = cu_stream_create(&worker_streams[i], 1)) != 0) {
+			printf("device mode: making a worker stream failed: CUresult %d\n", r);
+			return 0;
+		}
+	}
+	printf("device mode: streams made with cuStreamCreate\n");
+	return 1;
+}
+
+// test_destroyed_stream (device mode with a driver): memory cached on a
+// stream the program then destroys must still be released by empty_cache,
+// without an error: memscale never records on a destroyed stream for good.
+static void test_destroyed_stream(void) {
+	if (cu_stream_create == NULL) {
+		return;
+	}
+	cudaStream_t s = NULL;
+	check(cu_stream_create(&s, 1) == 0, "destroyed stream: cuStreamCreate");
+	int before = p_memscale_error_count();
+	void* p = p_memscale_malloc(6 * MiB, 0, s);
+	check(p != NULL, "destroyed stream: malloc on it");
+	p_memscale_free(p, 6 * MiB, 0, s);
+	check(cu_stream_destroy(s) == 0, "destroyed stream: cuStreamDestroy");
+	p_memscale_empty_cache();
+	expect_no_error(before, "destroyed stream: empty_cache after the stream was destroyed");
+	check(device_stat("reserved_bytes.all.current") == 0, "destroyed stream: its cached memory was released");
+	// Later pressure does not touch it either.
+	void* q = p_memscale_malloc(6 * MiB, 0, stream_b);
+	check(q != NULL, "destroyed stream: malloc on another stream");
+	p_memscale_free(q, 6 * MiB, 0, stream_b);
+	p_memscale_empty_cache();
+	expect_no_error(before, "destroyed stream: no error later");
+}
 
 static void test_basics(void) {
 	check(contains(p_memscale_version(), "memscale "), "version: %s", p_memscale_version());
@@ -883,7 +965,7 @@ static volatile int worker_bad;
 
 static void* worker(void* arg) {
 	uintptr_t id = (uintptr_t)arg;
-	cudaStream_t s = (cudaStream_t)(0x1000 + id);
+	cudaStream_t s = worker_streams[id];
 	long n = 0;
 	while (!stop_worker) {
 		int64_t size = (int64_t)(512 << (n % 12)); // 512 B .. 1 MiB
@@ -908,16 +990,16 @@ static void* worker(void* arg) {
 
 static void test_threads(void) {
 	int before = p_memscale_error_count();
-	pthread_t th[4];
+	pthread_t th[NWORKERS];
 	stop_worker = 0;
 	worker_iters = 0;
 	worker_bad = 0;
-	for (uintptr_t i = 0; i < 4; i++) {
+	for (uintptr_t i = 0; i < NWORKERS; i++) {
 		pthread_create(&th[i], NULL, worker, (void*)i);
 	}
 	usleep(300 * 1000);
 	stop_worker = 1;
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < NWORKERS; i++) {
 		pthread_join(th[i], NULL);
 	}
 	check(!worker_bad, "threads: every malloc succeeded and memory was writable");
@@ -1227,12 +1309,13 @@ int main(int argc, char** argv) {
 		LOAD(memscale_dtr_tune);
 	}
 
-	if (device_mode && !probe_device()) {
+	if (device_mode && (!make_device_streams() || !probe_device())) {
 		return 1;
 	}
 	test_basics();
 	test_many_pairs();
 	test_record_stream_and_empty_cache();
+	test_destroyed_stream();
 	test_stats();
 	test_snapshot_and_config();
 	test_limits();

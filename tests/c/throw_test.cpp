@@ -20,7 +20,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
+#include <utility>
 #include <string>
 #include <typeinfo>
 
@@ -39,6 +41,12 @@ decltype(&memscale_set_limit) set_limit;
 decltype(&memscale_set_reclaimer) set_reclaimer;
 decltype(&memscale_allocated) allocated;
 decltype(&memscale_last_error) last_error;
+
+// The type PyTorch casts set_begin_allocate_to_pool's address to
+// (torch/csrc/cuda/Module.cpp): the call below is made exactly as PyTorch
+// makes it, through its C++ signature, not memscale.h's C declaration.
+using BeginAllocateToPool = void(int, std::pair<unsigned long long, unsigned long long>, std::function<bool(void*)>);
+BeginAllocateToPool* begin_allocate_to_pool;
 
 void check(bool ok, const char* fmt, ...) {
 	if (ok) {
@@ -125,7 +133,8 @@ int main(int argc, char** argv) {
 	}
 	bool ok = load(h, last_error, "memscale_last_error") && load(h, malloc_or_throw, "memscale_malloc_or_throw") &&
 	          load(h, free_fn, "memscale_free") && load(h, set_limit, "memscale_set_limit") &&
-	          load(h, set_reclaimer, "memscale_set_reclaimer") && load(h, allocated, "memscale_allocated");
+	          load(h, set_reclaimer, "memscale_set_reclaimer") && load(h, allocated, "memscale_allocated") &&
+	          load(h, begin_allocate_to_pool, "memscale_begin_allocate_to_pool");
 	if (!ok) {
 		std::printf("%d passed, %d failed\n", passed, failed);
 		return 1;
@@ -164,6 +173,22 @@ int main(int argc, char** argv) {
 	check(set_reclaimer(0, nullptr, nullptr) == 0, "set_reclaimer(NULL) removes it");
 	expect_throw(1 * MiB, "1 MiB with the limit reached", {"no reclaimer installed", "limit 64.00 MiB"});
 	expect_throw(-5, "a negative size", {"memscale_malloc", "-5", "negative"});
+
+	// CUDA graph capture is refused before it starts, with a clear message.
+	bool threw = false;
+	bool filter_called = false;
+	try {
+		begin_allocate_to_pool(0, {3, 0}, [&](void*) { return filter_called = true; });
+	} catch (const std::runtime_error& e) {
+		threw = true;
+		std::string what = e.what();
+		for (const char* word : {"CUDA graph capture is not supported", "device 0, pool (3, 0)", "reduce-overhead",
+		                         "max-autotune-no-cudagraphs"}) {
+			check(contains(what, word), "begin_allocate_to_pool: what() contains \"%s\": %s", word, what.c_str());
+		}
+	}
+	check(threw, "begin_allocate_to_pool throws std::runtime_error");
+	check(!filter_called, "begin_allocate_to_pool does not call the filter");
 
 	free_fn(b, 32 * MiB, 0, nullptr);
 	free_fn(c, 32 * MiB, 0, nullptr);

@@ -111,8 +111,8 @@ class StorageGroup:
         self.cells: set[Cell] = {cell}
         self.live_refs = 1
         self.nbytes = nbytes
-        #: ``(host storage, device)`` while swapped out.
-        self.host_copy: tuple[Any, torch.device] | None = None
+        #: ``(host storage, device, event after the copy out or None)`` while swapped out.
+        self.host_copy: tuple[Any, torch.device, Any] | None = None
         self.swapped_views: dict[Cell, Geometry] | None = None
 
     def add(self, cell: Cell) -> None:

@@ -9,6 +9,14 @@
   host<->device copy bandwidth (:func:`host_bandwidth`, measured once).
 * **Swap copies.** :func:`copy_to_host` and :func:`copy_to_device` move one
   storage between device and host memory, keeping the geometry of every view.
+  On CUDA the copy out goes straight into pinned memory (PyTorch's caching
+  host allocator, which reuses a pinned block once the copies recorded on it
+  finished: the staging pool), asynchronously on the current stream; before
+  the device storage is dropped it is ``record_stream``-ed on that stream, so
+  its block (cached on the stream that allocated it) is not reused by another
+  stream before the copy has read it; the copy back waits for an event
+  recorded after the copy out, whatever stream it runs on. The CUDA calls go
+  through :class:`SwapOps`, so a test can check their order on the CPU.
 
 Holds no residency bookkeeping; the session decides what to swap.
 """
@@ -94,35 +102,90 @@ def host_bandwidth() -> float:
     return _bandwidth
 
 
-def copy_to_host(group: StorageGroup) -> None:
-    """Copy the group's storage to host memory and forget the device data."""
+class SwapOps:
+    """The CUDA calls a swap makes, one method each (a test substitutes a recorder)."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def pinned(self, nbytes: int) -> Any:
+        """``nbytes`` of pinned host memory, no pageable buffer in between."""
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).untyped_storage()
+
+    def device_storage(self, nbytes: int, device: torch.device) -> Any:
+        return torch.UntypedStorage(nbytes, device=device)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """Asynchronous on the current stream."""
+        dst.copy_(src, non_blocking=True)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        tensor.record_stream(stream)
+
+    def event(self, stream: Any) -> Any:
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+
+CUDA_OPS = SwapOps()
+
+
+def copy_to_host(group: StorageGroup, ops: SwapOps | None = None) -> None:
+    """Copy the group's storage to host memory and forget the device data.
+
+    ``ops`` (default: CUDA when the storage is on CUDA, else a plain copy)
+    makes the device-side calls."""
     views: dict[Any, Geometry] = {}
     storage = None
+    tensor = None
     for cell in group.cells:
         t = cell.tensor
         if t is not None:
             if storage is None:
-                storage = t.untyped_storage()
+                storage, tensor = t.untyped_storage(), t
             views[cell] = geometry(t)
-    if storage is None:
+    if storage is None or tensor is None:
         return
-    on_cuda = storage.device.type == "cuda"
-    host = torch.UntypedStorage(storage.nbytes(), device="cpu")
-    if on_cuda:
-        host = host.pin_memory()
-    host.copy_(storage, non_blocking=on_cuda)
-    group.host_copy = (host, storage.device)
+    if ops is None and storage.device.type == "cuda":
+        ops = CUDA_OPS
+    ready = None
+    if ops is None:
+        host = torch.UntypedStorage(storage.nbytes(), device="cpu")
+        host.copy_(storage)
+    else:
+        stream = ops.current_stream(storage.device)
+        host = ops.pinned(storage.nbytes())
+        ops.copy(host, storage)
+        # The block returns to the cache of the stream that allocated it:
+        # without this, work queued there could overwrite it before the copy
+        # on this stream has read it.
+        ops.record_stream(tensor, stream)
+        ready = ops.event(stream)
+    group.host_copy = (host, storage.device, ready)
     group.swapped_views = views
     for cell in group.cells:
         cell.tensor = None
 
 
-def copy_to_device(group: StorageGroup) -> list[Any]:
+def copy_to_device(group: StorageGroup, ops: SwapOps | None = None) -> list[Any]:
     """Copy a swapped-out storage back; returns the cells it re-made."""
     assert group.host_copy is not None and group.swapped_views is not None
-    host, device = group.host_copy
-    storage = torch.UntypedStorage(host.nbytes(), device=device)
-    storage.copy_(host, non_blocking=True)
+    host, device, ready = group.host_copy
+    if ops is None and device.type == "cuda":
+        ops = CUDA_OPS
+    if ops is None:
+        storage = torch.UntypedStorage(host.nbytes(), device=device)
+        storage.copy_(host)
+    else:
+        stream = ops.current_stream(device)
+        if ready is not None:
+            ops.wait(stream, ready)  # the copy out may have run on another stream
+        storage = ops.device_storage(host.nbytes(), device)
+        ops.copy(storage, host)
     cells = []
     for cell, g in group.swapped_views.items():
         cell.tensor = storage_view(storage, g)

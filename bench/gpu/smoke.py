@@ -1,0 +1,364 @@
+"""The first GPU step: does memscale work as PyTorch's CUDA allocator at all?
+
+    smoke.py --out smoke.json              # on a GPU: memscale.install(backend="cuda") first
+    smoke.py --device cpu --out smoke.json # the device-independent checks, to test the script
+    smoke.py --dry-run
+
+Each check prints one ``PASS name: ...`` or ``FAIL name: ...`` line (``SKIP``
+where it needs CUDA and runs on the CPU); a failing check does not stop the
+others. The checks, in order:
+
+* ``oom_raises``: under a 256 MiB limit a 1 GiB tensor raises a Python
+  RuntimeError (memscale_malloc_or_throw, never a NULL) and the process goes on
+* ``sizes_alignment``: 0 B .. 256 MiB, every pointer 512-byte aligned, data written and read back
+* ``threads_streams``: 8 threads, each on its own stream, allocating and computing at once
+* ``half_free_tensor``: one tensor of half the free memory; growth time per 2 MiB granule
+* ``matmul_backward``: matmul + tanh + backward against float64 on the CPU
+* ``conv_cudnn_benchmark``: a convolution (forward + backward) after
+  ``torch.backends.cudnn.benchmark = True``, which memscale keeps False with a warning
+* ``side_stream_record_stream``: a tensor used on a busy side stream, record_stream,
+  freed, empty_cache, its memory reallocated on the main stream: the side result is intact
+* ``granules_across_streams``: under a limit, memory freed on one stream backs
+  an allocation on another (num_remap grows)
+* ``graph_capture_refused``: CUDA graph capture fails at once with memscale's message
+* ``dtr_recompute``, ``dtr_swap``: an MLP step under ``memscale.dtr`` at half its peak,
+  evicting by recomputation / by swapping to host, against the plain step
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import _common
+
+STEP = "smoke"
+MiB = 1 << 20
+GRANULE = 2 * MiB
+
+
+class Skip(Exception):
+    """A check that does not apply on this device."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="JSON result file")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the device-independent checks only")
+    p.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    p.add_argument("--dry-run", action="store_true", help="list the checks; touch no GPU")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- checks
+
+
+@contextmanager
+def _limit_above_reserved(torch: Any, ms: Any, extra: int) -> Iterator[None]:
+    """memscale's hard limit at what is reserved after empty_cache + ``extra``; no limit after."""
+    torch.cuda.empty_cache()
+    ms.set_limit(ms.memory_reserved() + extra)
+    try:
+        yield
+    finally:
+        ms.set_limit(0)
+
+
+def oom_raises(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs the memscale allocator on CUDA")
+    with _limit_above_reserved(torch, ms, 256 * MiB):
+        try:
+            torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+        except RuntimeError as exc:
+            msg = str(exc)
+        else:
+            raise AssertionError("a 1 GiB tensor under a 256 MiB limit was allocated")
+        assert "memscale" in msg and "out of memory" in msg, msg[:300]
+        x = torch.ones(MiB, device=dev)
+        assert int(x.sum().item()) == MiB, "the process goes on after the OOM"
+        return f"RuntimeError: {msg[:120]}..."
+
+
+def sizes_alignment(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs the memscale allocator on CUDA")
+    sizes = [0, 1, 511, 512, 513, 4096, MiB - 1, MiB, MiB + 1, 10 * MiB + 3, 64 * MiB, 256 * MiB]
+    keep = []
+    for n in sizes:
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        if n:
+            assert t.data_ptr() % 512 == 0, f"{n} B at {t.data_ptr():#x}: not 512-byte aligned"
+            t.fill_(n % 251)
+            got = int(t.sum(dtype=torch.int64).item())
+            assert got == (n % 251) * n, f"{n} B: sum {got}, expected {(n % 251) * n}"
+        keep.append(t)
+    allocated = ms.memory_allocated()
+    assert allocated >= sum(sizes), f"memscale allocated {allocated} < {sum(sizes)}"
+    return f"{len(sizes)} sizes 0 B .. 256 MiB, aligned, data intact; memscale allocated {_common.fmt_bytes(allocated)}"
+
+
+def threads_streams(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs CUDA streams")
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for j in range(30):
+                    n = (1 + (i * 7 + j) % 9) * 65536
+                    a = torch.full((n,), float(i + 1), device=dev)
+                    b = a * 2 + j
+                    total = float(b.sum().item())
+                    if total != n * (2.0 * (i + 1) + j):
+                        errors.append(f"thread {i} iteration {j}: {total}")
+            s.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported
+            errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, "; ".join(errors[:5])
+    return "8 threads x 30 iterations on 8 streams, every result exact"
+
+
+def half_free_tensor(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs CUDA")
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    n = free // 2 // GRANULE * GRANULE
+    before = ms.memory_stats()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    after = ms.memory_stats()
+    x[:: 64 * MiB].fill_(3)  # one byte every 64 MiB, then the last one
+    assert int(x[:: 64 * MiB].sum(dtype=torch.int64).item()) == 3 * len(range(0, n, 64 * MiB))
+    x[-1] = 5
+    assert int(x[-1].item()) == 5
+    granules = n // GRANULE
+    mapped = after.get("num_map", 0) - before.get("num_map", 0)
+    del x
+    torch.cuda.empty_cache()
+    return (f"{_common.fmt_bytes(n)} of {_common.fmt_bytes(free)} free ({_common.fmt_bytes(total)} total) in "
+            f"{dt * 1e3:.1f} ms: {dt * 1e9 / max(granules, 1):.0f} ns per 2 MiB granule ({mapped} granules mapped)")
+
+
+def matmul_backward(torch: Any, dev: str, ms: Any) -> str:
+    g = torch.Generator().manual_seed(1)
+    a64 = torch.randn(384, 512, dtype=torch.float64, generator=g)
+    b64 = torch.randn(512, 256, dtype=torch.float64, generator=g)
+    a = a64.float().to(dev).requires_grad_()
+    b = b64.float().to(dev).requires_grad_()
+    (a @ b / 16).tanh().sum().backward()
+    ra, rb = a64.clone().requires_grad_(), b64.clone().requires_grad_()
+    (ra @ rb / 16).tanh().sum().backward()
+    err = max(float((a.grad.double().cpu() - ra.grad).abs().max()), float((b.grad.double().cpu() - rb.grad).abs().max()))
+    assert err < 1e-3, f"gradients differ from float64 by {err}"
+    return f"max |grad - float64 grad| = {err:.2e}"
+
+
+def conv_cudnn_benchmark(torch: Any, dev: str, ms: Any) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.backends.cudnn.benchmark = True
+    if dev == "cuda":
+        assert torch.backends.cudnn.benchmark is False, "memscale keeps cudnn.benchmark off"
+        assert any("cacheInfo" in str(w.message) for w in caught) or ms.installed() is None
+    g = torch.Generator().manual_seed(2)
+    x64 = torch.randn(8, 16, 32, 32, dtype=torch.float64, generator=g)
+    w64 = torch.randn(32, 16, 3, 3, dtype=torch.float64, generator=g)
+    x = x64.float().to(dev).requires_grad_()
+    w = w64.float().to(dev).requires_grad_()
+    torch.nn.functional.conv2d(x, w, padding=1).relu().sum().backward()
+    rx, rw = x64.clone().requires_grad_(), w64.clone().requires_grad_()
+    torch.nn.functional.conv2d(rx, rw, padding=1).relu().sum().backward()
+    err = float((w.grad.double().cpu() - rw.grad).abs().max() / rw.grad.abs().max())
+    assert err < 1e-3, f"conv weight gradient differs from float64 by {err} (relative)"
+    torch.backends.cudnn.benchmark = False
+    return f"conv2d forward+backward ran; relative error {err:.2e}; cudnn.benchmark stayed {torch.backends.cudnn.benchmark}"
+
+
+def side_stream_record_stream(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs CUDA streams")
+    n = 16 * MiB
+    x = torch.randn(n, device=dev)
+    expected = (x * 2).cpu()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        m = torch.randn(4096, 4096, device=dev)
+        for _ in range(8):
+            m = m @ m / 64  # keep the side stream busy
+        y = x * 2 + m[0, 0] * 0
+    x.record_stream(side)
+    del x
+    torch.cuda.empty_cache()
+    z = torch.empty(n, device=dev)
+    z.fill_(7.0)  # on the main stream: must not land on x's memory before the side stream read it
+    side.synchronize()
+    got = y.cpu()
+    assert torch.equal(got, expected), f"the side stream's result changed: max diff {float((got - expected).abs().max())}"
+    return "record_stream kept x's memory from the main stream until the side stream finished"
+
+
+def granules_across_streams(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs the memscale allocator on CUDA")
+    with _limit_above_reserved(torch, ms, 192 * MiB):
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        remaps = ms.memory_stats().get("num_remap", 0)
+        with torch.cuda.stream(a):
+            t = torch.ones(128 * MiB, dtype=torch.uint8, device=dev)
+            del t
+        a.synchronize()
+        with torch.cuda.stream(b):
+            u = torch.full((128 * MiB,), 3, dtype=torch.uint8, device=dev)
+            assert int(u.sum(dtype=torch.int64).item()) == 3 * 128 * MiB
+            del u
+        b.synchronize()
+        moved = ms.memory_stats().get("num_remap", 0) - remaps
+        assert moved > 0, "no granule moved between streams"
+        return f"128 MiB freed on stream a backed 128 MiB on stream b under a 192 MiB limit ({moved} granules remapped)"
+
+
+def graph_capture_refused(torch: Any, dev: str, ms: Any) -> str:
+    if dev != "cuda":
+        raise Skip("needs CUDA graphs")
+    s = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(s):
+            graph.capture_begin()
+    except RuntimeError as exc:
+        msg = str(exc)
+    else:
+        raise AssertionError("CUDA graph capture started under memscale")
+    assert "memscale: CUDA graph capture is not supported" in msg, msg[:300]
+    x = torch.ones(1000, device=dev)
+    assert int(x.sum().item()) == 1000, "CUDA works after the refused capture"
+    return msg[:110] + "..."
+
+
+def _mlp_step(torch: Any, dev: str, region: Any) -> tuple[Any, list[Any]]:
+    g = torch.Generator().manual_seed(5)
+    layers = []
+    for _ in range(8):  # small weights, large activations: the activations are what DTR evicts
+        lin = torch.nn.Linear(256, 256)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(256, 256, generator=g) / 16)
+            lin.bias.zero_()
+        layers += [lin, torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers).to(dev)
+    x = torch.randn(4096 if dev == "cuda" else 1024, 256, generator=g).to(dev)
+    if region is None:
+        loss = model(x).square().mean()
+        loss.backward()
+    else:
+        with region:
+            loss = model(x).square().mean()
+            loss.backward()
+    return loss.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()]
+
+
+def _dtr(torch: Any, dev: str, ms: Any, swap: bool) -> str:
+    plain_loss, plain_grads = _mlp_step(torch, dev, None)
+    probe = ms.dtr(None)
+    _mlp_step(torch, dev, probe)
+    peak = int(probe.summary()["peak_usage"])
+    region = ms.dtr(peak // 2, recompute=not swap, swap=swap, heuristic="lru")
+    loss, grads = _mlp_step(torch, dev, region)
+    s = region.summary()
+    bitwise = torch.equal(loss, plain_loss) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    close = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(grads, plain_grads))
+    evicted = s["swaps_out"] if swap else s["rematerializations"]
+    assert evicted > 0, f"nothing was {'swapped' if swap else 'recomputed'}: {s}"
+    assert close, "gradients differ from the plain step"
+    return (f"budget {_common.fmt_bytes(peak // 2)} (half of {_common.fmt_bytes(peak)}), peak {_common.fmt_bytes(s['peak_usage'])}, "
+            f"{s['evictions']} evictions, {s['rematerializations']} rematerializations, {s['swaps_out']} swaps out, "
+            f"gradients {'bitwise equal' if bitwise else 'allclose (not bitwise)'}")
+
+
+def dtr_recompute(torch: Any, dev: str, ms: Any) -> str:
+    return _dtr(torch, dev, ms, swap=False)
+
+
+def dtr_swap(torch: Any, dev: str, ms: Any) -> str:
+    return _dtr(torch, dev, ms, swap=True)
+
+
+CHECKS: list[Callable[[Any, str, Any], str]] = [
+    oom_raises, sizes_alignment, threads_streams, half_free_tensor, matmul_backward, conv_cudnn_benchmark,
+    side_stream_record_stream, granules_across_streams, graph_capture_refused, dtr_recompute, dtr_swap,
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    _common.setup_env()
+    names = [c.__name__ for c in CHECKS]
+    unknown = set(a.only or []) - set(names)
+    if unknown:
+        print(f"unknown check(s) {sorted(unknown)}; known: {', '.join(names)}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        print(f"{STEP} --dry-run: checks " + ", ".join(names))
+        import memscale  # noqa: F401 - the import check
+        import torch
+
+        print(f"  torch {torch.__version__}, memscale imports; library {_common.library_path()} "
+              f"{'exists' if _common.library_path().exists() else 'MISSING'}")
+        return 0
+    if a.device == "cuda":
+        ok, why = _common.cuda_status()
+        if not ok:
+            return _common.skip(STEP, why, a.out)
+    import memscale as ms
+    import torch
+
+    result = _common.record(STEP, device=a.device, torch=torch.__version__)
+    if a.device == "cuda":
+        inst = ms.install(backend="cuda")  # before any CUDA allocation
+        result["library"] = str(inst.library)
+        result["device_name"] = torch.cuda.get_device_name()
+    checks = []
+    for check in CHECKS:
+        if a.only is not None and check.__name__ not in a.only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            detail, status = check(torch, a.device, ms), "PASS"
+        except Skip as exc:
+            detail, status = str(exc), "SKIP"
+        except Exception as exc:  # noqa: BLE001 - reported; the next check runs
+            traceback.print_exc()
+            detail, status = f"{type(exc).__name__}: {exc}", "FAIL"
+        secs = time.perf_counter() - t0
+        print(f"{status} {check.__name__}: {detail} ({secs:.2f} s)", flush=True)
+        checks.append({"name": check.__name__, "status": status, "detail": detail, "seconds": round(secs, 3)})
+    failed = sum(c["status"] == "FAIL" for c in checks)
+    result.update(checks=checks, passed=sum(c["status"] == "PASS" for c in checks), failed=failed,
+                  status="ok" if failed == 0 else "failed")
+    _common.write_json(a.out, result)
+    print(f"{STEP}: {result['passed']} passed, {failed} failed, {len(checks) - result['passed'] - failed} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
