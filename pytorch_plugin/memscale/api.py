@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _stats
+from ._distributed import patch_fsdp, step_module
 from ._budget import Budget, default_budget, threshold_budget
 from .config import Config, format_bytes
 from .errors import MemscaleError
@@ -243,6 +244,7 @@ class _Steps:
             return False
         if self._region is None:
             self._region = self._make_region(module if module is not None else self.module)
+        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
         self._region.__enter__()
         self._open = True
         self._thread = threading.get_ident()
@@ -389,6 +391,7 @@ def _on_any_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: 
 
 
 def _hook_module(module: torch.nn.Module, steps: _Steps, hooks: _Hooks) -> None:
+    module = step_module(module)  # DDP: its wrapped module (see memscale._distributed)
     hooks.handles.append(module.register_forward_pre_hook(steps.forward_pre_hook))
     hooks.handles.append(module.register_forward_hook(steps.forward_hook, always_call=True))
 

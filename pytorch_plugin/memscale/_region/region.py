@@ -16,6 +16,7 @@ the engine's tuning choice forward.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Final
 
 import torch
@@ -73,11 +74,26 @@ class RegionMode(TorchDispatchMode):
         #: While set (an optimizer updating parameters, see :mod:`.steps`), ops
         #: run as they would outside the region.
         self.suspended = False
+        self._async_wrap = _async_collective_wrap()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.suspended:
             return dispatch_outside(func, args, kwargs or {})
+        if func is self._async_wrap:
+            # A functional collective's result is waited for now, as PyTorch does
+            # when tracing: a region holds plain tensors, not AsyncCollectiveTensors.
+            func = torch.ops._c10d_functional.wait_tensor.default
         return dispatch(self.session, func, args, kwargs or {})
+
+
+def _async_collective_wrap() -> Any:
+    """``_c10d_functional._wrap_tensor_autograd`` (the op that wraps a functional
+    collective's result in an ``AsyncCollectiveTensor``), or ``None`` while
+    functional collectives are not loaded."""
+    if "torch.distributed._functional_collectives" not in sys.modules:
+        return None
+    packet = getattr(torch.ops._c10d_functional, "_wrap_tensor_autograd", None)
+    return packet.default if packet is not None else None
 
 
 #: The lower bound of a feasible budget before any op ran.
