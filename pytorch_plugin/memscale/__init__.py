@@ -42,6 +42,7 @@ from .allocator import (
     set_limit,
     set_threshold,
 )
+from ._torch_memory import patch_torch_memory, restore_torch_memory, torch_memory_patched
 from ._budget import THRESHOLD, Budget
 from ._enable import Enabled, enable
 from .api import Summary, detach, end_step, optimize, summary, wrap
@@ -90,6 +91,9 @@ __all__: list[str] = [
     "memory_summary",
     "optimize",
     "parse_size",
+    "patch_torch_memory",
+    "restore_torch_memory",
+    "torch_memory_patched",
     "reset_peak_memory_stats",
     "set_limit",
     "set_threshold",
