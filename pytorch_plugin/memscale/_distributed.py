@@ -77,9 +77,9 @@ def local_rank() -> tuple[int, str] | None:
 def local_device() -> int:
     """The CUDA device this process uses: its local rank's, else the current one.
 
-    With fewer visible devices than local ranks (a launcher that gives each
-    process one GPU through ``CUDA_VISIBLE_DEVICES``) a process that sees one
-    device uses it.
+    A process that sees one device (a launcher that gives each process its GPU
+    through ``CUDA_VISIBLE_DEVICES``) or none (the simulated device) uses
+    device 0.
 
     Raises:
         ConfigError: the local rank is malformed, or names a device this
@@ -92,10 +92,10 @@ def local_device() -> int:
         return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     rank, name = found
     count = torch.cuda.device_count()
-    if count == 0 or rank < count:
-        return rank  # no GPU: the simulated device of that ordinal
-    if count == 1:
-        return 0
+    if rank < count:
+        return rank
+    if count <= 1:
+        return 0  # one visible device per process, or none (the simulated device 0)
     raise ConfigError(
         f"{name}={rank}: this process sees {count} CUDA devices (0..{count - 1}); set CUDA_VISIBLE_DEVICES "
         "so each rank sees its own GPU, or launch at most one rank per visible device"
