@@ -58,7 +58,7 @@ from .errors import (
 )
 from .snapshot import dump_snapshot, snapshot
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__: list[str] = [
     "AlreadyInstalledError",
