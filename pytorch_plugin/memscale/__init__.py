@@ -46,7 +46,7 @@ from ._torch_memory import patch_torch_memory, restore_torch_memory, torch_memor
 from ._budget import THRESHOLD, Budget
 from ._enable import Enabled, enable
 from .api import Summary, detach, end_step, optimize, summary, wrap
-from .config import Config, parse_size
+from .config import Config, OptimizationMode, parse_size
 from .errors import (
     AlreadyInstalledError,
     ConfigError,
@@ -73,6 +73,7 @@ __all__: list[str] = [
     "LibraryLoadError",
     "LibraryNotFoundError",
     "MemscaleError",
+    "OptimizationMode",
     "Summary",
     "__version__",
     "detach",

@@ -156,6 +156,7 @@ class DTRRegion:
         recomp_memory_factor: float | None = None,
         usage: str | None = None,
         stress: bool = False,
+        offload_limit: int | str | None = None,
         sink: Any = None,
     ) -> None:
         check_heuristic(heuristic, "dtr() heuristic")
@@ -188,6 +189,11 @@ class DTRRegion:
         )
         self._recomp_time_factor = recomp_time_factor
         self._recomp_memory_factor = recomp_memory_factor
+        self._offload_limit = (
+            None
+            if offload_limit is None
+            else parse_size(offload_limit, name="dtr(offload_limit)", allow_percent=False)
+        )
         self._usage = usage
         self._sink = sink
         #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
@@ -281,6 +287,7 @@ class DTRRegion:
             "recomp_memory_factor": self._recomp_memory_factor,
             "evictee_min_size": self._evictee_min_size,
             "swap_bandwidth": host_bandwidth() if self._swap else 0,
+            "offload_limit": self._offload_limit,
             "usage": usage,
         }
         if self._stress:
@@ -493,6 +500,7 @@ def dtr(
     recomp_memory_factor: float | None = None,
     usage: str | None = None,
     stress: bool = False,
+    offload_limit: int | str | None = None,
 ) -> DTRRegion:
     """A Dynamic Tensor Rematerialization region.
 
@@ -530,6 +538,10 @@ def dtr(
             tensor rebuilt once stays until released, so a step re-runs each
             op at most about once more. Outputs and gradients must be bitwise
             those of the plain run; :func:`memscale.check` compares them.
+        offload_limit: with ``swap``, the most bytes swapped out to host
+            memory at any time (bytes or ``"4GiB"``; ``None``: no cap). The
+            engine drops a recomputable victim instead of swapping it past the
+            cap, and leaves one that cannot be recomputed in place.
 
     Returns:
         A :class:`DTRRegion`: ``with region: ...`` once per training step.
@@ -547,4 +559,5 @@ def dtr(
         recomp_memory_factor=recomp_memory_factor,
         usage=usage,
         stress=stress,
+        offload_limit=offload_limit,
     )
