@@ -157,7 +157,7 @@ def test_wrap_errors() -> None:
         with memscale.optimize(model, torch.optim.SGD(model.parameters(), lr=0.1)):
             pass
     memscale.detach(model)
-    with pytest.raises(MemscaleError, match="expected a torch.nn.Module or a transformers.Trainer"):
+    with pytest.raises(MemscaleError, match="expected a torch.nn.Module, a transformers.Trainer or a Lightning Trainer"):
         memscale.wrap(object())
     with pytest.raises(MemscaleError, match="expected a memscale.Config"):
         memscale.wrap(_mlp(), config={"mode": "balanced"})  # type: ignore[arg-type]
