@@ -22,7 +22,10 @@ def command_path() -> Path:
         if path.is_file() and os.access(path, os.X_OK):
             return path
     tried = ", ".join(str(p) for p in candidates[:3])
-    raise SystemExit(f"memscale: the memscale command was not found (tried {tried}, ...): reinstall with pip install ./pytorch_plugin, or run make cli")
+    raise SystemExit(
+        f"memscale: the memscale command was not found (tried {tried}, ...): "
+        "reinstall with pip install ./pytorch_plugin, or run make cli"
+    )
 
 
 def main() -> None:

@@ -58,7 +58,7 @@ from ._compat import measure_step_peak, observe
 from ._stats import Summary
 from ._distributed import patch_fsdp, step_module
 from ._budget import Budget, default_budget, threshold_budget
-from .config import Config, format_bytes
+from .config import Config
 from .errors import MemscaleError
 from .lightning import is_lightning_trainer
 from .lightning import wrap_trainer as wrap_lightning

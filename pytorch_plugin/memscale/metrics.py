@@ -43,14 +43,22 @@ def _collector() -> Any:
 
             labels = ["wrapped"]
             families = {
-                "evictions": CounterMetricFamily("memscale_evictions", "Evictions (drops and swaps out)", labels=labels),
+                "evictions": CounterMetricFamily(
+                    "memscale_evictions", "Evictions (drops and swaps out)", labels=labels
+                ),
                 "rematerializations": CounterMetricFamily(
                     "memscale_rematerializations", "Tensors rebuilt by recomputation", labels=labels
                 ),
-                "swaps": CounterMetricFamily("memscale_swaps", "Swaps to and from host memory", labels=[*labels, "direction"]),
+                "swaps": CounterMetricFamily(
+                    "memscale_swaps", "Swaps to and from host memory", labels=[*labels, "direction"]
+                ),
                 "steps": CounterMetricFamily("memscale_steps", "Training steps run under memscale", labels=labels),
-                "peak": GaugeMetricFamily("memscale_peak_usage_bytes", "Highest usage of a budgeted step", labels=labels),
-                "budget": GaugeMetricFamily("memscale_budget_bytes", "The latest step's budget (0: none)", labels=labels),
+                "peak": GaugeMetricFamily(
+                    "memscale_peak_usage_bytes", "Highest usage of a budgeted step", labels=labels
+                ),
+                "budget": GaugeMetricFamily(
+                    "memscale_budget_bytes", "The latest step's budget (0: none)", labels=labels
+                ),
                 "overhead": GaugeMetricFamily(
                     "memscale_compute_overhead_ratio", "(base + recompute) / base compute time", labels=labels
                 ),

@@ -29,7 +29,9 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         _lib.LIBRARY_ENV: str(_lib.find_library()),
-        "PYTHONPATH": os.pathsep.join([str(Path(memscale.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(memscale.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     env.pop("MEMSCALE_EVICTION_THRESHOLD", None)
     proc = subprocess.run(

@@ -39,7 +39,9 @@ def torchrun(tmp_path: Path, *args: str, memscale_run: bool = False, **env: str)
     child_env = {
         **os.environ,
         _lib.LIBRARY_ENV: str(_lib.find_library()),
-        "PYTHONPATH": os.pathsep.join([str(Path(memscale.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(memscale.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        ),
         "OMP_NUM_THREADS": "1",
         **env,
     }
@@ -47,7 +49,18 @@ def torchrun(tmp_path: Path, *args: str, memscale_run: bool = False, **env: str)
         child_env.pop("MEMSCALE_EVICTION_THRESHOLD", None)
     target = ["-m", "memscale", "run", str(SCRIPT)] if memscale_run else [str(SCRIPT)]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *target, args[0], str(out), *args[1:]],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *target,
+            args[0],
+            str(out),
+            *args[1:],
+        ],
         env=child_env,
         capture_output=True,
         text=True,
@@ -128,7 +141,10 @@ def test_local_device(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], coun
     assert local_device() == expected
 
 
-@pytest.mark.parametrize(("value", "count", "fragment"), [("x", 4, "LOCAL_RANK='x'"), ("-1", 4, "integer >= 0"), ("3", 2, "sees 2 CUDA devices")])
+@pytest.mark.parametrize(
+    ("value", "count", "fragment"),
+    [("x", 4, "LOCAL_RANK='x'"), ("-1", 4, "integer >= 0"), ("3", 2, "sees 2 CUDA devices")],
+)
 def test_bad_local_rank_is_named(monkeypatch: pytest.MonkeyPatch, value: str, count: int, fragment: str) -> None:
     for name in LOCAL_RANK_ENVS:
         monkeypatch.delenv(name, raising=False)

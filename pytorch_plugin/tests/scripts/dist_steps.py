@@ -69,7 +69,9 @@ def train(parallel: str, wrap: Any = None) -> list[dict[str, Any]]:
         loss = model(torch.randn(512, 256, generator=data)).pow(2).mean()
         loss.backward()
         # The full gradient: a functional all-gather while the step is open.
-        full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad) for n, p in model.named_parameters()}
+        full = {
+            n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad) for n, p in model.named_parameters()
+        }
         steps.append({"loss": loss.detach().clone(), "grads": {n: local(g) for n, g in full.items()}})
         optimizer.step()
         optimizer.zero_grad()

@@ -25,7 +25,11 @@ def fit(wrap: bool):
         memscale.wrap(fitter, memscale.Config(mode="balanced", log_summary=False))
     fitter.fit(module, data())
     summary = memscale.summary(memscale.detach(fitter)).as_dict() if wrap else None
-    return {"losses": module.losses, "params": {k: v.clone() for k, v in module.state_dict().items()}, "summary": summary}
+    return {
+        "losses": module.losses,
+        "params": {k: v.clone() for k, v in module.state_dict().items()},
+        "summary": summary,
+    }
 
 
 torch.save({"plain": fit(False), "memscale": fit(True)}, out_path)

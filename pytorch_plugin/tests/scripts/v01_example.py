@@ -21,7 +21,9 @@ out_path, log_file = sys.argv[1], sys.argv[2]
 
 def make_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(128, 128), torch.nn.Tanh())], torch.nn.Linear(128, 1))
+    return torch.nn.Sequential(
+        *[m for _ in range(6) for m in (torch.nn.Linear(128, 128), torch.nn.Tanh())], torch.nn.Linear(128, 1)
+    )
 
 
 def batches():
