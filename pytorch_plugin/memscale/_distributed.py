@@ -119,13 +119,17 @@ def opens_no_step(module: Any) -> bool:
 
 
 def _suspended(method: Any) -> Any:
-    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
     from ._region import volatile
+    from ._region.region import RegionMode
 
     @functools.wraps(method)
     def run_plain(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes():
+        if any(isinstance(mode, RegionMode) for mode in _get_current_dispatch_mode_stack()):
+            with _disable_current_modes():
+                result = method(self, *args, **kwargs)
+        else:  # no region open: FSDP runs as it would without memscale
             result = method(self, *args, **kwargs)
         for fsdp_param in getattr(self, "fsdp_params", ()):
             param = getattr(fsdp_param, "_unsharded_param", None)
