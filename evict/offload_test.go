@@ -47,6 +47,13 @@ func TestOffloadLimit(t *testing.T) {
 	assert.LessOrEqual(t, e.Graph().SwappedBytes(), uint64(1500))
 	_ = ts
 
+	// Nothing but a capped external left: the error says why.
+	e = newEngine(t, Config{SwapBandwidth: 1e15, OffloadLimit: 500, Budget: 50})
+	e.NewTensor(1000, false)
+	_, err := e.Evict(0, make([]Victim, 1))
+	require.ErrorIs(t, err, ErrNoEvictable)
+	require.ErrorContains(t, err, "1 not recomputable whose swap would pass the offload limit of 500 bytes (0 swapped out)")
+
 	// The key round-trips through the JSON configuration.
 	cfg, _, err := Defaults{}.Decode([]byte(`{"offload_limit": 4096, "swap_bandwidth": 1e9}`))
 	require.NoError(t, err)

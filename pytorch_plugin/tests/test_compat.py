@@ -120,7 +120,7 @@ def test_offload_limit_reaches_the_engine() -> None:
     assert _swapping_step(recompute=False)["swaps_out"] > 0
     assert _swapping_step(recompute=False, offload_limit="64MiB")["swaps_out"] > 0
     # A 1 MiB cap: with nothing recomputable nothing more can be evicted ...
-    with pytest.raises(memscale.MemscaleError, match="nothing evictable"):
+    with pytest.raises(memscale.MemscaleError, match="whose swap would pass the offload limit of 1048576 bytes"):
         _swapping_step(recompute=False, offload_limit="1MiB")
     # ... and with recomputation the engine drops what it cannot swap.
     capped = _swapping_step(offload_limit="1MiB")
