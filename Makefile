@@ -1,7 +1,8 @@
 # memscale build, test and benchmark entry points.
 #
 #   make            build/libmemscale.so, build/memscale.h, build/memscale (CLI)
-#   make test       Go (vet + race), C ABI driver and Python tests
+#   make test       Go (vet + race), C ABI driver, Python tests, the wheel
+#   make wheel      build/wheel/memscale-*.whl (what pip install ./pytorch_plugin builds)
 #   make demo       the README's main job (GPT-2 under half its peak memory)
 #   make bench      allocator, C ABI and engine benchmarks
 #
@@ -23,7 +24,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' 2>/dev/null) go.mo
 
 .DELETE_ON_ERROR:
 
-.PHONY: all lib cli venv test test-go test-c test-python demo bench bench-go bench-c clean fmt vet
+.PHONY: all lib cli venv wheel test test-go test-c test-python test-wheel demo bench bench-go bench-c clean fmt vet
 
 all: lib cli
 
@@ -59,7 +60,22 @@ vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
 	$(GO) vet ./...
 
-test: test-go test-c test-python
+test: test-go test-c test-python test-wheel
+
+# The wheel, built by pytorch_plugin/setup.py (the same go build commands as
+# lib and cli), then installed into a directory of its own and checked there:
+# it must find the library and the command it ships, with no MEMSCALE_LIBRARY.
+WHEEL_DIR := $(BUILD)/wheel
+wheel: $(STAMP)
+	rm -rf $(WHEEL_DIR) pytorch_plugin/build
+	$(VPY) -m pip wheel --quiet --no-build-isolation --no-deps ./pytorch_plugin -w $(WHEEL_DIR)
+	rm -rf pytorch_plugin/build
+
+test-wheel: wheel
+	rm -rf $(WHEEL_DIR)/site
+	$(VPY) -m pip install --quiet --no-deps --target $(WHEEL_DIR)/site $(WHEEL_DIR)/memscale-*.whl
+	cd $(WHEEL_DIR) && env -u MEMSCALE_LIBRARY PYTHONPATH=$(abspath $(WHEEL_DIR)/site) \
+	  $(VPY) $(abspath tests/python/wheel_check.py) $(abspath $(WHEEL_DIR))
 
 test-go: vet
 	$(GO) test -race -count=1 ./...

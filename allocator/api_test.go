@@ -509,6 +509,16 @@ func TestSnapshot(t *testing.T) {
 		actions = append(actions, e.Action)
 	}
 	require.Equal(t, ActionOOM, actions[len(actions)-1])
+	oom := entries[len(entries)-1]
+	require.NotNil(t, oom.DeviceFree, "an oom event carries device_free, as torch's viewer reads it")
+	devFree, _, err := a.dev.MemInfo()
+	require.NoError(t, err)
+	require.Equal(t, devFree, *oom.DeviceFree)
+	for _, e := range entries[:len(entries)-1] {
+		require.Nil(t, e.DeviceFree, "only oom events carry device_free")
+	}
+	rawEntries := traces[0].([]any)
+	require.Contains(t, rawEntries[len(rawEntries)-1].(map[string]any), "device_free")
 	require.Contains(t, actions, ActionFreeRequested)
 	require.Contains(t, strings.Join(actions, " "), ActionAlloc)
 	require.NoError(t, a.Free(p))

@@ -533,12 +533,12 @@ func (a *Allocator) mallocSlow(size, r uint64, s device.Stream) (device.Ptr, err
 	}
 	a.cnt.ooms++
 	a.publish()
-	if a.trace != nil {
-		a.trace.add(actOOM, 0, r, s)
-	}
 	devFree, _, derr := a.dev.MemInfo()
 	if derr != nil {
 		devFree = 0
+	}
+	if a.trace != nil {
+		a.trace.addOOM(r, s, devFree)
 	}
 	oom := &OOMError{
 		Requested:  size,

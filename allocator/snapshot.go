@@ -75,7 +75,7 @@ const (
 )
 
 // TraceEntry is one recorded event. For "oom", Size is the block size that
-// could not be allocated and Addr is 0.
+// could not be allocated, Addr is 0 and DeviceFree is set.
 type TraceEntry struct {
 	// Action is one of the Action constants.
 	Action string `json:"action"`
@@ -87,6 +87,9 @@ type TraceEntry struct {
 	Stream uint64 `json:"stream"`
 	// TimeUS is the wall-clock time in microseconds since the Unix epoch.
 	TimeUS int64 `json:"time_us"`
+	// DeviceFree is, for "oom" only, the device's free memory in bytes when
+	// the allocation failed (PyTorch's field of the same name; nil otherwise).
+	DeviceFree *uint64 `json:"device_free,omitempty"`
 }
 
 type traceAction uint8
@@ -113,6 +116,7 @@ type traceRec struct {
 	size   uint64
 	stream device.Stream
 	t      int64
+	free   uint64 // device free bytes, for actOOM
 }
 
 // traceRing keeps the most recent events.
@@ -125,7 +129,17 @@ type traceRing struct {
 func newTraceRing(n int) *traceRing { return &traceRing{buf: make([]traceRec, n)} }
 
 func (r *traceRing) add(act traceAction, addr device.Ptr, size uint64, s device.Stream) {
-	r.buf[r.next] = traceRec{action: act, addr: addr, size: size, stream: s, t: time.Now().UnixMicro()}
+	r.addRec(traceRec{action: act, addr: addr, size: size, stream: s})
+}
+
+// addOOM records a failed allocation of size bytes with the device's free memory.
+func (r *traceRing) addOOM(size uint64, s device.Stream, free uint64) {
+	r.addRec(traceRec{action: actOOM, size: size, stream: s, free: free})
+}
+
+func (r *traceRing) addRec(rec traceRec) {
+	rec.t = time.Now().UnixMicro()
+	r.buf[r.next] = rec
 	r.next++
 	if r.next == len(r.buf) {
 		r.next = 0
@@ -148,6 +162,10 @@ func (r *traceRing) entries() []TraceEntry {
 			Size:   x.size,
 			Stream: uint64(x.stream),
 			TimeUS: x.t,
+		}
+		if x.action == actOOM {
+			free := x.free
+			out[i].DeviceFree = &free
 		}
 	}
 	return out

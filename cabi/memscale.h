@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 /* Version of this header and of the library it describes. */
-#define MEMSCALE_VERSION "0.1.0"
+#define MEMSCALE_VERSION "0.2.0"
 
 #ifndef MEMSCALE_CUDA_STREAM_T_DEFINED
 #define MEMSCALE_CUDA_STREAM_T_DEFINED

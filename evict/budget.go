@@ -15,7 +15,13 @@ import (
 // eligible reports whether s may be chosen as a victim.
 func (e *Engine) eligible(st *rc.Storage) bool {
 	return st.State == rc.Resident && st.Locks == 0 && st.Pins == 0 && (st.Size > 0 || e.cfg.SimulatorCompat) &&
-		st.Size >= e.cfg.EvicteeMinSize && (!st.NoRecompute || e.cfg.SwapBandwidth > 0)
+		st.Size >= e.cfg.EvicteeMinSize && (!st.NoRecompute || e.cfg.SwapBandwidth > 0 && e.swapFits(st.Size))
+}
+
+// swapFits reports whether n more bytes swapped out stay within
+// Config.OffloadLimit.
+func (e *Engine) swapFits(n uint64) bool {
+	return e.cfg.OffloadLimit == 0 || e.g.SwappedBytes()+n <= e.cfg.OffloadLimit
 }
 
 // refresh puts s into or out of the candidate set after a change.
@@ -195,10 +201,38 @@ func sub(a, b uint64) uint64 {
 // is left, and then the one its plans need last.
 func (e *Engine) pick() (rc.StorageID, bool) {
 	t0 := time.Now()
+	e.unpark()
 	s, ok := e.sel.pick(e.clock)
+	for ok && e.offloadBlocked(e.g.Storage(s)) {
+		// Not recomputable and its swap would pass the offload limit: out of
+		// the candidates until swapped bytes come back (unpark).
+		e.sel.remove(s)
+		e.parked = append(e.parked, s)
+		e.parkedAt = e.g.SwappedBytes()
+		s, ok = e.sel.pick(e.clock)
+	}
 	e.stats.VictimSearches++
 	e.stats.VictimSearchNS += int64(time.Since(t0))
 	return s, ok
+}
+
+// offloadBlocked reports whether st cannot be evicted now only because it
+// cannot be recomputed and its swap would pass Config.OffloadLimit.
+func (e *Engine) offloadBlocked(st *rc.Storage) bool {
+	return e.cfg.OffloadLimit > 0 && st.NoRecompute && !e.swapFits(st.Size)
+}
+
+// unpark offers the storages pick set aside for the offload limit again once
+// the swapped bytes fell below what they were then.
+func (e *Engine) unpark() {
+	if len(e.parked) == 0 || e.g.SwappedBytes() >= e.parkedAt {
+		return
+	}
+	parked := e.parked
+	e.parked = nil
+	for _, s := range parked {
+		e.refresh(s)
+	}
 }
 
 // transferNS is the modelled one-way copy time of n bytes.
@@ -216,7 +250,7 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	}
 	if e.cfg.SwapBandwidth > 0 {
 		// swap when copying out and back is cheaper than recomputing
-		if st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s) {
+		if (st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s)) && e.swapFits(st.Size) {
 			v.Action = Swap
 		}
 	}

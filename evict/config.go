@@ -23,6 +23,10 @@ type Config struct {
 	// SwapBandwidth is the host<->device bandwidth in bytes/s used for the
 	// swap-or-recompute decision; 0 means never swap.
 	SwapBandwidth float64
+	// OffloadLimit caps the bytes swapped out to host memory at any time
+	// (0: no cap). A recomputable victim that would pass it is dropped
+	// instead; one that cannot be recomputed is not a candidate meanwhile.
+	OffloadLimit uint64
 	// Usage, when set, reports the memory in use (e.g. the allocator's
 	// allocated bytes); otherwise the engine counts the bytes of resident
 	// storages.

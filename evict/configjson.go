@@ -16,7 +16,7 @@ import (
 // configKeys are the keys DecodeConfig accepts.
 var configKeys = []string{
 	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
-	"evictee_min_size", "swap_bandwidth", "usage", "device", "simulator_compat",
+	"evictee_min_size", "swap_bandwidth", "offload_limit", "usage", "device", "simulator_compat",
 	"keep_needed_released", "record", "stress", "defaults",
 }
 
@@ -32,6 +32,7 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 //	{"budget": bytes (0 = unlimited), "heuristic": name (see ParseHeuristic),
 //	 "recomp_time_factor": f, "recomp_memory_factor": f,
 //	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
+//	 "offload_limit": bytes swapped out at most (0 = no cap),
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
 //	 "simulator_compat": bool, "keep_needed_released": bool,
 //	 "record": bool (Config.Record; "heuristic": "auto" implies it),
@@ -69,6 +70,8 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 			cfg.Budget, err = jsonBytes(k, v)
 		case "evictee_min_size":
 			cfg.EvicteeMinSize, err = jsonBytes(k, v)
+		case "offload_limit":
+			cfg.OffloadLimit, err = jsonBytes(k, v)
 		case "recomp_time_factor":
 			cfg.RecompTimeFactor, err = jsonFloat(k, v)
 		case "recomp_memory_factor":
@@ -154,6 +157,7 @@ func (c Config) JSON(src UsageSource, keys ...string) map[string]any {
 		"budget":               c.Budget,
 		"heuristic":            c.Heuristic.String(),
 		"evictee_min_size":     c.EvicteeMinSize,
+		"offload_limit":        c.OffloadLimit,
 		"usage":                "engine",
 		"simulator_compat":     c.SimulatorCompat,
 		"keep_needed_released": !c.DropNeededReleased,

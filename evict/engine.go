@@ -151,8 +151,13 @@ type Engine struct {
 	tr    tracker
 	sel   selector
 	stale bool
-	tf    float64
-	mf    float64
+	// parked holds candidates pick set aside because they cannot be
+	// recomputed and their swap would pass Config.OffloadLimit; parkedAt is
+	// the swapped bytes when the last one was set aside.
+	parked   []rc.StorageID
+	parkedAt uint64
+	tf       float64
+	mf       float64
 
 	clock   int64
 	usage   uint64

@@ -60,7 +60,7 @@ func (e *Engine) parentNotNeeded(ps *rc.Storage, p rc.StorageID) {
 // pins, the minimum size, or having no way back (not recomputable, no
 // swapping).
 func (e *Engine) whyNoneEvictable() string {
-	var n, locked, pinned, small, lost int
+	var n, locked, pinned, small, lost, capped int
 	var bytes, lockedBytes uint64
 	for s := 0; s < e.g.NumStorages(); s++ {
 		st := e.g.Storage(rc.StorageID(s))
@@ -79,6 +79,8 @@ func (e *Engine) whyNoneEvictable() string {
 			small++
 		case st.NoRecompute && e.cfg.SwapBandwidth <= 0:
 			lost++
+		case e.offloadBlocked(st):
+			capped++
 		}
 	}
 	held := 0
@@ -98,6 +100,11 @@ func (e *Engine) whyNoneEvictable() string {
 	if len(e.plans) > 0 {
 		plans = fmt.Sprintf("; %d of them inputs of the next step of %d unfinished rematerialization plans", held, len(e.plans))
 	}
-	return fmt.Sprintf("%d resident storages, %d bytes: %d pinned, %d locked (%d bytes%s), %d under the minimum evictee size, %d not recomputable",
-		n, bytes, pinned, locked, lockedBytes, plans, small, lost)
+	offload := ""
+	if capped > 0 {
+		offload = fmt.Sprintf(", %d not recomputable whose swap would pass the offload limit of %d bytes (%d swapped out)",
+			capped, e.cfg.OffloadLimit, e.g.SwappedBytes())
+	}
+	return fmt.Sprintf("%d resident storages, %d bytes: %d pinned, %d locked (%d bytes%s), %d under the minimum evictee size, %d not recomputable%s",
+		n, bytes, pinned, locked, lockedBytes, plans, small, lost, offload)
 }

@@ -155,6 +155,7 @@ type Graph struct {
 	ops      []Op
 	epoch    uint64
 	opStamp  []uint64
+	swapped  uint64 // bytes of the storages in state Swapped
 }
 
 // ErrUnknownTensor reports a tensor id the graph never issued.
@@ -327,6 +328,7 @@ outer:
 // undefined. The caller accounts for the freed bytes.
 func (g *Graph) Drop(s StorageID) {
 	st := &g.storages[s]
+	g.leave(st)
 	st.State = Evicted
 	for _, t := range st.Tensors {
 		g.tensors[t].Defined = false
@@ -334,14 +336,35 @@ func (g *Graph) Drop(s StorageID) {
 }
 
 // SwapOut moves storage s to host memory; its tensors keep their values.
-func (g *Graph) SwapOut(s StorageID) { g.storages[s].State = Swapped }
+func (g *Graph) SwapOut(s StorageID) {
+	st := &g.storages[s]
+	if st.State != Swapped {
+		g.swapped += st.Size
+	}
+	st.State = Swapped
+}
 
 // SwapIn brings a swapped storage back into device memory.
-func (g *Graph) SwapIn(s StorageID) { g.storages[s].State = Resident }
+func (g *Graph) SwapIn(s StorageID) {
+	st := &g.storages[s]
+	g.leave(st)
+	st.State = Resident
+}
+
+// SwappedBytes returns the bytes of the storages swapped out to host memory now.
+func (g *Graph) SwappedBytes() uint64 { return g.swapped }
+
+// leave accounts for st leaving its current state (its host bytes when swapped).
+func (g *Graph) leave(st *Storage) {
+	if st.State == Swapped {
+		g.swapped -= st.Size
+	}
+}
 
 // Release marks storage s as gone for good.
 func (g *Graph) Release(s StorageID) {
 	st := &g.storages[s]
+	g.leave(st)
 	st.State = Released
 	for _, t := range st.Tensors {
 		g.tensors[t].Defined = false
@@ -381,6 +404,7 @@ func (g *Graph) Rerun(o OpID, newly []StorageID) (added []StorageID, dup uint64,
 			case s.State == Resident && x.Defined:
 				dup += s.Size
 			case s.State != Resident:
+				g.leave(s)
 				s.State = Resident
 				newly = append(newly, x.Storage)
 			}

@@ -42,10 +42,11 @@ from .allocator import (
     set_limit,
     set_threshold,
 )
+from ._torch_memory import patch_torch_memory, restore_torch_memory, torch_memory_patched
 from ._budget import THRESHOLD, Budget
 from ._enable import Enabled, enable
 from .api import Summary, detach, end_step, optimize, summary, wrap
-from .config import Config, parse_size
+from .config import Config, OptimizationMode, parse_size
 from .errors import (
     AlreadyInstalledError,
     ConfigError,
@@ -57,7 +58,7 @@ from .errors import (
 )
 from .snapshot import dump_snapshot, snapshot
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__: list[str] = [
     "AlreadyInstalledError",
@@ -72,6 +73,7 @@ __all__: list[str] = [
     "LibraryLoadError",
     "LibraryNotFoundError",
     "MemscaleError",
+    "OptimizationMode",
     "Summary",
     "__version__",
     "detach",
@@ -90,6 +92,9 @@ __all__: list[str] = [
     "memory_summary",
     "optimize",
     "parse_size",
+    "patch_torch_memory",
+    "restore_torch_memory",
+    "torch_memory_patched",
     "reset_peak_memory_stats",
     "set_limit",
     "set_threshold",

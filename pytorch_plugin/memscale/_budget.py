@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from ._distributed import local_device
 from .config import format_bytes, is_percentage, parse_size
 from .errors import ConfigError
 
@@ -80,9 +81,9 @@ def _cuda_device(device: int | None) -> int | None:
         return None
     if device is not None:
         return device
-    # current_device() would initialize CUDA, which must not happen before
-    # memscale.install(); until then the current device is 0.
-    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    # This process's device (its local rank's under torchrun / SLURM / Open MPI),
+    # without initializing CUDA before memscale.install().
+    return local_device()
 
 
 def threshold_budget(device: int | None = None) -> Budget | None:
@@ -98,7 +99,8 @@ def threshold_budget(device: int | None = None) -> Budget | None:
 
     installation = installed()
     if installation is not None:
-        index = _cuda_device(device) or 0
+        index = _cuda_device(device)
+        index = local_device() if index is None else index
         nbytes = int(memory_stats(index).get("eviction_threshold_bytes", 0))
         if nbytes <= 0:
             return None

@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from ._budget import default_budget
+from ._distributed import opens_no_step
 from ._region.steps import wrap_closure
 from .api import Summary, _Steps
 from .config import Config
@@ -82,7 +83,12 @@ class Enabled:
         assert steps is not None
 
         def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
-            if not steps.is_open and torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            if (
+                not steps.is_open
+                and torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()
+                and not opens_no_step(module)
+            ):
                 steps.begin(module)
 
         def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:

@@ -132,9 +132,27 @@ def lib() -> ctypes.CDLL:
             fn = getattr(handle, name)
             fn.restype = restype
             fn.argtypes = argtypes
+        _check_version(path, handle)
         _lib_path = path
         _lib = handle
         return handle
+
+
+def _check_version(path: Path, handle: ctypes.CDLL) -> None:
+    """Refuse a library whose version is not this package's (one number for
+    both: ``MEMSCALE_VERSION`` in ``cabi/memscale.h``)."""
+    from . import _version
+
+    raw = handle.memscale_version()
+    found = raw.decode("utf-8", "replace") if raw else ""
+    expected = f"memscale {_version.__version__}"
+    if found != expected:
+        raise LibraryLoadError(
+            f"{path} is {found or 'of an unknown version'!r} but this Python package is {expected!r}: "
+            "the library and the package must be built from the same memscale (rebuild the library "
+            f"with `make lib`, reinstall with `pip install ./pytorch_plugin`, or point {LIBRARY_ENV} at "
+            "the matching libmemscale.so)"
+        )
 
 
 def is_loaded() -> bool:

@@ -1,13 +1,17 @@
 """The counters a DTR region reports, shared by the region and the drop-in API.
 
-One place for the names of the engine's counters that add up over regions and
-for the compute-overhead formula, so :meth:`memscale.DTRRegion.summary` and
-:class:`memscale.Summary` can never disagree. Holds no state.
+One place for the names of the engine's counters that add up over regions, for
+the compute-overhead formula and for :class:`Summary` (the drop-in API's
+totals), so :meth:`memscale.DTRRegion.summary` and :class:`memscale.Summary`
+can never disagree. Holds no state.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from .config import format_bytes
 
 #: Engine counters (keys of ``memscale_dtr_stats_json``) that add up over the
 #: entries of a region and over regions.
@@ -26,3 +30,76 @@ def overhead(base_cost_ns: int, remat_cost_ns: int) -> float:
     """Compute overhead ``(base + remat) / base``: 1.0 when nothing was recomputed
     (or nothing ran)."""
     return (base_cost_ns + remat_cost_ns) / base_cost_ns if base_cost_ns > 0 else 1.0
+
+
+@dataclass
+class Summary:
+    """What memscale did over the wrapped run.
+
+    Attributes:
+        steps: training steps completed under a region (the baseline step
+            included).
+        evictions / rematerializations / swaps_out / swaps_in: engine counts.
+        bytes_evicted: bytes freed by evictions (drop or swap), in total.
+        base_cost_ns: measured run time of the ops the engine recorded.
+        remat_cost_ns: measured time spent recomputing evicted tensors;
+            :attr:`overhead` is ``(base + remat) / base``.
+        peak_usage: highest usage seen by a budgeted region, in bytes.
+        budget: the budget of the latest region (``None``: unbudgeted).
+        baseline_peak: peak usage of the unbudgeted baseline step, when one ran.
+        budget_source: where the latest region's budget came from
+            (``MEMSCALE_EVICTION_THRESHOLD=...``, ``Config.mode=...``...).
+        tuning: the latest region's ``summary()["tuning"]``: ``None`` until the
+            engine tuned a budgeted region (an explicit heuristic never tunes),
+            else its choice, ``overhead``, ``default_overhead``, ``wall_ns``,
+            ``instructions`` and ``config``, or ``{"error": message}``.
+    """
+
+    steps: int = 0
+    evictions: int = 0
+    rematerializations: int = 0
+    swaps_out: int = 0
+    swaps_in: int = 0
+    bytes_evicted: int = 0
+    base_cost_ns: int = 0
+    remat_cost_ns: int = 0
+    peak_usage: int = 0
+    budget: int | None = None
+    baseline_peak: int | None = None
+    tuning: dict[str, Any] | None = None
+    budget_source: str | None = None
+
+    @property
+    def overhead(self) -> float:
+        """``(base + remat) / base`` compute time, as ``DTRRegion.summary()`` defines it (1.0: none)."""
+        return overhead(self.base_cost_ns, self.remat_cost_ns)
+
+    @property
+    def bytes_saved(self) -> int | None:
+        """``baseline_peak - peak_usage`` when a baseline step was measured."""
+        if self.baseline_peak is None:
+            return None
+        return self.baseline_peak - self.peak_usage
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields plus ``overhead`` and ``bytes_saved``."""
+        out = asdict(self)
+        out["overhead"] = self.overhead
+        out["bytes_saved"] = self.bytes_saved
+        return out
+
+    def __str__(self) -> str:
+        budget = "unbudgeted" if self.budget is None else f"budget {format_bytes(self.budget)}"
+        if self.budget_source:
+            budget += f" from {self.budget_source}"
+        text = (
+            f"{self.steps} steps, {budget}, peak {format_bytes(self.peak_usage)}, "
+            f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
+            f"{self.rematerializations} rematerializations, {self.swaps_out} swaps out / "
+            f"{self.swaps_in} in, compute overhead x{self.overhead:.3f}"
+        )
+        if self.bytes_saved is not None:
+            text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"
+        if self.tuning is not None:
+            text += f", tuned: {self.tuning.get('choice') or 'failed: ' + str(self.tuning.get('error'))}"
+        return text

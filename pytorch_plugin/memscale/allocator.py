@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from . import _lib, _torch_limits
+from ._distributed import local_device
+from ._torch_memory import patch_torch_memory
 from .config import SizeLike, format_bytes, is_percentage, parse_size
 from .errors import (
     AlreadyInstalledError,
@@ -88,9 +90,10 @@ def installed() -> Installation | None:
 
 
 def _device_index(device: Any) -> int:
-    """Map ``None`` / int / ``"cuda:1"`` / ``torch.device`` to a device ordinal."""
+    """Map ``None`` / int / ``"cuda:1"`` / ``torch.device`` to a device ordinal
+    (``None``: this process's device, :func:`memscale._distributed.local_device`)."""
     if device is None:
-        return 0
+        return local_device()
     if isinstance(device, bool):
         raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
     if isinstance(device, int):
@@ -107,7 +110,7 @@ def _device_index(device: Any) -> int:
         raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
     if dtype != "cuda":
         raise ConfigError(f"device={device!r}: memscale manages CUDA devices only")
-    return 0 if index is None else int(index)
+    return local_device() if index is None else int(index)
 
 
 def library_config() -> dict[str, Any]:
@@ -216,10 +219,16 @@ def install(
             running backend.
 
     A threshold or limit is applied with ``memscale_set_threshold`` /
-    ``memscale_set_limit`` to every device ``torch.cuda.device_count()`` reports
-    (device 0 when there is none), which opens each of them in the library (on
-    CUDA: its primary context). Processes that use one GPU out of several should
-    restrict ``CUDA_VISIBLE_DEVICES``.
+    ``memscale_set_limit`` to this process's device only
+    (:func:`memscale._distributed.local_device`: ``LOCAL_RANK``,
+    ``SLURM_LOCALID``, ``OMPI_COMM_WORLD_LOCAL_RANK``, else the current device),
+    which opens it in the library (on CUDA: its primary context); a percentage
+    is taken of that device's memory. No other device is opened.
+
+    While installed, the ``torch.cuda`` memory functions that raise under a
+    pluggable allocator return memscale's numbers
+    (:func:`memscale.patch_torch_memory`; :func:`memscale.restore_torch_memory`
+    puts torch's back).
 
     Returns:
         The :class:`Installation`; calling again with the same settings returns it
@@ -267,7 +276,7 @@ def install(
                 else:
                     os.environ[BACKEND_ENV] = backend
             path = _lib.library_path()
-            devices = list(range(max(1, torch.cuda.device_count())))
+            devices = [local_device()]
             thresholds = _resolve(threshold, threshold_name, devices) if threshold is not None else None
             limits = _resolve(limit, limit_name, devices) if limit is not None else None
 
@@ -307,6 +316,7 @@ def install(
                     os.environ[BACKEND_ENV] = saved_backend
             raise
         _torch_limits.guard(torch)  # cudnn.benchmark kept off, CUDA IPC refused clearly
+        patch_torch_memory()
         _installed = Installation(
             library=path,
             backend=backend,

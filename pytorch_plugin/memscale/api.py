@@ -47,15 +47,21 @@ import contextlib
 import logging
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _stats
+from ._compat import measure_step_peak, observe
+from ._stats import Summary
+from ._distributed import patch_fsdp, step_module
 from ._budget import Budget, default_budget, threshold_budget
-from .config import Config, format_bytes
+from .config import Config
 from .errors import MemscaleError
+from .lightning import is_lightning_trainer
+from .lightning import wrap_trainer as wrap_lightning
 
 if TYPE_CHECKING:
     import torch
@@ -64,79 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memscale")
 
-
-
-@dataclass
-class Summary:
-    """What memscale did over the wrapped run.
-
-    Attributes:
-        steps: training steps completed under a region (the baseline step
-            included).
-        evictions / rematerializations / swaps_out / swaps_in: engine counts.
-        bytes_evicted: bytes freed by evictions (drop or swap), in total.
-        base_cost_ns: measured run time of the ops the engine recorded.
-        remat_cost_ns: measured time spent recomputing evicted tensors;
-            :attr:`overhead` is ``(base + remat) / base``.
-        peak_usage: highest usage seen by a budgeted region, in bytes.
-        budget: the budget of the latest region (``None``: unbudgeted).
-        baseline_peak: peak usage of the unbudgeted baseline step, when one ran.
-        budget_source: where the latest region's budget came from
-            (``MEMSCALE_EVICTION_THRESHOLD=...``, ``Config.mode=...``...).
-        tuning: the latest region's ``summary()["tuning"]``: ``None`` until the
-            engine tuned a budgeted region (an explicit heuristic never tunes),
-            else its choice, ``overhead``, ``default_overhead``, ``wall_ns``,
-            ``instructions`` and ``config``, or ``{"error": message}``.
-    """
-
-    steps: int = 0
-    evictions: int = 0
-    rematerializations: int = 0
-    swaps_out: int = 0
-    swaps_in: int = 0
-    bytes_evicted: int = 0
-    base_cost_ns: int = 0
-    remat_cost_ns: int = 0
-    peak_usage: int = 0
-    budget: int | None = None
-    baseline_peak: int | None = None
-    tuning: dict[str, Any] | None = None
-    budget_source: str | None = None
-
-    @property
-    def overhead(self) -> float:
-        """``(base + remat) / base`` compute time, as ``DTRRegion.summary()`` defines it (1.0: none)."""
-        return _stats.overhead(self.base_cost_ns, self.remat_cost_ns)
-
-    @property
-    def bytes_saved(self) -> int | None:
-        """``baseline_peak - peak_usage`` when a baseline step was measured."""
-        if self.baseline_peak is None:
-            return None
-        return self.baseline_peak - self.peak_usage
-
-    def as_dict(self) -> dict[str, Any]:
-        """All fields plus ``overhead`` and ``bytes_saved``."""
-        out = asdict(self)
-        out["overhead"] = self.overhead
-        out["bytes_saved"] = self.bytes_saved
-        return out
-
-    def __str__(self) -> str:
-        budget = "unbudgeted" if self.budget is None else f"budget {format_bytes(self.budget)}"
-        if self.budget_source:
-            budget += f" from {self.budget_source}"
-        text = (
-            f"{self.steps} steps, {budget}, peak {format_bytes(self.peak_usage)}, "
-            f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
-            f"{self.rematerializations} rematerializations, {self.swaps_out} swaps out / "
-            f"{self.swaps_in} in, compute overhead x{self.overhead:.3f}"
-        )
-        if self.bytes_saved is not None:
-            text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"
-        if self.tuning is not None:
-            text += f", tuned: {self.tuning.get('choice') or 'failed: ' + str(self.tuning.get('error'))}"
-        return text
 
 
 def _dtr() -> Any:
@@ -194,6 +127,9 @@ class _Steps:
         self._opened_by_forward = False
         self._steps = 0
         self._thread: int | None = None
+        self._warmup = False  # the open region is a warmup step's (Config.warmup_steps)
+        #: The step's peak measured on wrap()'s sample input (CPU, no device size).
+        self.sample_peak: int | None = None
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -231,6 +167,11 @@ class _Steps:
         device_bytes = config.device_bytes()
         if device_bytes is None and module is not None:
             device_bytes = _module_device_bytes(module)
+        if device_bytes is None and self.sample_peak:
+            return Budget(
+                config.budget_for(self.sample_peak),
+                config.describe_budget(self.sample_peak, of="the sample input's step peak"),
+            )
         if device_bytes is None:
             return None
         return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
@@ -242,7 +183,13 @@ class _Steps:
                 raise MemscaleError("a memscale step was opened on another thread and is still open")
             return False
         if self._region is None:
-            self._region = self._make_region(module if module is not None else self.module)
+            if self._steps < self.config.warmup_steps:
+                self._warmup = True
+                source = f"warmup step {self._steps + 1} of Config.warmup_steps={self.config.warmup_steps}"
+                self._region = self._new_region(Budget(0, source))
+            else:
+                self._region = self._make_region(module if module is not None else self.module)
+        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
         self._region.__enter__()
         self._open = True
         self._thread = threading.get_ident()
@@ -266,11 +213,15 @@ class _Steps:
         # the parameters plain .grad tensors: the optimizer step sees those.
         region.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc else None)
         self._steps += 1
-        if region is self._baseline_region and exc is None:
+        if self._warmup and self._steps >= self.config.warmup_steps:
+            self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step
+            self._region = None
+            self._warmup = False
+        elif region is self._baseline_region and exc is None:
             baseline = dict(region.summary())
             peak = int(baseline.get("peak_usage", 0))
             if peak > 0:  # later steps run under budget_for(peak) in a region of their own
-                self._finished.append(baseline)
+                self._finished.append({**baseline, "baseline": True})
                 budget = Budget(
                     self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak")
                 )
@@ -330,16 +281,18 @@ class _Steps:
         """Totals over every region used so far."""
         out = Summary(steps=self._steps)
         summaries = list(self._finished)
-        baseline = self._baseline_region
         if self._region is not None:
-            summaries.append(dict(self._region.summary()))
-        if baseline is not None and summaries:
-            out.baseline_peak = int(summaries[0].get("peak_usage", 0))
-        for i, current in enumerate(summaries):
+            current = dict(self._region.summary())
+            current["baseline"] = self._region is self._baseline_region
+            current["warmup"] = self._warmup
+            summaries.append(current)
+        unbudgeted = [int(c.get("peak_usage", 0) or 0) for c in summaries if c.get("baseline") or c.get("warmup")]
+        if unbudgeted:
+            out.baseline_peak = max(unbudgeted)
+        for current in summaries:
             for key in _stats.SUMMED_KEYS:
                 setattr(out, key, getattr(out, key) + int(current.get(key, 0) or 0))
-            budgeted = not (baseline is not None and i == 0)
-            if budgeted:
+            if not (current.get("baseline") or current.get("warmup")):
                 out.peak_usage = max(out.peak_usage, int(current.get("peak_usage", 0) or 0))
             budget = current.get("budget")
             out.budget = int(budget) if budget else None
@@ -369,7 +322,7 @@ class _Hooks:
 class _Attachment:
     steps: _Steps
     hooks: _Hooks
-    kind: str  # "module", "trainer" or "optimize"
+    kind: str  # "module", "trainer", "lightning" or "optimize"
     callback: Any = None
     original_training_step: Any = None  # an instance-level training_step that wrap replaced
 
@@ -389,6 +342,7 @@ def _on_any_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: 
 
 
 def _hook_module(module: torch.nn.Module, steps: _Steps, hooks: _Hooks) -> None:
+    module = step_module(module)  # DDP: its wrapped module (see memscale._distributed)
     hooks.handles.append(module.register_forward_pre_hook(steps.forward_pre_hook))
     hooks.handles.append(module.register_forward_hook(steps.forward_hook, always_call=True))
 
@@ -397,14 +351,20 @@ def _is_trainer(obj: Any) -> bool:
     return any(cls.__name__ == "Trainer" and cls.__module__.startswith("transformers") for cls in type(obj).__mro__)
 
 
-def wrap(trainer_or_module: Any, config: Config | None = None) -> Any:
-    """Run every training step of a model or a Hugging Face Trainer under DTR.
+def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any = None) -> Any:
+    """Run every training step of a model or a Hugging Face / Lightning Trainer under DTR.
 
     Args:
-        trainer_or_module: a ``torch.nn.Module`` (hooked in place) or a
-            ``transformers.Trainer`` (its ``training_step`` is patched in place).
+        trainer_or_module: a ``torch.nn.Module`` (hooked in place), a
+            ``transformers.Trainer`` (its ``training_step`` is patched in
+            place) or a Lightning ``Trainer`` (:mod:`memscale.lightning`).
         config: settings; ``Config()`` when ``None`` (the eviction threshold,
             else balanced mode).
+        sample_input: (a module, memscale 0.1) one batch: a tensor, a tuple
+            of arguments or a dict of keyword arguments. On the CPU with no
+            ``Config.device_memory``, the mode's budget is then a fraction of
+            the peak of one forward and backward of it (measured now, the
+            model's state put back), instead of an unbudgeted first step.
 
     Returns:
         The same object, now wrapped (:func:`detach` undoes it).
@@ -420,9 +380,14 @@ def wrap(trainer_or_module: Any, config: Config | None = None) -> Any:
         raise MemscaleError(f"config={config!r}: expected a memscale.Config")
     if trainer_or_module in _attached:
         raise MemscaleError(f"{type(trainer_or_module).__name__} is already wrapped by memscale; detach() it first")
+    if sample_input is not None and not isinstance(trainer_or_module, torch.nn.Module):
+        raise MemscaleError("memscale.wrap(sample_input=...): a sample input is for a torch.nn.Module")
+    observe(config)
     if isinstance(trainer_or_module, torch.nn.Module):
         module = trainer_or_module
         steps = _Steps(config, module)
+        if sample_input is not None:
+            steps.sample_peak = measure_step_peak(module, sample_input)
         hooks = _Hooks()
         _hook_module(module, steps, hooks)
         if _global_optimizer_hook is None:
@@ -433,8 +398,15 @@ def wrap(trainer_or_module: Any, config: Config | None = None) -> Any:
         return module
     if _is_trainer(trainer_or_module):
         return _wrap_trainer(trainer_or_module, config)
+    if is_lightning_trainer(trainer_or_module):
+        steps, handle = wrap_lightning(trainer_or_module, config)
+        hooks = _Hooks()
+        hooks.handles.append(handle)
+        _attached[trainer_or_module] = _Attachment(steps=steps, hooks=hooks, kind="lightning")
+        return trainer_or_module
     raise MemscaleError(
-        f"memscale.wrap: expected a torch.nn.Module or a transformers.Trainer, got {type(trainer_or_module).__name__}"
+        "memscale.wrap: expected a torch.nn.Module, a transformers.Trainer or a Lightning Trainer, "
+        f"got {type(trainer_or_module).__name__}"
     )
 
 
@@ -463,15 +435,14 @@ def detach(obj: Any) -> Any:
     """Undo :func:`wrap` (close an open region, remove hooks, restore the Trainer).
 
     Returns:
-        The same object.
-
-    Raises:
-        MemscaleError: ``obj`` is not wrapped.
+        The same object. One that is not wrapped is returned unchanged, with a
+        warning (as memscale 0.1 did).
     """
     global _global_optimizer_hook
     attachment = _attached.get(obj)
     if attachment is None or attachment.kind == "optimize":
-        raise MemscaleError(f"{type(obj).__name__} is not wrapped by memscale.wrap()")
+        warnings.warn(f"memscale.detach: {type(obj).__name__} is not wrapped by memscale.wrap()", stacklevel=2)
+        return obj
     try:
         attachment.steps.end()  # may raise (the region could not finish); undo the rest anyway
     finally:
@@ -515,7 +486,7 @@ class Optimization:
     runs in a DTR region. ``summary()`` works during and after the block.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, config: Config) -> None:
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -529,7 +500,16 @@ class Optimization:
         if self.model in _attached:
             raise MemscaleError(f"{type(self.model).__name__} is already wrapped by memscale; detach() it first")
         _hook_module(self.model, self._steps, self._hooks)
-        self._hooks.handles.append(self.optimizer.register_step_pre_hook(self._steps.optimizer_pre_hook))
+        if self.optimizer is not None:
+            self._hooks.handles.append(self.optimizer.register_step_pre_hook(self._steps.optimizer_pre_hook))
+        else:  # any optimizer that updates the model ends its step
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            def end_if_updates(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                if self._steps.updates(optimizer):
+                    self._steps.end()
+
+            self._hooks.handles.append(register_optimizer_step_pre_hook(end_if_updates))
         _attached[self.model] = _Attachment(steps=self._steps, hooks=self._hooks, kind="optimize")
         _attached[self] = _attached[self.model]
         self._active = True
@@ -554,11 +534,15 @@ class Optimization:
         return self._steps.summary()
 
 
-def optimize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config | None = None) -> Optimization:
+def optimize(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, config: Config | None = None
+) -> Optimization:
     """``with memscale.optimize(model, optimizer) as run:`` - train steps under DTR.
 
     A step runs from the model's first forward to ``optimizer.step()``, which
-    sees materialized tensors. ``run.summary()`` reports what happened.
+    sees materialized tensors; with no ``optimizer`` (memscale 0.1), the step
+    of any optimizer that updates the model's parameters. ``run.summary()``
+    reports what happened.
     """
     import torch
 
@@ -567,9 +551,23 @@ def optimize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: C
         raise MemscaleError(f"config={config!r}: expected a memscale.Config")
     if not isinstance(model, torch.nn.Module):
         raise MemscaleError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise MemscaleError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise MemscaleError(f"optimizer: expected a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    observe(config)
     return Optimization(model, optimizer, config)
+
+
+def attached_summaries() -> list[tuple[str, Summary]]:
+    """``(class name and id, totals)`` of every object wrapped now (for
+    :mod:`memscale.metrics`)."""
+    seen: set[int] = set()
+    out = []
+    for obj, attachment in list(_attached.items()):
+        if id(attachment) in seen or isinstance(obj, Optimization):
+            continue
+        seen.add(id(attachment))
+        out.append((f"{type(obj).__name__}@{id(obj):x}", attachment.steps.summary()))
+    return out
 
 
 def summary(obj: Any = None) -> Summary:

@@ -19,7 +19,9 @@ What "device memory" means for percentages:
 
 from __future__ import annotations
 
+import enum
 import math
+import os
 import re
 from fractions import Fraction
 from dataclasses import dataclass, fields
@@ -28,6 +30,18 @@ from typing import Final, Literal
 from .errors import ConfigError
 
 Mode = Literal["conservative", "balanced", "aggressive"]
+
+class OptimizationMode(str, enum.Enum):
+    """The modes of memscale 0.1 (``Config(mode=OptimizationMode.BALANCED)``);
+    equal to the strings ``"conservative"``, ``"balanced"``, ``"aggressive"``."""
+
+    CONSERVATIVE = "conservative"
+    BALANCED = "balanced"
+    AGGRESSIVE = "aggressive"
+
+
+#: Bytes of one ``max_cpu_offload_gb`` unit (GiB).
+GB: Final[int] = 1024**3
 
 #: The mode of a Config that names none and runs where no threshold is set.
 DEFAULT_MODE: Final[str] = "balanced"
@@ -201,9 +215,23 @@ class Config:
         device_memory: the "device memory" percentages are taken of. ``None``:
             the GPU's total memory, or on CPU the peak of an unbudgeted
             baseline step.
+        offload_limit: with ``swap``, the most bytes swapped out to host memory
+            at any time (``None``: no cap); see :func:`memscale.dtr`.
+        warmup_steps: the first steps run unbudgeted (recorded, nothing evicted).
+        log_file: also write memscale's log (the summaries) to this file.
+        observability_port: serve Prometheus metrics (evictions,
+            rematerializations, usage, budget, overhead) on this port
+            (:mod:`memscale.metrics`; needs ``prometheus_client``; 0 picks a
+            free port).
+
+    memscale 0.1 names, accepted and mapped onto the fields above:
+    ``enable_checkpointing`` (``recompute``), ``enable_offloading`` (``swap``),
+    ``max_cpu_offload_gb`` (``offload_limit`` in GiB), ``target_gpu_utilization``
+    (a fraction of device memory: ``threshold``); ``mode`` also takes an
+    :class:`OptimizationMode`.
     """
 
-    mode: Mode | None = None
+    mode: Mode | OptimizationMode | None = None
     threshold: SizeLike | None = None
     recompute: bool = True
     swap: bool = False
@@ -213,8 +241,17 @@ class Config:
     heuristic: str | None = None
     log_summary: bool = True
     device_memory: SizeLike | None = None
+    offload_limit: SizeLike | None = None
+    warmup_steps: int = 0
+    log_file: str | os.PathLike[str] | None = None
+    observability_port: int | None = None
+    enable_checkpointing: bool | None = None
+    enable_offloading: bool | None = None
+    max_cpu_offload_gb: float | None = None
+    target_gpu_utilization: float | None = None
 
     def __post_init__(self) -> None:
+        self._map_v01_names()
         if self.mode is not None and self.mode not in MODE_FRACTIONS:
             raise ConfigError(
                 f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"
@@ -246,6 +283,46 @@ class Config:
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"Config.{field_name}={value!r}: expected a finite number >= 0")
         check_heuristic(self.heuristic, "Config.heuristic")
+        if self.offload_limit is not None:
+            parse_size(self.offload_limit, name="Config.offload_limit", allow_percent=False)
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError(f"Config.warmup_steps={self.warmup_steps!r}: expected an integer >= 0")
+        if self.log_file is not None and not isinstance(self.log_file, (str, os.PathLike)):
+            raise ConfigError(f"Config.log_file={self.log_file!r}: expected a path")
+        port = self.observability_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+            raise ConfigError(f"Config.observability_port={port!r}: expected a TCP port 0..65535 (0: any free port)")
+
+    def _map_v01_names(self) -> None:
+        """memscale 0.1's names onto this Config's fields (frozen: set once here)."""
+
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        if isinstance(self.mode, OptimizationMode):
+            put("mode", self.mode.value)
+        for old, new in (("enable_checkpointing", "recompute"), ("enable_offloading", "swap")):
+            value = getattr(self, old)
+            if value is not None:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"Config.{old}={value!r}: expected True or False")
+                put(new, value)
+        gb = self.max_cpu_offload_gb
+        if gb is not None:
+            if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb < 0:
+                raise ConfigError(f"Config.max_cpu_offload_gb={gb!r}: expected a number of GiB >= 0")
+            if self.offload_limit is not None:
+                raise ConfigError("Config.max_cpu_offload_gb and Config.offload_limit name the same cap; give one")
+            put("offload_limit", int(gb * GB))
+        target = self.target_gpu_utilization
+        if target is not None:
+            if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+                raise ConfigError(
+                    f"Config.target_gpu_utilization={target!r}: expected a fraction of device memory in (0, 1]"
+                )
+            if self.threshold is not None:
+                raise ConfigError("Config.target_gpu_utilization and Config.threshold name the same budget; give one")
+            put("threshold", f"{target * 100:g}%")
 
     @property
     def fraction(self) -> float:
@@ -294,6 +371,8 @@ class Config:
             kwargs["recomp_time_factor"] = float(self.recomp_time_factor)
         if self.recomp_memory_factor is not None:
             kwargs["recomp_memory_factor"] = float(self.recomp_memory_factor)
+        if self.offload_limit is not None:
+            kwargs["offload_limit"] = parse_size(self.offload_limit, name="Config.offload_limit", allow_percent=False)
         return kwargs
 
     def as_dict(self) -> dict[str, object]:

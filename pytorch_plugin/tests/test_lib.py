@@ -152,3 +152,15 @@ def test_bad_device_is_an_error_with_a_message() -> None:
     with pytest.raises(MemscaleError) as info:
         _lib.take_json(_lib.lib().memscale_stats_json(1000), "memscale_stats_json(device=1000)")
     assert "1000" in str(info.value)
+
+
+@needs_library
+def test_library_of_another_version_is_a_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memscale import __version__, _version
+
+    assert _lib.version() == f"memscale {__version__}"  # the one version number
+    monkeypatch.setattr(_version, "__version__", "9.9.9")
+    monkeypatch.setattr(_lib, "_lib", None)
+    monkeypatch.setattr(_lib, "_lib_path", None)
+    with pytest.raises(LibraryLoadError, match=r"is 'memscale \d+\.\d+\.\d+' but this Python package is 'memscale 9\.9\.9'"):
+        _lib.lib()

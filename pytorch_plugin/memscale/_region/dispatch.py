@@ -224,7 +224,7 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
                     k = input_ptrs.index(ptr)
             aliases.append(k)
             sizes.append(storage.nbytes() if k < 0 else o.nbytes)
-    op, out_ids = s.engine.call(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, info.flags)
+    op, out_ids = s.engine.call(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs))
     groups = s.groups
     cells = []
     fresh = 0
@@ -241,6 +241,15 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
     if s.sink is not None:
         s.sink.call(info.name, inputs, cells, sizes, aliases, cost)
     return cells, fresh
+
+
+def _flags(s: Session, info: OpInfo, inputs: list[Cell]) -> int:
+    """The engine flags of an op's registration: the schema's (collectives are
+    never re-run), and ``NO_RECOMPUTE`` when it read a storage that is freed
+    behind the region's back (:mod:`.volatile`: FSDP's unsharded parameters)."""
+    if s.volatile_roots and any(c.root in s.volatile_roots for c in inputs):
+        return info.flags | NO_RECOMPUTE
+    return info.flags
 
 
 def _storage_of(t: _Tensor, info: OpInfo) -> tuple[Any, int]:
@@ -474,7 +483,7 @@ def _register_mutation(
     for j in mutated:
         if all(inputs[j] is not inputs[k] for k in unique):
             unique.append(j)
-    op, new_ids = s.engine.mutate(info.name, [c.tensor_id for c in inputs], unique, cost, info.flags)
+    op, new_ids = s.engine.mutate(info.name, [c.tensor_id for c in inputs], unique, cost, _flags(s, info, inputs))
     versions: list[Cell] = []
     for j, tensor_id in zip(unique, new_ids):
         old = inputs[j]

@@ -16,6 +16,7 @@ the engine's tuning choice forward.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Final
 
 import torch
@@ -73,11 +74,26 @@ class RegionMode(TorchDispatchMode):
         #: While set (an optimizer updating parameters, see :mod:`.steps`), ops
         #: run as they would outside the region.
         self.suspended = False
+        self._async_wrap = _async_collective_wrap()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.suspended:
             return dispatch_outside(func, args, kwargs or {})
+        if func is self._async_wrap:
+            # A functional collective's result is waited for now, as PyTorch does
+            # when tracing: a region holds plain tensors, not AsyncCollectiveTensors.
+            func = torch.ops._c10d_functional.wait_tensor.default
         return dispatch(self.session, func, args, kwargs or {})
+
+
+def _async_collective_wrap() -> Any:
+    """``_c10d_functional._wrap_tensor_autograd`` (the op that wraps a functional
+    collective's result in an ``AsyncCollectiveTensor``), or ``None`` while
+    functional collectives are not loaded."""
+    if "torch.distributed._functional_collectives" not in sys.modules:
+        return None
+    packet = getattr(torch.ops._c10d_functional, "_wrap_tensor_autograd", None)
+    return packet.default if packet is not None else None
 
 
 #: The lower bound of a feasible budget before any op ran.
@@ -140,6 +156,7 @@ class DTRRegion:
         recomp_memory_factor: float | None = None,
         usage: str | None = None,
         stress: bool = False,
+        offload_limit: int | str | None = None,
         sink: Any = None,
     ) -> None:
         check_heuristic(heuristic, "dtr() heuristic")
@@ -172,6 +189,11 @@ class DTRRegion:
         )
         self._recomp_time_factor = recomp_time_factor
         self._recomp_memory_factor = recomp_memory_factor
+        self._offload_limit = (
+            None
+            if offload_limit is None
+            else parse_size(offload_limit, name="dtr(offload_limit)", allow_percent=False)
+        )
         self._usage = usage
         self._sink = sink
         #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
@@ -265,6 +287,7 @@ class DTRRegion:
             "recomp_memory_factor": self._recomp_memory_factor,
             "evictee_min_size": self._evictee_min_size,
             "swap_bandwidth": host_bandwidth() if self._swap else 0,
+            "offload_limit": self._offload_limit,
             "usage": usage,
         }
         if self._stress:
@@ -479,6 +502,7 @@ def dtr(
     recomp_memory_factor: float | None = None,
     usage: str | None = None,
     stress: bool = False,
+    offload_limit: int | str | None = None,
 ) -> DTRRegion:
     """A Dynamic Tensor Rematerialization region.
 
@@ -516,6 +540,10 @@ def dtr(
             tensor rebuilt once stays until released, so a step re-runs each
             op at most about once more. Outputs and gradients must be bitwise
             those of the plain run; :func:`memscale.check` compares them.
+        offload_limit: with ``swap``, the most bytes swapped out to host
+            memory at any time (bytes or ``"4GiB"``; ``None``: no cap). The
+            engine drops a recomputable victim instead of swapping it past the
+            cap, and leaves one that cannot be recomputed in place.
 
     Returns:
         A :class:`DTRRegion`: ``with region: ...`` once per training step.
@@ -533,6 +561,7 @@ def dtr(
         recomp_memory_factor=recomp_memory_factor,
         usage=usage,
         stress=stress,
+        offload_limit=offload_limit,
     )
 
 

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
 from ..errors import MemscaleError
-from . import rebuild, reclaim
+from . import rebuild, reclaim, volatile
 from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
 from .device import CudaTimer, copy_to_host
 from .dispatch import dispatch
@@ -71,6 +71,9 @@ class Session:
         self.leaves: list[weakref.ref[torch.Tensor]] = []  # externals that are autograd leaves
         self.grad_hooks: list[Any] = []
         self.pinned_grads: set[Cell] = set()
+        #: Roots of externals whose storage is freed behind the region's back
+        #: (:mod:`.volatile`): ops reading them are not recomputable.
+        self.volatile_roots: set[int] = set()
         self.live: dict[int, WrapperRef] = {}  # id(reference) -> reference of a live wrapper
         self.released: list[Cell] = []  # queued by weakref callbacks
         self.cuda_timer: CudaTimer | None = None
@@ -252,6 +255,8 @@ class Session:
             self.externals_registered += 1
         tensor_id = self.engine.tensor(nbytes, pinned=True)
         cell = Cell(tensor_id, t.detach(), tensor_id, -1, self, pinned=True)
+        if volatile.is_volatile(t):
+            self.volatile_roots.add(tensor_id)
         self.groups[tensor_id] = StorageGroup(cell, nbytes)
         if ptr:
             self.external_roots[ptr] = cell
