@@ -8,7 +8,9 @@ Four layers, use the one you need:
 * ``memscale.install(threshold=..., limit=...)``: make libmemscale.so PyTorch's CUDA
   allocator (call it first thing, before any CUDA use). ``memory_stats()``,
   ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
-  ``torch.cuda`` versions that raise under a pluggable allocator.
+  ``torch.cuda`` versions that raise under a pluggable allocator;
+  ``record_snapshot(path)`` records a run under PyTorch's own allocator as a
+  snapshot pickle for ``memscale bench replay``.
 * ``with memscale.dtr(budget="8GiB"): ...``: a Dynamic Tensor Rematerialization
   region; tensors are evicted and rebuilt as the Go engine decides
   (``memscale.DTRRegion``, ``memscale.DTRTensor``, ``memscale.unwrap``; the
@@ -55,6 +57,7 @@ from .errors import (
     LibraryNotFoundError,
     MemscaleError,
 )
+from .record import record_snapshot
 from .snapshot import dump_snapshot, snapshot
 
 __version__ = "0.1.0"
@@ -90,6 +93,7 @@ __all__: list[str] = [
     "memory_summary",
     "optimize",
     "parse_size",
+    "record_snapshot",
     "reset_peak_memory_stats",
     "set_limit",
     "set_threshold",
