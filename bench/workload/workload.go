@@ -49,10 +49,10 @@ type Workload struct {
 // Builder assembles a Workload from allocations and frees named by the
 // recording's own keys (addresses, storage names).
 type Builder struct {
-	w       Workload
-	live    map[uint64]int32 // recording key -> ID
-	sizes    []uint64 // by ID
-	streamOf []int32  // by ID
+	w        Workload
+	live     map[uint64]int32 // recording key -> ID
+	sizes    []uint64         // by ID
+	streamOf []int32          // by ID
 	streams  map[int64]int32
 }
 
