@@ -18,6 +18,7 @@ package torchsnap
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -113,22 +114,30 @@ func ReadFile(path string) (*Snapshot, error) {
 	return s, nil
 }
 
-// Read decodes a snapshot pickle from r. A truncated or corrupt pickle gives
-// an error naming the byte offset where decoding stopped.
+// Read decodes a snapshot pickle from r. The whole pickle is read first and
+// its opcodes checked against its length (scan), so a truncated or corrupt
+// file gives an error naming the byte offset and never makes the decoder
+// allocate more than the file holds.
 func Read(r io.Reader) (snap *Snapshot, err error) {
-	cr := &countingReader{r: bufio.NewReaderSize(r, 1<<16)}
-	head, perr := cr.r.Peek(1)
-	if perr != nil || len(head) == 0 {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("reading: %w", err)
+	}
+	if len(data) == 0 {
 		return nil, fmt.Errorf("empty file: %s", hint)
 	}
-	if head[0] != 0x80 {
-		return nil, fmt.Errorf("byte 0 is 0x%02x, not a pickle protocol marker (0x80): %s", head[0], hint)
+	if data[0] != 0x80 {
+		return nil, fmt.Errorf("byte 0 is 0x%02x, not a pickle protocol marker (0x80): %s", data[0], hint)
 	}
+	if err := scan(data); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, hint)
+	}
+	cr := &countingReader{r: bufio.NewReader(bytes.NewReader(data))}
 	var obj any
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
-				err = fmt.Errorf("corrupt pickle near byte %d: %v: %s", cr.n, p, hint)
+				err = fmt.Errorf("corrupt pickle near byte %d: %v", cr.n, p)
 			}
 		}()
 		u := pickle.NewUnpickler(cr)
@@ -136,10 +145,10 @@ func Read(r io.Reader) (snap *Snapshot, err error) {
 	}()
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("truncated pickle: the file ends at byte %d before the pickle's STOP: %s", cr.n, hint)
+			return nil, fmt.Errorf("truncated pickle: the file ends at byte %d before the pickle's STOP: %s", len(data), hint)
 		}
 		if strings.HasPrefix(err.Error(), "corrupt pickle") {
-			return nil, err
+			return nil, fmt.Errorf("%w: %s", err, hint)
 		}
 		return nil, fmt.Errorf("corrupt pickle near byte %d: %w: %s", cr.n, err, hint)
 	}
