@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"encoding/csv"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memscale/memscale/device/cuda"
+	"github.com/memscale/memscale/internal/sharedtraces"
+)
+
+// runBench runs `memscale bench ARGS` with a fake environment.
+func runBench(t *testing.T, tty bool, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := benchCommand(context.Background(), args, &out, &errOut, benchEnv{
+		shared: func() ([]sharedtraces.Trace, error) { return nil, os.ErrNotExist },
+		isTTY:  func(io.Writer) bool { return tty },
+	})
+	return out.String(), errOut.String(), err
+}
+
+const mlpSample = "../../samples/snapshots/mlp-train.pickle"
+
+func TestBenchReplayOutputs(t *testing.T) {
+	dir := t.TempDir()
+	csvP, jsonP, mdP, pngP := filepath.Join(dir, "r.csv"), filepath.Join(dir, "r.json"), filepath.Join(dir, "r.md"), filepath.Join(dir, "r.png")
+	out, _, err := runBench(t, false, "replay", mlpSample, "--allocators", "memscale,torch", "--torch-conf", "expandable_segments:True",
+		"--limit", "40MiB", "--csv", csvP, "--json", jsonP, "--markdown", mdP, "--plot", pngP)
+	require.NoError(t, err)
+	for _, want := range []string{"mlp-train (torch-snapshot", "memscale", "torch[expandable_segments:True]", "first OOM under limit"} {
+		assert.Contains(t, out, want)
+	}
+
+	f, err := os.Open(csvP)
+	require.NoError(t, err)
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	require.Len(t, rows, 4)
+	assert.Equal(t, "workload", rows[0][0])
+	assert.Equal(t, []string{"memscale", "torch", "torch[expandable_segments:True]"}, []string{rows[1][2], rows[2][2], rows[3][2]})
+
+	data, err := os.ReadFile(jsonP)
+	require.NoError(t, err)
+	var rep struct {
+		Workloads []struct{ Name, Format string }
+		Results   []struct {
+			Allocator    string
+			PeakReserved uint64 `json:"peak_reserved"`
+			Limit        uint64
+		}
+	}
+	require.NoError(t, json.Unmarshal(data, &rep))
+	assert.Equal(t, "mlp-train", rep.Workloads[0].Name)
+	assert.Equal(t, uint64(40<<20), rep.Results[0].Limit)
+	assert.Greater(t, rep.Results[1].PeakReserved, uint64(0))
+
+	md, err := os.ReadFile(mdP)
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "### mlp-train")
+	png, err := os.ReadFile(pngP)
+	require.NoError(t, err)
+	assert.True(t, bytes.HasPrefix(png, []byte("\x89PNG")))
+}
+
+func TestBenchReplayQuietAndProgress(t *testing.T) {
+	out, errOut, err := runBench(t, true, "replay", "--quiet", mlpSample)
+	require.NoError(t, err)
+	assert.Empty(t, out)
+	assert.Empty(t, errOut, "no progress bar with --quiet")
+}
+
+func TestBenchReplayErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.pickle")
+	require.NoError(t, os.WriteFile(bad, []byte("\x80\x04\x95\xff\x00\x00\x00\x00\x00\x00\x00}"), 0o644))
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"no subcommand", nil, true, "want a subcommand"},
+		{"unknown subcommand", []string{"frob"}, true, `unknown subcommand "frob"`},
+		{"no input", []string{"replay"}, true, "no INPUT"},
+		{"unknown allocator", []string{"replay", mlpSample, "--allocators", "tcmalloc"}, true, `unknown allocator "tcmalloc"`},
+		{"bad torch conf", []string{"replay", mlpSample, "--torch-conf", "max_split_size_mb:1"}, true, "must be > 20"},
+		{"bad backend", []string{"replay", mlpSample, "--backend", "tpu"}, true, `--backend "tpu"`},
+		{"bad limit", []string{"replay", mlpSample, "--limit", "lots"}, true, "--limit"},
+		{"missing file", []string{"replay", filepath.Join(dir, "none.pickle")}, false, "none.pickle"},
+		{"truncated pickle", []string{"replay", bad}, false, "truncated pickle"},
+		{"bad output path", []string{"replay", mlpSample, "--csv", filepath.Join(dir, "no", "x.csv")}, false, "--csv"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := runBench(t, false, tc.args...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			var ue usageError
+			assert.Equal(t, tc.usage, errorsAs(err, &ue), "usage error: %v", err)
+		})
+	}
+}
+
+func TestBenchReplayCUDAWithoutGPU(t *testing.T) {
+	if cuda.Available() == nil {
+		if n, err := cuda.DeviceCount(); err == nil && n > 0 {
+			t.Skip("a GPU is present")
+		}
+	}
+	_, _, err := runBench(t, false, "replay", mlpSample, "--backend", "cuda")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--backend cuda needs an NVIDIA GPU and its driver")
+}
+
+func TestBenchHelp(t *testing.T) {
+	out, _, err := runBench(t, false, "replay", "-h")
+	assert.ErrorIs(t, err, errHelp())
+	assert.True(t, strings.Contains(out, "usage: memscale bench replay INPUT..."), out)
+	code, out2, _ := runCmd("help")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out2, "bench")
+}
+
+func errorsAs(err error, target *usageError) bool { return errors.As(err, target) }
+
+func errHelp() error { return flag.ErrHelp }
