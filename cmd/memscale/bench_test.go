@@ -136,3 +136,51 @@ func TestBenchHelp(t *testing.T) {
 func errorsAs(err error, target *usageError) bool { return errors.As(err, target) }
 
 func errHelp() error { return flag.ErrHelp }
+
+func TestBenchMicro(t *testing.T) {
+	dir := t.TempDir()
+	csvP, jsonP := filepath.Join(dir, "m.csv"), filepath.Join(dir, "m.json")
+	out, _, err := runBench(t, false, "micro", "--sizes", "512,2MiB", "--threads", "1,2", "--streams", "1", "--iterations", "20",
+		"--csv", csvP, "--json", jsonP)
+	require.NoError(t, err)
+	assert.Contains(t, out, "C-ABI crossings, counted apart")
+	assert.Contains(t, out, "malloc p50")
+	f, err := os.Open(csvP)
+	require.NoError(t, err)
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	assert.Len(t, rows, 1+2*2*2*2) // sizes x threads x cached x patterns
+	data, err := os.ReadFile(jsonP)
+	require.NoError(t, err)
+	var rep microReport
+	require.NoError(t, json.Unmarshal(data, &rep))
+	assert.Greater(t, rep.CToGoNs, int64(0))
+	assert.Len(t, rep.Results, 16)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"micro", "--sizes", "big"}, "--sizes"},
+		{[]string{"micro", "--threads", "0"}, "--threads"},
+		{[]string{"micro", "--patterns", "zigzag"}, "--patterns"},
+		{[]string{"micro", "--cached", "maybe"}, "--cached"},
+		{[]string{"micro", "extra"}, "takes no arguments"},
+	} {
+		_, _, err := runBench(t, false, tc.args...)
+		require.Error(t, err, tc.args)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+func TestBenchMicroCUDAWithoutGPU(t *testing.T) {
+	if cuda.Available() == nil {
+		if n, err := cuda.DeviceCount(); err == nil && n > 0 {
+			t.Skip("a GPU is present")
+		}
+	}
+	_, _, err := runBench(t, false, "micro", "--backend", "cuda")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--backend cuda needs an NVIDIA GPU")
+}
