@@ -149,3 +149,26 @@ func parseHex(s string) (uint64, error) {
 	}
 	return v, nil
 }
+
+// WriteRMM writes w as an RMM replay log (Thread,Time,Action,Pointer,Size,
+// Stream): one thread, time = the operation's index in microseconds, the
+// pointer a synthetic address per allocation ID (0x1000 apart), the stream
+// its index. RMM's REPLAY_BENCHMARK and bench/gpu/bench_replay.py replay it.
+func WriteRMM(out io.Writer, w *Workload) error {
+	cw := csv.NewWriter(out)
+	if err := cw.Write([]string{"Thread", "Time", "Action", "Pointer", "Size", "Stream"}); err != nil {
+		return err
+	}
+	for i, op := range w.Ops {
+		action := "allocate"
+		if op.Free {
+			action = "free"
+		}
+		if err := cw.Write([]string{"1", strconv.Itoa(i), action, fmt.Sprintf("0x%x", 0x10000000+uint64(op.ID)*0x1000),
+			strconv.FormatUint(op.Size, 10), fmt.Sprintf("0x%x", op.Stream)}); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}

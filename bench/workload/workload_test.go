@@ -105,3 +105,14 @@ func FuzzParseRMM(f *testing.F) {
 		}
 	})
 }
+
+func TestWriteRMMRoundTrip(t *testing.T) {
+	w, err := ParseRMM(strings.NewReader(rmmLog), "log", "log.csv")
+	require.NoError(t, err)
+	var b strings.Builder
+	require.NoError(t, WriteRMM(&b, w))
+	back, err := ParseRMM(strings.NewReader(b.String()), "log", "back.csv")
+	require.NoError(t, err)
+	assert.Equal(t, w.Ops, back.Ops)
+	assert.Equal(t, w.Streams, back.Streams)
+}

@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/memscale/memscale/bench/replaybench"
+	"github.com/memscale/memscale/bench/workload"
 	"github.com/memscale/memscale/internal/config"
 	"github.com/memscale/memscale/internal/sharedtraces"
 	"github.com/memscale/memscale/internal/sweep"
@@ -86,6 +88,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer, e
 	plotPath := fs.String("plot", "", "write a PNG of reserved memory over the replay (one line per allocator) to this file")
 	mdPath := fs.String("markdown", "", "write Markdown tables (allocators side by side) to this file")
 	quiet := fs.Bool("quiet", false, "no tables and no progress bar")
+	exportDir := fs.String("export-rmm", "", "also write each input's alloc/free stream as an RMM replay log (DIR/NAME.csv), for RMM's REPLAY_BENCHMARK and bench/gpu/bench_replay.py")
 
 	var inputs []string
 	rest := args
@@ -140,6 +143,11 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer, e
 	ws, err := replaybench.Load(inputs, env.shared, *device)
 	if err != nil {
 		return err
+	}
+	if *exportDir != "" {
+		if err := exportRMM(*exportDir, ws); err != nil {
+			return err
+		}
 	}
 	outs, err := openOutputs(map[string]string{"csv": *csvPath, "json": *jsonPath, "plot": *plotPath, "markdown": *mdPath})
 	if err != nil {
@@ -256,4 +264,26 @@ func (o outputFiles) abort() {
 		os.Remove(f.Name())
 		delete(o, k)
 	}
+}
+
+// exportRMM writes each workload to dir/NAME.csv in RMM's log format.
+func exportRMM(dir string, ws []*workload.Workload) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--export-rmm: %w", err)
+	}
+	for _, w := range ws {
+		p := filepath.Join(dir, w.Name+".csv")
+		f, err := os.Create(p)
+		if err != nil {
+			return fmt.Errorf("--export-rmm: %w", err)
+		}
+		werr := workload.WriteRMM(f, w)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return fmt.Errorf("--export-rmm %s: %w", p, werr)
+		}
+	}
+	return nil
 }

@@ -75,6 +75,33 @@ func TestBenchReplayOutputs(t *testing.T) {
 	assert.True(t, bytes.HasPrefix(png, []byte("\x89PNG")))
 }
 
+func TestBenchReplayExportRMM(t *testing.T) {
+	dir := t.TempDir()
+	_, _, err := runBench(t, false, "replay", "--quiet", mlpSample, "--export-rmm", dir)
+	require.NoError(t, err)
+	exported := filepath.Join(dir, "mlp-train.csv")
+	// The exported log replays to the same peaks.
+	var a, b bytes.Buffer
+	outA, _, err := runBench(t, false, "replay", mlpSample, "--allocators", "torch,memscale")
+	require.NoError(t, err)
+	outB, _, err := runBench(t, false, "replay", exported, "--allocators", "torch,memscale")
+	require.NoError(t, err)
+	a.WriteString(outA)
+	b.WriteString(outB)
+	lineOf := func(s, prefix string) string {
+		for _, l := range strings.Split(s, "\n") {
+			if f := strings.Fields(l); len(f) > 4 && f[0] == prefix {
+				return strings.Join(f[1:5], " ") // peaks and fragmentation
+			}
+		}
+		return ""
+	}
+	for _, alloc := range []string{"torch", "memscale"} {
+		assert.NotEmpty(t, lineOf(a.String(), alloc))
+		assert.Equal(t, lineOf(a.String(), alloc), lineOf(b.String(), alloc), alloc)
+	}
+}
+
 func TestBenchReplayQuietAndProgress(t *testing.T) {
 	out, errOut, err := runBench(t, true, "replay", "--quiet", mlpSample)
 	require.NoError(t, err)
