@@ -47,7 +47,7 @@ func Info(w *workload.Workload) WorkloadInfo {
 		Streams: w.Streams, PeakRequested: w.PeakRequested(), Notes: w.Notes}
 }
 
-func fmtBytes(n uint64) string { return bytesize.Format(n, 1) }
+func fmtBytes(n uint64) string { return bytesize.Format(n, 2) }
 
 func fmtDur(d time.Duration) string {
 	switch {
@@ -142,6 +142,7 @@ func WriteJSON(w io.Writer, rep *Report) error {
 // by side on peak reserved and fragmentation.
 func WriteMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
+	writeSummary(&b, rep)
 	for _, info := range rep.Workloads {
 		fmt.Fprintf(&b, "### %s\n\n%s, %d ops, %d allocations, %d stream(s), peak requested %s.\n\n",
 			info.Name, info.Format, info.Ops, info.Allocs, info.Streams, fmtBytes(info.PeakRequested))
@@ -227,4 +228,36 @@ func WritePlot(w io.Writer, rep *Report) error {
 	}
 	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 	return err
+}
+
+// writeSummary writes one row per workload with every allocator's peak
+// reserved and fragmentation side by side.
+func writeSummary(b *strings.Builder, rep *Report) {
+	var allocs []string
+	seen := map[string]bool{}
+	for _, r := range rep.Results {
+		if !seen[r.Allocator] {
+			seen[r.Allocator] = true
+			allocs = append(allocs, r.Allocator)
+		}
+	}
+	b.WriteString("| workload | peak requested |")
+	for _, a := range allocs {
+		fmt.Fprintf(b, " %s: peak reserved (fragmentation) |", a)
+	}
+	b.WriteString("\n|---|---:|" + strings.Repeat("---:|", len(allocs)) + "\n")
+	for _, info := range rep.Workloads {
+		fmt.Fprintf(b, "| %s | %s |", info.Name, fmtBytes(info.PeakRequested))
+		for _, a := range allocs {
+			cell := " - |"
+			for i := range rep.Results {
+				if r := &rep.Results[i]; r.Workload == info.Name && r.Allocator == a {
+					cell = fmt.Sprintf(" %s (%.2f%%) |", fmtBytes(r.PeakReserved), 100*r.Fragmentation)
+				}
+			}
+			b.WriteString(cell)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
 }

@@ -185,6 +185,7 @@ func TestOutputs(t *testing.T) {
 	require.NoError(t, WriteMarkdown(&md, rep))
 	assert.Contains(t, md.String(), "| memscale | ")
 	assert.Contains(t, md.String(), "| +0.0% |")
+	assert.Contains(t, md.String(), "| workload | peak requested | memscale: peak reserved (fragmentation) | torch: peak reserved (fragmentation) |")
 
 	var png bytes.Buffer
 	require.NoError(t, WritePlot(&png, rep))
