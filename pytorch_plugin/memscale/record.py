@@ -34,7 +34,7 @@ from typing import Any
 
 from .errors import MemscaleError
 
-__all__ = ["record_snapshot", "cpu_snapshot_from_profile"]
+__all__ = ["record_snapshot", "cpu_snapshot_from_profile", "record_program"]
 
 
 @contextlib.contextmanager
@@ -83,6 +83,23 @@ def record_snapshot(
         snap = cpu_snapshot_from_profile(prof, max_entries=max_entries)
         with open(out, "wb") as f:
             pickle.dump(snap, f)
+
+
+def record_program(output: str, device: str | None, run: Any) -> int:
+    """``python -m memscale record``: run a program under :func:`record_snapshot`.
+
+    Returns the program's exit status; the snapshot is written either way.
+    """
+    import sys
+
+    status = 0
+    with record_snapshot(output, device=device):
+        try:
+            run()
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    print(f"memscale record: wrote {output}; compare allocators with: build/memscale bench replay {output}", file=sys.stderr)
+    return status
 
 
 def cpu_snapshot_from_profile(prof: Any, *, max_entries: int = 1_000_000) -> dict[str, Any]:

@@ -83,3 +83,19 @@ def test_cuda_native_history(tmp_path):
         torch.ones(1 << 20, device="cuda")
     snap = pickle.loads(path.read_bytes())
     assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+
+
+def test_python_m_memscale_record(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "m = torch.nn.Linear(16, 16)\n"
+        "m(torch.randn(8, 16)).sum().backward()\n"
+        "sys.exit(3)\n"
+    )
+    from memscale.__main__ import main
+
+    out = tmp_path / "snap.pickle"
+    assert main(["record", "--device", "cpu", str(out), str(script)]) == 3
+    snap = pickle.loads(out.read_bytes())
+    assert any(e["action"] == "alloc" and e["size"] == 8 * 16 * 4 for e in snap["device_traces"][0])
