@@ -56,8 +56,9 @@ type Result struct {
 	Max time.Duration `json:"max_ns"`
 	// MallocP50 is the median Malloc alone.
 	MallocP50 time.Duration `json:"malloc_p50_ns"`
-	// OpsPerSec is calls per second of time spent in them, all threads
-	// together (sum of call times / threads).
+	// OpsPerSec is calls per second of wall time, all threads together,
+	// from the moment every thread finished warming up to the last one's
+	// end (uncached cells: the untimed EmptyCache calls included).
 	OpsPerSec float64 `json:"ops_per_sec"`
 	// Error is set when the cell could not run.
 	Error string `json:"error,omitempty"`
@@ -178,7 +179,9 @@ func RunCell(o Options, c Cell) Result {
 	per := make([][]sample, c.Threads)
 	errs := make([]error, c.Threads)
 	var mu sync.Mutex // serializes EmptyCache with the uncached cells' mallocs
-	var wg sync.WaitGroup
+	var wg, warm sync.WaitGroup
+	starts, ends := make([]time.Time, c.Threads), make([]time.Time, c.Threads)
+	warm.Add(c.Threads)
 	for t := 0; t < c.Threads; t++ {
 		wg.Add(1)
 		go func(t int) {
@@ -209,6 +212,10 @@ func RunCell(o Options, c Cell) Result {
 					_ = a.Free(p)
 				}
 			}
+			warm.Done()
+			warm.Wait()
+			starts[t] = time.Now()
+			defer func() { ends[t] = time.Now() }()
 			for i := 0; i < iters && errs[t] == nil; i++ {
 				if !c.Cached {
 					mu.Lock()
@@ -267,14 +274,16 @@ func RunCell(o Options, c Cell) Result {
 	if len(mallocs) > 0 {
 		res.MallocP50 = mallocs[len(mallocs)/2]
 	}
-	// Throughput is the timed calls' own rate: the sum of their times
-	// over the threads (warm-up and the uncached cells' EmptyCache calls
-	// are not counted).
-	var sum time.Duration
-	for _, d := range all {
-		sum += d
+	var first, last time.Time
+	for t := range starts {
+		if first.IsZero() || starts[t].Before(first) {
+			first = starts[t]
+		}
+		if ends[t].After(last) {
+			last = ends[t]
+		}
 	}
-	wall := sum / time.Duration(c.Threads)
+	wall := last.Sub(first)
 	if wall > 0 {
 		res.OpsPerSec = float64(res.Ops) / wall.Seconds()
 	}
