@@ -31,6 +31,9 @@ type Report struct {
 
 // WorkloadInfo describes one input.
 type WorkloadInfo struct {
+	// Name, Path and Format identify the input; Ops, Allocs and Streams
+	// count its operations, allocations and streams; PeakRequested is its
+	// peak of live requested bytes; Notes are the reader's remarks.
 	Name          string   `json:"name"`
 	Path          string   `json:"path"`
 	Format        string   `json:"format"`

@@ -50,22 +50,28 @@ type OOM struct {
 
 // Result is one allocator's replay of one workload.
 type Result struct {
+	// Workload and Allocator name the pair; Describe says what the
+	// allocator is; Backend is where it ran (sim or cuda).
 	Workload  string `json:"workload"`
 	Allocator string `json:"allocator"`
 	Describe  string `json:"describe"`
 	Backend   string `json:"backend"`
-	Ops       int    `json:"ops"`
-	Mallocs   int    `json:"mallocs"`
-	Frees     int    `json:"frees"`
+	// Ops, Mallocs and Frees count the operations replayed.
+	Ops     int `json:"ops"`
+	Mallocs int `json:"mallocs"`
+	Frees   int `json:"frees"`
 	// PeakRequested is the workload's own peak of live requested bytes.
 	PeakRequested uint64 `json:"peak_requested"`
+	// PeakAllocated and PeakReserved are the allocator's peaks of bytes in
+	// allocated blocks and of bytes held from the device.
 	PeakAllocated uint64 `json:"peak_allocated"`
 	PeakReserved  uint64 `json:"peak_reserved"`
 	// Fragmentation is 1 - peak allocated / peak reserved (GMLake's measure).
 	Fragmentation float64 `json:"fragmentation"`
 	// Overhead is 1 - peak requested / peak reserved (rounding included).
-	Overhead     float64 `json:"overhead"`
-	DeviceAllocs int64   `json:"device_allocs"`
+	Overhead float64 `json:"overhead"`
+	// DeviceAllocs counts physical allocations from the device (Counters).
+	DeviceAllocs int64 `json:"device_allocs"`
 	// MallocP50, MallocP99 and MallocMax are the latency of Malloc calls.
 	MallocP50 time.Duration `json:"malloc_p50_ns"`
 	MallocP99 time.Duration `json:"malloc_p99_ns"`
@@ -75,8 +81,9 @@ type Result struct {
 	// Limit is the limit replayed under (0 = none); OOM the first failure
 	// under it (nil = none). After a failure the limit is lifted and the
 	// replay goes on, so the peaks are those of the whole workload.
-	Limit    uint64  `json:"limit"`
-	OOM      *OOM    `json:"oom"`
+	Limit uint64 `json:"limit"`
+	OOM   *OOM   `json:"oom"`
+	// Timeline is reserved memory over the replay (bucket maxima).
 	Timeline []Point `json:"timeline,omitempty"`
 	// Error is set when the replay could not finish (the columns above are
 	// then partial).
