@@ -61,10 +61,11 @@ func ParseRMM(r io.Reader, name, path string) (*Workload, error) {
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		line, _ := cr.FieldPos(0)
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %w", line, err)
+			// A *csv.ParseError names the line and column itself.
+			return nil, fmt.Errorf("malformed CSV: %w", err)
 		}
+		line, _ := cr.FieldPos(0)
 		if len(rec) == 1 && strings.TrimSpace(rec[0]) == "" {
 			continue
 		}

@@ -47,7 +47,7 @@ func TestParseRMMErrors(t *testing.T) {
 		{"bad action", hdr + "1,2,alloc,0x10,12,0x0\n", "line 2: unknown Action \"alloc\""},
 		{"short line", hdr + "1,2,allocate\n", "line 2: 3 fields, no Pointer column"},
 		{"double allocation", hdr + "1,2,allocate,0x10,12,0x0\n1,2,allocate,0x10,12,0x0\n", "line 3: allocate at 0x10"},
-		{"quote", hdr + "1,2,\"allocate,0x10,12,0x0\n", "line 2"},
+		{"quote", hdr + "1,2,\"allocate,0x10,12,0x0\n", "malformed CSV: parse error on line 2"},
 		{"nothing allocated", hdr, "no allocations"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
