@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -210,4 +211,23 @@ func TestBenchMicroCUDAWithoutGPU(t *testing.T) {
 	_, _, err := runBench(t, false, "micro", "--backend", "cuda")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--backend cuda needs an NVIDIA GPU")
+}
+
+// TestBenchReplayProgressBar: on a terminal, a long input gets a progress bar
+// on stderr, cleared at the end; the table on stdout is unchanged.
+func TestBenchReplayProgressBar(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("Thread,Time,Action,Pointer,Size,Stream\n")
+	for i := 0; i < 12000; i++ {
+		fmt.Fprintf(&b, "1,%d,allocate,0x%x,%d,0x0\n1,%d,free,0x%x,%d,0x0\n", i, 0x1000+i, 512+i, i, 0x1000+i, 512+i)
+	}
+	p := filepath.Join(t.TempDir(), "long.csv")
+	require.NoError(t, os.WriteFile(p, []byte(b.String()), 0o644))
+	out, errOut, err := runBench(t, true, "replay", p, "--allocators", "torch")
+	require.NoError(t, err)
+	assert.Contains(t, out, "long (rmm-log, 24000 ops")
+	assert.Contains(t, errOut, "long / torch", "the bar names the workload and allocator")
+	_, errOut, err = runBench(t, false, "replay", p, "--allocators", "torch")
+	require.NoError(t, err)
+	assert.Empty(t, errOut, "no bar when stderr is not a terminal")
 }
