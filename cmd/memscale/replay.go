@@ -189,23 +189,11 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	}
 	// Open the outputs now: a bad path fails before a long sweep. Files
 	// not completed are removed.
-	outs := map[string]*os.File{}
-	defer func() {
-		for _, f := range outs {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	for _, p := range []struct{ flag, path string }{{"csv", opt.csv}, {"json", opt.json}, {"markdown", opt.markdown}, {"plot", opt.plot}} {
-		if p.path == "" {
-			continue
-		}
-		f, err := os.Create(p.path)
-		if err != nil {
-			return fmt.Errorf("--%s: %w", p.flag, err)
-		}
-		outs[p.flag] = f
+	outs, err := openOutputs(map[string]string{"csv": opt.csv, "json": opt.json, "markdown": opt.markdown, "plot": opt.plot})
+	if err != nil {
+		return err
 	}
+	defer outs.abort()
 
 	progress := &progressLine{w: stderr}
 	showProgress := !opt.quiet && env.isTTY != nil && env.isTTY(stderr)
@@ -299,28 +287,13 @@ func limitOrDefault(l float64) float64 {
 
 // writeReplayOutputs writes the CSV, JSON, Markdown and PNG files opened in
 // outs.
-func writeReplayOutputs(rep *sweep.Report, outs map[string]*os.File) error {
-	writers := map[string]func(io.Writer) error{
+func writeReplayOutputs(rep *sweep.Report, outs outputFiles) error {
+	return outs.write(map[string]func(io.Writer) error{
 		"csv":      func(w io.Writer) error { return sweep.WriteCSV(w, rep) },
 		"json":     func(w io.Writer) error { return sweep.WriteJSON(w, rep) },
 		"markdown": func(w io.Writer) error { return sweep.WriteMarkdown(w, rep, sweep.DTRReference()) },
 		"plot":     func(w io.Writer) error { return writeOverheadPlot(w, rep) },
-	}
-	for _, flag := range []string{"csv", "json", "markdown", "plot"} {
-		f, ok := outs[flag]
-		if !ok {
-			continue
-		}
-		if err := writers[flag](f); err != nil {
-			return fmt.Errorf("--%s %s: %w", flag, f.Name(), err)
-		}
-		err := f.Close()
-		delete(outs, flag)
-		if err != nil {
-			return fmt.Errorf("--%s: %w", flag, err)
-		}
-	}
-	return nil
+	})
 }
 
 // writeOverheadPlot draws overhead against budget ratio, one panel per trace

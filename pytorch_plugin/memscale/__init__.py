@@ -8,7 +8,9 @@ Four layers, use the one you need:
 * ``memscale.install(threshold=..., limit=...)``: make libmemscale.so PyTorch's CUDA
   allocator (call it first thing, before any CUDA use). ``memory_stats()``,
   ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
-  ``torch.cuda`` versions that raise under a pluggable allocator.
+  ``torch.cuda`` versions that raise under a pluggable allocator;
+  ``record_snapshot(path)`` records a run under PyTorch's own allocator as a
+  snapshot pickle for ``memscale bench replay``.
 * ``with memscale.dtr(budget="8GiB"): ...``: a Dynamic Tensor Rematerialization
   region; tensors are evicted and rebuilt as the Go engine decides
   (``memscale.DTRRegion``, ``memscale.DTRTensor``, ``memscale.unwrap``; the
@@ -56,6 +58,7 @@ from .errors import (
     LibraryNotFoundError,
     MemscaleError,
 )
+from .record import record_snapshot
 from .snapshot import dump_snapshot, snapshot
 
 from ._version import __version__
@@ -93,6 +96,7 @@ __all__: list[str] = [
     "optimize",
     "parse_size",
     "patch_torch_memory",
+    "record_snapshot",
     "restore_torch_memory",
     "torch_memory_patched",
     "reset_peak_memory_stats",

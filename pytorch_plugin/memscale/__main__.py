@@ -2,6 +2,9 @@
 training script under DTR. ``python -m memscale check [--steps N] SCRIPT
 [ARGS...]``: is the script safe under DTR? (its first N training steps under
 the stress setting, every rebuild verified; exit status 1 when not).
+``python -m memscale record [--device cpu] OUT.pickle SCRIPT [ARGS...]``: the script under
+PyTorch's own allocator, its allocations recorded as a memory snapshot for
+``memscale bench replay`` (:func:`memscale.record_snapshot`).
 
 The script runs as ``python SCRIPT ARGS...`` would run it (``sys.argv``,
 ``sys.path[0]`` and ``__name__ == "__main__"`` as usual; ``-m MODULE`` runs a module),
@@ -37,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", type=int, default=1, help="training steps to check (default 1)")
     check.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
     check.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or the module's ARGS with -m)")
+    rec = sub.add_parser("record", help="record a script's allocations as a PyTorch memory snapshot (for memscale bench replay)")
+    rec.add_argument("output", help="the snapshot pickle to write")
+    rec.add_argument("--device", choices=("cuda", "cpu"), help="cuda: PyTorch's memory history; cpu: the CPU allocator (default: cuda if available)")
+    rec.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
+    rec.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or the module's ARGS with -m)")
     return p
 
 
@@ -78,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "check":
         return _check(args, target)
+    if args.command == "record":
+        from .record import record_program
+
+        return record_program(args.output, args.device, _runner(args.module, target))
     if args.threshold is not None:
         os.environ[THRESHOLD_ENV] = args.threshold
 
