@@ -176,10 +176,16 @@ main() {
 			"$PY" bench/gpu/correctness.py --compare ...
 	fi
 
-	# 3. GPT-2: native baseline, DTR at 50% of its peak, largest batch both ways.
+	# 3. GPT-2: native baseline, DTR at 50% of its peak, largest batch both ways
+	#    (all the time left but 120 s, kept for step 4).
 	local t
-	t=$(left)
+	t=$(($(left) - 120))
 	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))
+
+	# 4. Snapshots replayed under real allocators, and the native model against memory_stats.
+	t=$(left)
+	step bench_replay "$t" "$PY" bench/gpu/bench_replay.py --out "$STEPS" --work "$WORK/bench_replay" \
+		--time-budget $((t > 40 ? t - 20 : 20))
 
 	echo
 	echo "== summary"
