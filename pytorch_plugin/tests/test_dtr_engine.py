@@ -143,12 +143,32 @@ def test_status_block_follows_every_call() -> None:
         assert status.usage == MB
         _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
         assert status.usage == 2 * MB and status.peak_usage == 2 * MB
-        eng.release(a)  # its last reference: the engine frees it and says so
-        assert status.pending == 1
+        eng.release(a)  # its last reference: queued, the engine told with its next call
+        assert status.pending == 0 and eng.released == [a]
+        eng.flush_releases()  # ... or now: the engine frees it and says so
+        assert status.pending == 1 and eng.released == []
         assert list(eng.evict()) == [(a, ACTION_DROP)]
         assert status.pending == 0 and status.usage == MB
         eng.set_budget(0)
         assert status.budget == 0
+
+
+def test_op_merges_releases_call_and_freed_storages() -> None:
+    with Engine({"budget": 4 * MB, "heuristic": "lru"}) as eng:
+        x = eng.tensor(MB)
+        _, a_ids, freed = eng.op(b"mul", [x], [MB], [-1], 10, 0)
+        assert freed == []
+        (a,) = a_ids
+        _, (b,), _ = eng.op(b"mul", [a], [MB], [-1], 10, 0)
+        eng.release(a)  # b, its child, is alive: evicted eagerly once the engine knows
+        op, (c, v), freed = eng.op(b"add", [b], [MB, 8], [-1, 0], 10, 0)
+        assert op > 0 and freed == [a, ACTION_DROP] and eng.released == []
+        assert eng.status.pending == 0 and eng.status.usage == 3 * MB
+        eng.release(b)
+        eng.release(b)  # once too often: the next call fails and names it
+        with pytest.raises(MemscaleError, match="memscale_dtr_op: released id 1 of 2: .*no references left"):
+            eng.op(b"neg", [x], [MB], [-1], 10, 0)
+        del v
 
 
 def test_evict_makes_room_for_the_bytes_about_to_be_allocated() -> None:

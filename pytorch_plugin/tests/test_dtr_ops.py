@@ -613,6 +613,44 @@ def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.Mo
     assert len(timer.pending) == 0 and timer.spare  # events are reused
 
 
+def test_no_op_waits_for_the_device_and_what_waits_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``summary()["synchronizations"]``: evictions, swaps and rebuilds add
+    none; the fingerprints of verified rebuilds (memscale.check) and
+    ``device.synchronize`` are counted, per entry and over the region."""
+    from memscale._region import device
+
+    x = _x()
+    region = _region(swap=True)
+    with region:
+        a = x * 3
+        b = a + 1
+        keep = _fill(x)
+        assert _eq(b, x * 3 + 1) and _eq(a, x * 3)
+        del keep
+    s = region.summary()
+    assert s["evictions"] + s["swaps_out"] > 0 and s["rematerializations"] + s["swaps_in"] > 0
+    assert s["synchronizations"] == 0 and region.last_summary()["synchronizations"] == 0
+
+    stress = dtr(stress=True)
+    stress.verify_where = lambda: "here"
+    with stress:
+        y = (x * 3).sin() + 1
+        assert stress.summary()["synchronizations"] > 0  # the running entry's
+        assert _eq(y, (x * 3).sin() + 1)  # rebuilt and verified
+    first = stress.summary()["synchronizations"]
+    assert first == stress.last_summary()["synchronizations"] > 0
+    with stress:
+        y = (x * 3).sin() + 1
+        del y
+    assert stress.summary()["synchronizations"] == first + stress.last_summary()["synchronizations"]
+
+    waits: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: waits.append(1))
+    before = device.sync_count()
+    device.synchronize()
+    assert waits == [1] and device.sync_count() == before + 1
+
+
 # ---------------------------------------------------------------- bad input
 
 
