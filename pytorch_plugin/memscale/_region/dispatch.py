@@ -113,7 +113,9 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if cells is None:
         return out
     wrappers = wrap_outputs(s, cells, outs)
-    s.after_op()
+    status = s.status  # s.after_op(), inlined: most ops leave it nothing to do
+    if status.pending >= s.drain_at or (s.budgeted and (not s.usage_exact or status.usage > status.budget)):
+        s.evict()
     if partial:
         return rebuild_result(out, _wrappers_and_constants(out, wrappers))
     if len(wrappers) == 1 and isinstance(out, _Tensor):
@@ -186,15 +188,7 @@ def _run_and_register(
             if c.pinned:
                 c.consumed = True
         s.ops[cells[0].op_id] = RecordedOp(
-            func,
-            a.template_args,
-            a.template_kwargs,
-            a.cells,
-            cells,
-            rng,
-            RERUN_CALL,
-            scratch=info.state_writes,
-            grad_mode=_grad_enabled(),
+            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, (), info.state_writes, _grad_enabled()
         )
         if s.verifier is not None and info.reproducible:
             s.verifier.computed(cells[0].op_id, cells)
