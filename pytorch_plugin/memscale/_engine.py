@@ -404,6 +404,8 @@ class Engine:
         (``status.pending``).
         """
         released = self.released
+        if released:
+            self.released = []
         n_rel = len(released)
         n_in = len(inputs)
         n_out = len(out_sizes)
@@ -412,8 +414,6 @@ class Engine:
             self._new_frame(words)
         w = self._words
         w[0:words] = array("q", [n_rel, n_in, n_out, cost_ns, flags, _FRAME_HAND_OUT, *released, *inputs, *out_sizes, *out_alias])
-        if n_rel:
-            self.released = []
         op = self._op(self.handle, name, self._frame)
         if op < 0:
             raise _fail(f"memscale_dtr_op({name.decode()})")
