@@ -92,9 +92,8 @@ class WrapperFloorMode(EmptyMode):
         return w
 
 
-def per_op(reps: int, n: int) -> dict[str, float]:
-    """Median ns per op: plain, an empty dispatch mode, a minimal wrapper
-    mode, the unbudgeted region, budgeted regions (no evictions)."""
+def op_loop(n: int) -> Any:
+    """The per-op benchmark's loop: ``2 n`` small ops on a 16x16 tensor."""
     x = torch.randn(16, 16)
 
     def loop() -> None:
@@ -102,6 +101,14 @@ def per_op(reps: int, n: int) -> dict[str, float]:
         for _ in range(n):
             y = y + 1.0
             y = y * 0.5
+
+    return loop
+
+
+def per_op(reps: int, n: int) -> dict[str, float]:
+    """Median ns per op: plain, an empty dispatch mode, a minimal wrapper
+    mode, the unbudgeted region, budgeted regions (no evictions)."""
+    loop = op_loop(n)
 
     free = dtr(None)
     roomy = dtr(1 << 40)  # a budget no loop comes near: the budgeted path, no eviction

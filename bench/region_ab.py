@@ -27,26 +27,12 @@ from typing import Any
 
 def child(ops: int, reps: int) -> dict[str, float]:
     """One process's medians (us per op), variants in turns."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from memscale import dtr  # the checkout's package (PYTHONPATH), before plugin_bench adds this tree's
 
-    from memscale import dtr
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from plugin_bench import EmptyMode, op_loop  # the harness only: the loop and the empty mode
 
-    class Empty(TorchDispatchMode):
-        @classmethod
-        def _should_skip_dynamo(cls) -> bool:
-            return False
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            return func(*args, **(kwargs or {}))
-
-    x = torch.randn(16, 16)
-
-    def loop() -> None:
-        y = x
-        for _ in range(ops):
-            y = y + 1.0
-            y = y * 0.5
+    loop = op_loop(ops)
 
     def under(ctx: Any) -> Any:
         def run() -> None:
@@ -56,7 +42,7 @@ def child(ops: int, reps: int) -> dict[str, float]:
         return run
 
     free, roomy = dtr(None), dtr(1 << 40)
-    runs = {"plain": loop, "empty mode": under(Empty), "dtr(None)": under(lambda: free), "dtr(1 TiB)": under(lambda: roomy)}
+    runs = {"plain": loop, "empty mode": under(EmptyMode), "dtr(None)": under(lambda: free), "dtr(1 TiB)": under(lambda: roomy)}
     times: dict[str, list[float]] = {k: [] for k in runs}
     for fn in runs.values():
         fn()
