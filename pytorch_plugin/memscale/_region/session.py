@@ -388,13 +388,26 @@ class Session:
     def _detach_everything(self) -> None:
         self._sync_end = sync_count()
         self.closed = True
+        escaping: set[Cell] = set()
         for ref in list(self.live.values()):
             cell = ref.cell
             if cell is not None:
                 cell.session = None
                 cell.tensor_id = -1
+                escaping.add(cell)
             ref.cell = None
         self.live.clear()
+        # A cell and the weak reference that names it refer to each other: a
+        # cycle the collector would free only on its own schedule, holding the
+        # cell's tensor until then (a GPT-2 step touched ~50 MiB of fresh
+        # memory per step that way). Nothing reads a cell no live wrapper
+        # names after the exit: drop its data and the cycle now.
+        for group in self.groups.values():
+            for cell in group.cells:
+                if cell not in escaping:
+                    cell.wrapper_ref = None
+                    cell.tensor = None
+                    cell.session = None
         for hook in self.grad_hooks:
             hook.remove()
         self.grad_hooks.clear()
