@@ -53,7 +53,7 @@ budget), so everything computed from it stays rebuildable. Compiled code
 (``dtr(stress=True)``) and verified rebuilds (:mod:`.verify`) are how
 :func:`memscale.check` tests a model.
 
-Cost: per op the region does Python work next to the kernel (about 3-4x an
+Cost: per op the region does Python work next to the kernel (about 4x an
 empty ``TorchDispatchMode`` on the CPU, see ``bench/results/plugin-bench.md``);
 it never waits for the device (op costs come from CUDA events read once they
 completed; copies are asynchronous), and what does wait is counted
