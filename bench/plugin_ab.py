@@ -29,7 +29,12 @@ from pathlib import Path
 _PER_OP = re.compile(
     r"plain ([\d.]+) us, unbudgeted region ([\d.]+) us .*budgeted, no eviction ([\d.]+) us"
 )
-_ROW = re.compile(r"^\| (100%|50%|30%) \|[^|]*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|[^|]*\|[^|]*\|[^|]*\|\s*([\d.]+)\s*\|\s*(\w+)")
+# The GPT-2 rows of either version of the table (with or without the "ratio -
+# overhead" column before "losses bitwise").
+_ROW = re.compile(
+    r"^\| (100%|50%|30%) \|[^|]*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|[^|]*\|[^|]*\|[^|]*\|\s*([\d.]+)\s*\|"
+    r"(?:\s*[+-][\d.]+\s*\|)?\s*(\w+)"
+)
 
 
 def run_once(tree: Path, steps: int) -> dict[str, float]:
@@ -73,8 +78,8 @@ def main() -> int:
     for i in range(args.rounds):
         for side, tree in trees.items():
             results[side].append(run_once(tree, args.steps))
-            print(f"round {i + 1} {side} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    keys = list(results["A"][0])
+            print(f"round {i + 1} {side} done ({time.perf_counter() - t0:.0f} s): {results[side][-1]}", file=sys.stderr)
+    keys = [key for key in results["A"][0] if all(key in r for r in results["A"] + results["B"])]
     lines = [
         f"A = {trees['A']}, B = {trees['B']}; {args.rounds} rounds, A and B in turns, medians; "
         f"load average {os.getloadavg()[0]:.1f} at the end.",

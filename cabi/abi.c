@@ -265,6 +265,14 @@ int64_t memscale_dtr_call(int64_t h, const char* name, const int64_t* inputs, in
 	                            (int32_t*)out_alias, n_out, cost_ns, flags, out_ids);
 }
 
+int64_t memscale_dtr_op(int64_t h, const char* name, int64_t* frame) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_op(h, (char*)name, frame);
+}
+
 int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
                             const int32_t* mutated, int32_t n_mut, int64_t cost_ns, int32_t flags,
                             int64_t* out_ids) {

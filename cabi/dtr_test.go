@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"os"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/memscale/memscale/evict"
+	rc "github.com/memscale/memscale/recompute"
 )
 
 // newTestEngine creates an engine from config through the export and
@@ -314,4 +316,69 @@ func TestDTRRegionDefaults(t *testing.T) {
 	setEnv(t, "MEMSCALE_HEURISTIC", str("fifo"))
 	assert.Equal(t, int64(-1), abiDTRCreate(`{"defaults": "region"}`))
 	assert.Contains(t, lastError(), "MEMSCALE_HEURISTIC")
+}
+
+// TestDTROpIsReleasesCallAndHandOut checks memscale_dtr_op against the
+// separate calls it merges: release, call, then the freed storages that
+// memscale_dtr_evict would hand out first.
+func TestDTROpIsReleasesCallAndHandOut(t *testing.T) {
+	f := newDTROpFrame()
+	defer f.free()
+	h := newTestEngine(t, `{"budget": 100000, "heuristic": "lru"}`)
+	x := abiDTRTensor(h, 100, 1)
+	op, a, freed := abiDTROp(f, h, nil, []int64{x}, []int64{1000}, []int64{-1}, 10, 0, 8)
+	require.GreaterOrEqual(t, op, int64(0), lastError())
+	require.Len(t, a, 1)
+	assert.Empty(t, freed)
+	_, b, _ := abiDTROp(f, h, nil, []int64{a[0]}, []int64{1000}, []int64{-1}, 10, 0, 8)
+	// Releasing a (its child b alive) evicts it eagerly: handed out with the op.
+	_, c, freed := abiDTROp(f, h, []int64{a[0]}, []int64{b[0]}, []int64{1000, 8}, []int64{-1, 0}, 10, 0, 8)
+	require.Len(t, c, 2, lastError())
+	assert.Equal(t, [][2]int64{{a[0], int64(evict.Drop)}}, freed)
+	_, st := abiDTRStatus(h)
+	assert.Equal(t, int64(0), st.Pending)
+	assert.Equal(t, int64(100+2000), st.Usage)
+	// Releases only.
+	op, _, _ = abiDTROp(f, h, []int64{c[1], c[0]}, nil, nil, nil, 0, 0, 0)
+	require.Equal(t, int64(0), op, lastError())
+	_, st = abiDTRStatus(h)
+	assert.Equal(t, int64(1), st.Pending, "c freed, handed out by the next evict or op")
+	// Errors name the part of the frame.
+	op, _, _ = abiDTROp(f, h, []int64{c[0]}, nil, nil, nil, 0, 0, 0)
+	assert.Equal(t, int64(-1), op)
+	assert.Contains(t, lastError(), "memscale_dtr_op: released id 0 of 1")
+	op, _, _ = abiDTROp(f, h, nil, []int64{b[0]}, []int64{8}, []int64{1}, 10, 0, 0)
+	assert.Equal(t, int64(-1), op)
+	assert.Contains(t, lastError(), "alias 1: want -1 or an input index")
+	op, _, _ = abiDTROp(f, h, nil, []int64{b[0]}, []int64{8}, []int64{-1}, -5, 0, 0)
+	assert.Equal(t, int64(-1), op)
+	assert.Contains(t, lastError(), "cost_ns -5")
+	assert.Equal(t, int64(-1), abiDTROpNoFrame(h))
+}
+
+// TestDTROpAllocatesNothingOfItsOwn: beyond what the engine itself keeps
+// per op (its graph), memscale_dtr_op allocates nothing for a name it saw.
+func TestDTROpAllocatesNothingOfItsOwn(t *testing.T) {
+	f := newDTROpFrame()
+	defer f.free()
+	h := newTestEngine(t, `{}`)
+	x := abiDTRTensor(h, 100, 1)
+	name := newDTROpFrame() // zeroed: "chain" written below
+	defer name.free()
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(name.p)), 8), "chain")
+	prev := dtrChainStep(f, name, h, x) // the name is interned here
+	require.GreaterOrEqual(t, prev, int64(0), lastError())
+	viaABI := testing.AllocsPerRun(200, func() { prev = dtrChainStep(f, name, h, prev) })
+	require.GreaterOrEqual(t, prev, int64(0), lastError())
+	eng, err := evict.New(evict.Config{})
+	require.NoError(t, err)
+	ins := []rc.TensorID{eng.NewTensor(100, true)}
+	outs := []evict.Output{{Size: 1000, Alias: -1}}
+	direct := testing.AllocsPerRun(200, func() {
+		_, ids, err := eng.Call("chain", ins, outs, 10, 0)
+		if err == nil {
+			ins[0] = ids[0]
+		}
+	})
+	assert.Equal(t, direct, viaABI, "allocations per op: via the ABI %.2f, the engine alone %.2f", viaABI, direct)
 }

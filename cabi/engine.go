@@ -3,6 +3,7 @@ package main
 /*
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "memscale_internal.h"
 */
 import "C"
@@ -36,6 +37,12 @@ type dtrHandle struct {
 	src evict.UsageSource
 	buf []evict.Victim
 	pl  []rc.Step
+	// Scratch of memscale_dtr_op, reused by every call (the engine copies
+	// what it keeps), and the op names seen, interned so a call allocates
+	// no string for a name it has seen before.
+	ins   []rc.TensorID
+	outs  []evict.Output
+	names map[string]string
 	// status is the block memscale_dtr_status_of returns: C memory, owned
 	// by the handle, rewritten at the end of every call on it (sync) and
 	// freed by memscale_dtr_destroy.
@@ -382,6 +389,131 @@ func memscale_go_dtr_call(h C.int64_t, name *C.char, inputs *C.int64_t, nIn C.in
 		op, err = c.run(d.eng, func() (rc.OpID, []rc.TensorID, error) {
 			return d.eng.Call(opName(name), c.ins, outs, c.cost, c.flags)
 		})
+		return err
+	})
+	return C.int64_t(op)
+}
+
+// Layout of memscale_dtr_op's frame (see memscale.h).
+const (
+	frameReleases = 0 // number of released tensor ids
+	frameInputs   = 1 // number of inputs (-1: releases only)
+	frameOutputs  = 2 // number of outputs
+	frameCost     = 3 // cost_ns
+	frameFlags    = 4 // flags
+	frameCap      = 5 // room for freed storages handed out
+	frameHeader   = 6
+)
+
+// internName returns the op name at p (NUL-terminated) as a Go string,
+// allocating only the first time the handle sees that name.
+func (d *dtrHandle) internName(p *C.char) string {
+	if p == nil {
+		return "op"
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(p)), int(C.strlen(p)))
+	if s, ok := d.names[string(b)]; ok { // no allocation for the lookup
+		return s
+	}
+	if d.names == nil {
+		d.names = map[string]string{}
+	}
+	s := string(b)
+	d.names[s] = s
+	return s
+}
+
+// op is memscale_dtr_op on a locked handle: the releases, then the op (as
+// memscale_dtr_call), then up to cap freed storages handed out. It reads
+// every input of the frame before writing any output to it.
+func (d *dtrHandle) op(name *C.char, frame *C.int64_t) (int64, error) {
+	if frame == nil {
+		return -1, errors.New("frame: NULL")
+	}
+	hdr := unsafe.Slice(frame, frameHeader)
+	nRel, nIn, nOut, cost, flags, capacity := int64(hdr[frameReleases]), int64(hdr[frameInputs]),
+		int64(hdr[frameOutputs]), int64(hdr[frameCost]), int64(hdr[frameFlags]), int64(hdr[frameCap])
+	const most = 1 << 24
+	switch {
+	case nRel < 0 || nRel > most:
+		return -1, fmt.Errorf("frame[0] = %d released ids: want 0..%d", nRel, most)
+	case nIn < -1 || nIn > most:
+		return -1, fmt.Errorf("frame[1] = %d inputs: want -1 (releases only) .. %d", nIn, most)
+	case nIn >= 0 && (nOut < 0 || nOut > most):
+		return -1, fmt.Errorf("frame[2] = %d outputs: want 0..%d", nOut, most)
+	case cost < 0:
+		return -1, fmt.Errorf("frame[3] = cost_ns %d: want >= 0", cost)
+	case capacity < 0 || capacity > most:
+		return -1, fmt.Errorf("frame[5] = %d handed-out slots: want 0..%d", capacity, most)
+	}
+	if nIn < 0 {
+		nOut, capacity = 0, 0
+	}
+	f, err := opFlags(C.int32_t(flags))
+	if err != nil {
+		return -1, err
+	}
+	body := unsafe.Slice((*C.int64_t)(unsafe.Add(unsafe.Pointer(frame), frameHeader*8)),
+		int(nRel+max(nIn, 0)+2*nOut))
+	for i, t := range body[:nRel] {
+		if err := d.eng.Release(rc.TensorID(t)); err != nil {
+			return -1, fmt.Errorf("released id %d of %d: %w", i, nRel, err)
+		}
+	}
+	if nIn < 0 {
+		return 0, nil
+	}
+	body = body[nRel:]
+	d.ins = d.ins[:0]
+	for _, t := range body[:nIn] {
+		d.ins = append(d.ins, rc.TensorID(t))
+	}
+	sizes, alias := body[nIn:nIn+nOut], body[nIn+nOut:nIn+2*nOut]
+	d.outs = d.outs[:0]
+	for i := range nOut {
+		if sizes[i] < 0 {
+			return -1, fmt.Errorf("output %d: size %d: want >= 0", i, int64(sizes[i]))
+		}
+		if alias[i] < -1 || alias[i] >= C.int64_t(nIn) {
+			return -1, fmt.Errorf("output %d: alias %d: want -1 or an input index", i, int64(alias[i]))
+		}
+		d.outs = append(d.outs, evict.Output{Size: uint64(sizes[i]), Alias: int32(alias[i])})
+	}
+	for _, in := range d.ins {
+		if err := d.eng.Access(in); err != nil {
+			return -1, err
+		}
+	}
+	op, ids, err := d.eng.Call(d.internName(name), d.ins, d.outs, cost, f)
+	if err != nil {
+		return -1, err
+	}
+	// Outputs: the new ids, then the freed storages handed out.
+	out := unsafe.Slice(frame, int(1+nOut+2*capacity))
+	for i, t := range ids {
+		out[i] = C.int64_t(t)
+	}
+	k := 0
+	if capacity > 0 && d.eng.Pending() > 0 {
+		if cap(d.buf) < int(capacity) {
+			d.buf = make([]evict.Victim, capacity)
+		}
+		k = d.eng.HandOutPending(d.buf[:capacity])
+		for i, v := range d.buf[:k] {
+			out[nOut+1+int64(2*i)] = C.int64_t(v.Tensor)
+			out[nOut+2+int64(2*i)] = C.int64_t(v.Action)
+		}
+	}
+	out[nOut] = C.int64_t(k)
+	return int64(op), nil
+}
+
+//export memscale_go_dtr_op
+func memscale_go_dtr_op(h C.int64_t, name *C.char, frame *C.int64_t) C.int64_t {
+	op := int64(-1)
+	withEngine("memscale_dtr_op", h, func(d *dtrHandle) error {
+		var err error
+		op, err = d.op(name, frame)
 		return err
 	})
 	return C.int64_t(op)

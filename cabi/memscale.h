@@ -227,6 +227,20 @@ int64_t memscale_dtr_tensor(int64_t h, int64_t nbytes, int32_t pinned);
 int64_t memscale_dtr_call(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
                           const int64_t* out_sizes, const int32_t* out_alias, int32_t n_out,
                           int64_t cost_ns, int32_t flags, int64_t* out_ids);
+/* One op in one crossing (the plugin's hot path): the releases queued since
+ * the last call, then the op exactly as memscale_dtr_call (inputs read, the
+ * op registered), then up to cap storages the engine freed handed out as
+ * memscale_dtr_evict hands them out first (without its budget loop). frame
+ * is an int64 array: frame[0] = r released ids, frame[1] = n_in (-1: only
+ * the releases), frame[2] = n_out, frame[3] = cost_ns, frame[4] = flags,
+ * frame[5] = cap, then r released ids, n_in inputs, n_out out_sizes and
+ * n_out out_alias (as memscale_dtr_call's). On success the engine writes
+ * back from frame[0]: n_out output ids, then k (<= cap) the storages handed
+ * out, then k pairs (storage-root id, action); the caller sizes frame for
+ * both layouts. Returns the op id (0 for releases only), or -1; releases
+ * before a failing one are done. Nothing is allocated per call for a name
+ * seen before. */
+int64_t memscale_dtr_op(int64_t h, const char* name, int64_t* frame);
 int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
                             const int32_t* mutated, int32_t n_mut, int64_t cost_ns,
                             int32_t flags, int64_t* out_ids);

@@ -170,6 +170,63 @@ func abiDTRCall(h int64, inputs []int64, sizes []int64, alias []int32, cost int6
 	return op, ids
 }
 
+// dtrOpFrame is a C frame for memscale_dtr_op with room for 64 entries.
+type dtrOpFrame struct{ p *C.int64_t }
+
+func newDTROpFrame() dtrOpFrame { return dtrOpFrame{(*C.int64_t)(C.calloc(64, 8))} }
+
+func (f dtrOpFrame) free() { C.free(unsafe.Pointer(f.p)) }
+
+// abiDTROp calls memscale_dtr_op's Go export through frame f (inputs < 0:
+// releases only); it returns the op id (or -1), the output ids and the
+// handed-out (storage-root id, action) pairs.
+func abiDTROp(f dtrOpFrame, h int64, released, inputs, sizes, alias []int64, cost, flags, capacity int64) (int64, []int64, [][2]int64) {
+	v := unsafe.Slice(f.p, 64)
+	nIn := int64(len(inputs))
+	if inputs == nil {
+		nIn = -1
+	}
+	head := []int64{int64(len(released)), nIn, int64(len(sizes)), cost, flags, capacity}
+	i := 0
+	for _, part := range [][]int64{head, released, inputs, sizes, alias} {
+		for _, x := range part {
+			v[i] = C.int64_t(x)
+			i++
+		}
+	}
+	name := C.CString("fuzz_op")
+	defer C.free(unsafe.Pointer(name))
+	op := int64(memscale_go_dtr_op(C.int64_t(h), name, f.p))
+	if op < 0 || nIn < 0 {
+		return op, nil, nil
+	}
+	ids := make([]int64, len(sizes))
+	for j := range ids {
+		ids[j] = int64(v[j])
+	}
+	var freed [][2]int64
+	for j := range int(v[len(sizes)]) {
+		freed = append(freed, [2]int64{int64(v[len(sizes)+1+2*j]), int64(v[len(sizes)+2+2*j])})
+	}
+	return op, ids, freed
+}
+
+// abiDTROpNoFrame calls memscale_dtr_op's Go export with NULL name and frame.
+func abiDTROpNoFrame(h int64) int64 { return int64(memscale_go_dtr_op(C.int64_t(h), nil, nil)) }
+
+// dtrChainStep registers op "chain" of one 1000-byte output reading x
+// through memscale_dtr_op and frame f, allocating nothing of its own; it
+// returns the output's id (or -1).
+func dtrChainStep(f dtrOpFrame, name dtrOpFrame, h, x int64) int64 {
+	v := unsafe.Slice(f.p, 10)
+	v[0], v[1], v[2], v[3], v[4], v[5] = 0, 1, 1, 10, 0, 8
+	v[6], v[7], v[8] = C.int64_t(x), 1000, -1
+	if memscale_go_dtr_op(C.int64_t(h), (*C.char)(unsafe.Pointer(name.p)), f.p) < 0 {
+		return -1
+	}
+	return int64(v[0])
+}
+
 // abiDTRRelease calls memscale_dtr_release's Go export.
 func abiDTRRelease(h, t int64) int { return int(memscale_go_dtr_release(C.int64_t(h), C.int64_t(t))) }
 

@@ -70,6 +70,11 @@ func (e *Engine) Reclaim(need uint64, out []Victim) (int, error) {
 // Reclaim was never called.
 func (e *Engine) ReclaimShortfall() string { return e.shortfall }
 
+// HandOutPending writes the pending storages to out as Evict does first,
+// without running the budget loop, and returns how many it wrote; the
+// caller frees them (the C ABI hands them out with the op that freed them).
+func (e *Engine) HandOutPending(out []Victim) int { return e.handOutPending(out) }
+
 // handOutPending writes the pending storages (freed by the engine and not
 // handed out yet) to out, oldest first, up to len(out), and returns how many
 // it wrote.

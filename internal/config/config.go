@@ -40,6 +40,8 @@ const (
 var otherKnownVars = []string{
 	"MEMSCALE_LIBRARY",
 	"MEMSCALE_DTR_TRACES",
+	"MEMSCALE_NO_EXTENSION", // the plugin's C extension for the per-op call (memscale/_crossing.py)
+	"MEMSCALE_CACHE_DIR",    // where the plugin keeps that extension
 }
 
 // Backend selects the device implementation.

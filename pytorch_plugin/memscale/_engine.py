@@ -15,6 +15,16 @@ Contract of the calls (``cabi/memscale.h``): every int-returning call returns
 (usage, budget, storages waiting to be handed out, bytes evicted, peak), kept
 current by the engine after every call, so the caller can skip calls that would
 do nothing.
+
+Crossings are the cost of this layer (a ctypes call is about 0.5 us, more than
+the engine's own work for an op): :meth:`Engine.release` only queues the id,
+and the queue goes to the engine with the next call - with the next op's
+registration (:meth:`Engine.op`, ``memscale_dtr_op``: releases, the op and the
+storages it freed in one crossing), or first thing in any other call, so the
+engine sees every event in the order it happened. Until then the status block
+does not show what those releases free. ``memscale_dtr_op`` itself is called
+through a tiny C extension built at first use (:mod:`._crossing`; ctypes when
+it cannot be built), which halves its cost.
 """
 
 from __future__ import annotations
@@ -22,10 +32,11 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-from . import _lib
+from . import _crossing, _lib
 from .errors import LibraryLoadError, MemscaleError
 
 #: ``flags`` bit of :meth:`Engine.call`: the op cannot be re-run (its outputs are
@@ -78,6 +89,7 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_finish": (ctypes.c_int, [_i64]),
     "memscale_dtr_tensor": (_i64, [_i64, _i64, _i32]),
     "memscale_dtr_call": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P64, _P32, _i32, _i64, _i32, _P64]),
+    "memscale_dtr_op": (_i64, [_i64, ctypes.c_char_p, ctypes.c_void_p]),
     "memscale_dtr_mutate": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P32, _i32, _i64, _i32, _P64]),
     "memscale_dtr_access": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_lock": (ctypes.c_int, [_i64, _i64]),
@@ -96,6 +108,10 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
 
 _lock = threading.Lock()
 _declared: ctypes.CDLL | None = None
+
+#: ``memscale_dtr_op``'s frame: header fields, and the storages handed out per call.
+_FRAME_HEADER: Final[int] = 6
+_FRAME_HAND_OUT: Final[int] = 64
 
 
 def dtr_lib() -> ctypes.CDLL:
@@ -209,7 +225,14 @@ class Engine:
         self._swapped_in = lib.memscale_dtr_swapped_in
         self._stats_json = lib.memscale_dtr_stats_json
         self._tune = lib.memscale_dtr_tune
+        self._op = lib.memscale_dtr_op
+        #: memscale_dtr_op without ctypes (the C extension of :mod:`._crossing`), or None.
+        self._op_fast = _crossing.op_function(ctypes.cast(lib.memscale_dtr_op, ctypes.c_void_p).value or 0)
         self._buffers = _Buffers(64)
+        #: Released ids not told to the engine yet (see the module doc).
+        self.released: list[int] = []
+        self._frame_size = 0
+        self._new_frame(256)
         self._victim_ids = (_i64 * self.EVICT_BATCH)()
         self._victim_actions = (_i32 * self.EVICT_BATCH)()
         self._plan_kinds = (_i32 * 1024)()
@@ -234,6 +257,8 @@ class Engine:
 
     def set_budget(self, nbytes: int) -> None:
         """Change the budget (bytes; 0 = unlimited)."""
+        if self.released:
+            self.flush_releases()
         if self._set_budget(self.handle, int(nbytes)) < 0:
             raise _fail(f"memscale_dtr_set_budget({nbytes})")
 
@@ -241,6 +266,8 @@ class Engine:
         """The step is over: from now on the budget loop never fails for lack of
         candidates (what escapes the region is made resident even when it does
         not fit the budget; ``peak_usage`` shows by how much)."""
+        if self.released:
+            self.flush_releases()
         if self._finish(self.handle) < 0:
             raise _fail("memscale_dtr_finish")
 
@@ -248,6 +275,8 @@ class Engine:
 
     def tensor(self, nbytes: int, pinned: bool = True) -> int:
         """Register an external tensor (input, parameter); returns its id."""
+        if self.released:
+            self.flush_releases()
         t = self._tensor(self.handle, nbytes, 1 if pinned else 0)
         if t < 0:
             raise _fail(f"memscale_dtr_tensor({nbytes})")
@@ -275,6 +304,8 @@ class Engine:
         whose storage output ``i`` shares; ``out_sizes[i]`` is the storage's
         bytes for a fresh output, the view's bytes for an alias.
         """
+        if self.released:
+            self.flush_releases()
         n_in = len(inputs)
         n_out = len(out_sizes)
         if len(out_alias) != n_out:
@@ -297,6 +328,8 @@ class Engine:
     ) -> tuple[int, list[int]]:
         """Register an in-place op that wrote ``inputs[i]`` for each ``i`` in
         ``mutated``; returns ``(op id, new version ids)``."""
+        if self.released:
+            self.flush_releases()
         n_in = len(inputs)
         n_mut = len(mutated)
         b = self._buffers
@@ -313,28 +346,93 @@ class Engine:
 
     def access(self, t: int) -> None:
         """Tensor ``t`` was read (staleness clock)."""
+        if self.released:
+            self.flush_releases()
         if self._access(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_access({t})")
 
     def lock(self, t: int) -> None:
         """Tensor ``t`` must not be evicted until :meth:`unlock` (counted)."""
+        if self.released:
+            self.flush_releases()
         if self._lock(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_lock({t})")
 
     def unlock(self, t: int) -> None:
         """Undo one :meth:`lock` (may free a storage nothing references)."""
+        if self.released:
+            self.flush_releases()
         if self._unlock(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_unlock({t})")
 
     def pin(self, t: int) -> None:
         """Tensor ``t`` is never evicted."""
+        if self.released:
+            self.flush_releases()
         if self._pin(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_pin({t})")
 
     def release(self, t: int) -> None:
-        """The program dropped its reference to ``t``."""
-        if self._release(self.handle, t) < 0:
-            raise _fail(f"memscale_dtr_release({t})")
+        """The program dropped its reference to ``t``: queued, told to the
+        engine with the next call (a bad id fails that call)."""
+        self.released.append(t)
+
+    def flush_releases(self) -> None:
+        """Tell the engine the queued releases now (one crossing)."""
+        released = self.released
+        if not released:
+            return
+        self.released = []
+        n = len(released)
+        if _FRAME_HEADER + n > self._frame_size:
+            self._new_frame(_FRAME_HEADER + n)
+        self._words[0 : _FRAME_HEADER + n] = array("q", [n, -1, 0, 0, 0, 0, *released])
+        if self._cross(None) < 0:
+            raise _fail(f"memscale_dtr_op({n} releases)")
+
+    def _cross(self, name: bytes | None) -> int:
+        """``memscale_dtr_op`` on the frame, through the extension when built."""
+        if self._op_fast is not None:
+            return self._op_fast(self.handle, name, self._frame_address)
+        return int(self._op(self.handle, name, self._frame))
+
+    def _new_frame(self, words: int) -> None:
+        words = max(words, 1 + 2 * _FRAME_HAND_OUT + 64)
+        self._frame = (_i64 * words)()
+        self._frame_address = ctypes.addressof(self._frame)
+        self._frame_size = words
+        self._words = memoryview(self._frame).cast("B").cast("q")
+
+    def op(
+        self, name: bytes, inputs: list[int], out_sizes: list[int], out_alias: list[int], cost_ns: int, flags: int
+    ) -> tuple[int, list[int], list[int]]:
+        """Register an op that ran, with the queued releases before it, in one
+        crossing (``memscale_dtr_op``); returns ``(op id, output ids, freed)``.
+
+        Arguments as :meth:`call`'s. ``freed`` is ``[root, action, root,
+        action, ...]``: storages the engine freed (as :meth:`evict` hands
+        them out first), now the caller's to free; more may be pending
+        (``status.pending``).
+        """
+        released = self.released
+        if released:
+            self.released = []
+        n_rel = len(released)
+        n_in = len(inputs)
+        n_out = len(out_sizes)
+        words = _FRAME_HEADER + n_rel + n_in + 2 * n_out
+        if words > self._frame_size:
+            self._new_frame(words)
+        w = self._words
+        w[0:words] = array("q", [n_rel, n_in, n_out, cost_ns, flags, _FRAME_HAND_OUT, *released, *inputs, *out_sizes, *out_alias])
+        fast = self._op_fast
+        op = fast(self.handle, name, self._frame_address) if fast is not None else self._op(self.handle, name, self._frame)
+        if op < 0:
+            raise _fail(f"memscale_dtr_op({name.decode()})")
+        k = w[n_out]
+        if k:
+            return op, w[0:n_out].tolist(), w[n_out + 1 : n_out + 1 + 2 * k].tolist()
+        return op, w[0:n_out].tolist(), _NONE_FREED
 
     # Decisions ------------------------------------------------------------
 
@@ -354,6 +452,8 @@ class Engine:
                 budget; ``why`` is added to the engine's message. Victims
                 yielded before the error are gone in the engine's count.
         """
+        if self.released:
+            self.flush_releases()
         ids = self._victim_ids
         actions = self._victim_actions
         cap = self.EVICT_BATCH
@@ -375,6 +475,8 @@ class Engine:
         why, and the allocator's out-of-memory message says it). Exhaust the
         iterator; like :meth:`evict`, each batch is yielded before the next call.
         """
+        if self.released:
+            self.flush_releases()
         ids = self._victim_ids
         actions = self._victim_actions
         cap = self.EVICT_BATCH
@@ -396,6 +498,8 @@ class Engine:
         of a later step may therefore be evicted meanwhile; rebuild it with a
         plan of its own before running that step.
         """
+        if self.released:
+            self.flush_releases()
         while True:
             cap = len(self._plan_kinds)
             n = self._plan(self.handle, t, self._plan_kinds, self._plan_ids, cap)
@@ -411,16 +515,22 @@ class Engine:
         """Op ``op`` was re-run; its outputs are resident, except those the program
         released for good, whose re-made copies the next :meth:`evict` hands out
         (as drops) to be freed."""
+        if self.released:
+            self.flush_releases()
         if self._rematerialized(self.handle, op, cost_ns) < 0:
             raise _fail(f"memscale_dtr_rematerialized({op})")
 
     def swapped_in(self, t: int) -> None:
         """Tensor ``t`` was copied back from host memory."""
+        if self.released:
+            self.flush_releases()
         if self._swapped_in(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_swapped_in({t})")
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters and configuration (``memscale_dtr_stats_json``)."""
+        if self.released:
+            self.flush_releases()
         return _json_object(self._stats_json(self.handle), "memscale_dtr_stats_json")
 
     def tune(self) -> dict[str, Any]:
@@ -439,7 +549,12 @@ class Engine:
             MemscaleError: the engine does not record, has no budget, or its
                 recording could not be replayed (the message says which).
         """
+        if self.released:
+            self.flush_releases()
         return _json_object(self._tune(self.handle), "memscale_dtr_tune")
+
+
+_NONE_FREED: Final[list[int]] = []
 
 
 def _json_object(ptr: Any, what: str) -> dict[str, Any]:

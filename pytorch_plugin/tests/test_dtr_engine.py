@@ -7,6 +7,10 @@ statistics and the errors of bad calls.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from memscale import MemscaleError
@@ -18,6 +22,7 @@ try:
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
     pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
 
+from memscale import _crossing  # noqa: E402
 from memscale._engine import ACTION_DROP, ACTION_SWAP, STEP_RERUN, STEP_SWAP_IN, Engine
 
 MB = 1 << 20
@@ -143,12 +148,44 @@ def test_status_block_follows_every_call() -> None:
         assert status.usage == MB
         _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
         assert status.usage == 2 * MB and status.peak_usage == 2 * MB
-        eng.release(a)  # its last reference: the engine frees it and says so
-        assert status.pending == 1
+        eng.release(a)  # its last reference: queued, the engine told with its next call
+        assert status.pending == 0 and eng.released == [a]
+        eng.flush_releases()  # ... or now: the engine frees it and says so
+        assert status.pending == 1 and eng.released == []
         assert list(eng.evict()) == [(a, ACTION_DROP)]
         assert status.pending == 0 and status.usage == MB
         eng.set_budget(0)
         assert status.budget == 0
+
+
+@pytest.fixture(params=["extension", "ctypes"])
+def crossing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test using it runs with memscale_dtr_op called through the C
+    extension and through ctypes (the fallback)."""
+    if request.param == "ctypes":
+        monkeypatch.setenv(_crossing.DISABLE_ENV, "1")
+    _crossing.reset_for_tests()
+    yield request.param
+    _crossing.reset_for_tests()
+
+
+def test_op_merges_releases_call_and_freed_storages(crossing: str) -> None:
+    with Engine({"budget": 4 * MB, "heuristic": "lru"}) as eng:
+        assert (eng._op_fast is None) == (crossing == "ctypes"), _crossing.unavailable_reason()
+        x = eng.tensor(MB)
+        _, a_ids, freed = eng.op(b"mul", [x], [MB], [-1], 10, 0)
+        assert freed == []
+        (a,) = a_ids
+        _, (b,), _ = eng.op(b"mul", [a], [MB], [-1], 10, 0)
+        eng.release(a)  # b, its child, is alive: evicted eagerly once the engine knows
+        op, (c, v), freed = eng.op(b"add", [b], [MB, 8], [-1, 0], 10, 0)
+        assert op > 0 and freed == [a, ACTION_DROP] and eng.released == []
+        assert eng.status.pending == 0 and eng.status.usage == 3 * MB
+        eng.release(b)
+        eng.release(b)  # once too often: the next call fails and names it
+        with pytest.raises(MemscaleError, match="memscale_dtr_op: released id 1 of 2: .*no references left"):
+            eng.op(b"neg", [x], [MB], [-1], 10, 0)
+        del v
 
 
 def test_evict_makes_room_for_the_bytes_about_to_be_allocated() -> None:
@@ -202,3 +239,46 @@ def test_region_defaults_are_the_engines(monkeypatch: pytest.MonkeyPatch) -> Non
     assert resolved({"budget": MB})["evictee_min_size"] == 4096
     with pytest.raises(MemscaleError, match="defaults"):
         Engine({"defaults": "training"})
+
+
+def test_the_extension_is_built_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(_crossing.DISABLE_ENV, raising=False)
+    _crossing.reset_for_tests()
+    try:
+        with Engine({}) as eng:
+            assert eng._op_fast is not None, _crossing.unavailable_reason()
+            built = list(tmp_path.iterdir())
+            assert [p.name for p in built] == [_crossing._target().name]
+            x = eng.tensor(MB)
+            _, (a,), _ = eng.op(b"mul", [x], [MB], [-1], 10, 0)
+            eng.release(a)
+            eng.flush_releases()  # releases only, through the extension too
+            assert eng.status.pending == 1
+        _crossing.reset_for_tests()
+        stamp = built[0].stat().st_mtime_ns
+        with Engine({}) as eng:  # a later process (or engine) loads the cached build
+            assert eng._op_fast is not None and built[0].stat().st_mtime_ns == stamp
+    finally:
+        _crossing.reset_for_tests()
+
+
+def test_without_a_compiler_the_engine_goes_through_ctypes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MEMSCALE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.delenv(_crossing.DISABLE_ENV, raising=False)
+    _crossing.reset_for_tests()
+    try:
+        with caplog.at_level(logging.WARNING, logger="memscale"), Engine({}) as eng:
+            assert eng._op_fast is None
+            reason = _crossing.unavailable_reason()
+            assert reason is not None and "could not be built" in reason and "no-such-compiler" in reason
+            assert any("through ctypes" in r.getMessage() for r in caplog.records)
+            x = eng.tensor(MB)
+            _, (a,), freed = eng.op(b"mul", [x], [MB], [-1], 10, 0)
+            assert freed == [] and eng.status.usage == 2 * MB
+        assert not any(p.suffix == ".so" for p in tmp_path.iterdir())  # nothing half-built left
+    finally:
+        _crossing.reset_for_tests()

@@ -613,6 +613,68 @@ def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.Mo
     assert len(timer.pending) == 0 and timer.spare  # events are reused
 
 
+def test_the_ctypes_fallback_runs_a_region_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the C extension (no compiler, MEMSCALE_NO_EXTENSION) every op
+    crosses into the engine through ctypes, with the same results."""
+    from memscale import _crossing
+
+    monkeypatch.setenv(_crossing.DISABLE_ENV, "1")
+    _crossing.reset_for_tests()
+    try:
+        x = _x()
+        ref = [(x * float(i + 2)).sin() for i in range(6)]
+        region = _region()
+        with region:
+            assert region._session is not None and region._session.engine._op_fast is None
+            ys = [(x * float(i + 2)).sin() for i in range(6)]
+            assert not all(_resident(y) for y in ys)
+            assert all(_eq(y, r) for y, r in zip(ys, ref))
+            del ys  # nothing escapes: the peak stays within the budget
+        s = region.summary()
+        assert s["evictions"] > 0 and s["rematerializations"] > 0
+        _check_peak(region)
+    finally:
+        _crossing.reset_for_tests()
+
+
+def test_no_op_waits_for_the_device_and_what_waits_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``summary()["synchronizations"]``: evictions, swaps and rebuilds add
+    none; the fingerprints of verified rebuilds (memscale.check) and
+    ``device.synchronize`` are counted, per entry and over the region."""
+    from memscale._region import device
+
+    x = _x()
+    region = _region(swap=True)
+    with region:
+        a = x * 3
+        b = a + 1
+        keep = _fill(x)
+        assert _eq(b, x * 3 + 1) and _eq(a, x * 3)
+        del keep
+    s = region.summary()
+    assert s["evictions"] + s["swaps_out"] > 0 and s["rematerializations"] + s["swaps_in"] > 0
+    assert s["synchronizations"] == 0 and region.last_summary()["synchronizations"] == 0
+
+    stress = dtr(stress=True)
+    stress.verify_where = lambda: "here"
+    with stress:
+        y = (x * 3).sin() + 1
+        assert stress.summary()["synchronizations"] > 0  # the running entry's
+        assert _eq(y, (x * 3).sin() + 1)  # rebuilt and verified
+    first = stress.summary()["synchronizations"]
+    assert first == stress.last_summary()["synchronizations"] > 0
+    with stress:
+        y = (x * 3).sin() + 1
+        del y
+    assert stress.summary()["synchronizations"] == first + stress.last_summary()["synchronizations"]
+
+    waits: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: waits.append(1))
+    before = device.sync_count()
+    device.synchronize()
+    assert waits == [1] and device.sync_count() == before + 1
+
+
 # ---------------------------------------------------------------- bad input
 
 

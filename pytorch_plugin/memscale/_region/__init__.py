@@ -21,7 +21,10 @@ with the engine; the op's facts come from its schema; its arguments become cells
 (plain tensors become pinned *externals*); evicted inputs are rebuilt and every
 input is locked; under a budget the engine makes room for the predicted output
 bytes; the op runs, is registered and recorded, and its outputs are wrapped. A
-wrapper that dies is released to the engine at the next op. At exit, what
+wrapper that dies is released to the engine at the next op. The engine hears
+of an op once: its registration carries the releases queued since the last
+call and hands back the storages the engine freed (``memscale_dtr_op``, one
+ctypes crossing); an op that fits the budget makes no other call. At exit, what
 escapes the region is made resident (the engine lets usage exceed the budget if
 it must: ``memscale_dtr_finish``) and detached: outside a region a wrapper
 behaves as its plain tensor, and ``.grad`` of every parameter seen is a plain
@@ -49,6 +52,14 @@ budget), so everything computed from it stays rebuildable. Compiled code
 (``torch.compile``) runs eagerly inside a region. The stress setting
 (``dtr(stress=True)``) and verified rebuilds (:mod:`.verify`) are how
 :func:`memscale.check` tests a model.
+
+Cost: per op the region does Python work next to the kernel (about 4x an
+empty ``TorchDispatchMode`` on the CPU, see ``bench/results/plugin-bench.md``);
+it never waits for the device (op costs come from CUDA events read once they
+completed; copies are asynchronous), and what does wait is counted
+(``summary()["synchronizations"]``, :mod:`.device`). While an entry is open the
+garbage collector's heap is frozen, so its full collections do not walk every
+object of the process every few thousand ops.
 
 Known limits: ``resize_`` and ``set_`` on region tensors are refused; sparse
 and other non-strided results are refused; a plain tensor taken out with

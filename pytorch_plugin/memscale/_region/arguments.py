@@ -225,7 +225,11 @@ class OutputSizes:
         if not info.returns_tensors:
             return None, 0
         try:
-            key = (func, _signature(args), tuple([(k, _signature(v)) for k, v in kwargs.items()]) if kwargs else None)
+            key = (
+                func,
+                tuple([(x.shape, x.dtype) if isinstance(x, _Tensor) else _signature(x) for x in args]),
+                tuple([(k, _signature(v)) for k, v in kwargs.items()]) if kwargs else None,
+            )
             known = self._bytes.get(key)
         except TypeError:  # an unhashable argument
             return None, 0

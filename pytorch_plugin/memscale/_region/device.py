@@ -17,6 +17,11 @@
   stream before the copy has read it; the copy back waits for an event
   recorded after the copy out, whatever stream it runs on. The CUDA calls go
   through :class:`SwapOps`, so a test can check their order on the CPU.
+* **Synchronizations.** Nothing on the hot path waits for the device: op costs
+  come from events read when they completed, copies are asynchronous. What
+  does wait (measuring the bandwidth once, the fingerprints of
+  ``memscale.check``) goes through :func:`synchronize` or :func:`host_int`,
+  which count it: ``summary()["synchronizations"]``.
 
 Holds no residency bookkeeping; the session decides what to swap.
 """
@@ -32,6 +37,31 @@ import torch
 from .cells import Geometry, StorageGroup, geometry, storage_view
 
 perf_ns = time.perf_counter_ns
+
+#: Synchronizations with the device the region made in this process (see
+#: :func:`synchronize`, :func:`host_int`); sessions report their share.
+_syncs = 0
+
+
+def sync_count() -> int:
+    """How many synchronizations the region's code made so far in this process."""
+    return _syncs
+
+
+def synchronize() -> None:
+    """``torch.cuda.synchronize()``, counted."""
+    global _syncs
+    _syncs += 1
+    torch.cuda.synchronize()
+
+
+def host_int(t: torch.Tensor) -> int:
+    """The value of one-element tensor ``t`` read by the host: a
+    synchronization on a GPU (counted on every device, so tests on the CPU
+    see it)."""
+    global _syncs
+    _syncs += 1
+    return int(t)
 
 
 class CudaTimer:
@@ -90,12 +120,12 @@ def host_bandwidth() -> float:
         n = 64 << 20
         dev = torch.empty(n, dtype=torch.uint8, device="cuda")
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        host.copy_(dev)
-        torch.cuda.synchronize()
+        host.copy_(dev, non_blocking=True)  # warm-up
+        synchronize()
         t0 = time.perf_counter()
         for _ in range(4):
             host.copy_(dev, non_blocking=True)
-        torch.cuda.synchronize()
+        synchronize()
         _bandwidth = 4 * n / max(time.perf_counter() - t0, 1e-9)
     else:
         _bandwidth = 10e9

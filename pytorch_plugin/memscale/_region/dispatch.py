@@ -76,9 +76,9 @@ _NOTHING: list[Cell] = []  # no op running
 def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run one ATen op inside the region (the mode's ``__torch_dispatch__``)."""
     if s.released:
-        s.flush()
-    else:
-        s.sync()
+        s.flush()  # told to the engine with this op's registration
+    if s.status.pending >= s.drain_at:
+        s.evict()
     info = s.infos.get(func)
     if info is None:
         info = s.infos[func] = OpInfo(func, s.recording)
@@ -113,7 +113,9 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if cells is None:
         return out
     wrappers = wrap_outputs(s, cells, outs)
-    s.after_op()
+    status = s.status  # s.after_op(), inlined: most ops leave it nothing to do
+    if status.pending >= s.drain_at or (s.budgeted and (not s.usage_exact or status.usage > status.budget)):
+        s.evict()
     if partial:
         return rebuild_result(out, _wrappers_and_constants(out, wrappers))
     if len(wrappers) == 1 and isinstance(out, _Tensor):
@@ -186,15 +188,7 @@ def _run_and_register(
             if c.pinned:
                 c.consumed = True
         s.ops[cells[0].op_id] = RecordedOp(
-            func,
-            a.template_args,
-            a.template_kwargs,
-            a.cells,
-            cells,
-            rng,
-            RERUN_CALL,
-            scratch=info.state_writes,
-            grad_mode=_grad_enabled(),
+            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, (), info.state_writes, _grad_enabled()
         )
         if s.verifier is not None and info.reproducible:
             s.verifier.computed(cells[0].op_id, cells)
@@ -224,7 +218,9 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
                     k = input_ptrs.index(ptr)
             aliases.append(k)
             sizes.append(storage.nbytes() if k < 0 else o.nbytes)
-    op, out_ids = s.engine.call(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs))
+    op, out_ids, freed = s.engine.op(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs))
+    if freed:
+        s.drop_freed(freed)
     groups = s.groups
     cells = []
     fresh = 0
@@ -272,16 +268,14 @@ def wrap_outputs(s: Session, cells: list[Cell], outs: list[_Tensor]) -> list[DTR
     live = s.live
     wrappers = []
     for cell, real in zip(cells, outs):
-        wrapper = _make_wrapper(
-            DTRTensor,
-            real.size(),
-            strides=real.stride(),
-            storage_offset=real.storage_offset(),
-            dtype=real.dtype,
-            layout=real.layout,
-            device=real.device,
-            requires_grad=False,
-        )
+        # Strided (register refused any other layout), no grad: the defaults.
+        offset = real.storage_offset()
+        if offset:
+            wrapper = _make_wrapper(
+                DTRTensor, real.size(), strides=real.stride(), storage_offset=offset, dtype=real.dtype, device=real.device
+            )
+        else:
+            wrapper = _make_wrapper(DTRTensor, real.size(), strides=real.stride(), dtype=real.dtype, device=real.device)
         if real.is_conj():  # lazily conjugated / negated views: the wrapper
             _set_conj(wrapper, True)  # carries the bit, so PyTorch resolves it
         if real.is_neg():  # before an op that reads the data (see module doc)

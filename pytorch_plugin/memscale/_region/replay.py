@@ -20,7 +20,7 @@ output cells. Holds no state.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -105,11 +105,27 @@ def run_kernel(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     first run, a re-run and a run outside any mode agree bitwise.
     """
     exclude = _exclude_set()
-    if not exclude.has(_CONJUGATE) and not exclude.has(_NEGATIVE) and not exclude.has(_ZERO):
+    raw = exclude.raw_repr()
+    restored = _RESTORED.get(raw, _UNKNOWN)
+    if restored is _UNKNOWN:
+        restored = _RESTORED[raw] = _restored(exclude)
+    if restored is None:
         return func(*args, **kwargs)
-    restored = exclude.remove(_CONJUGATE).remove(_NEGATIVE).remove(_ZERO)
     with _ForceGuard(_include_set(), restored):
         return func(*args, **kwargs)
+
+
+#: Per exclude set (its raw bits; a handful of distinct ones in a process):
+#: the set with the Conjugate, Negative and ZeroTensor keys removed, or
+#: ``None`` when it excludes none of them.
+_RESTORED: dict[int, Any] = {}
+_UNKNOWN: Final = object()
+
+
+def _restored(exclude: Any) -> Any:
+    if not exclude.has(_CONJUGATE) and not exclude.has(_NEGATIVE) and not exclude.has(_ZERO):
+        return None
+    return exclude.remove(_CONJUGATE).remove(_NEGATIVE).remove(_ZERO)
 
 
 def _rederive_view(op: RecordedOp) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Final
 import torch
 
 from ..errors import MemscaleError
+from .device import host_int
 
 #: Says where in the program the running op is (a module path), or "".
 Where = Callable[[], str]
@@ -49,10 +50,10 @@ def fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
         return (tuple(t.shape), t.dtype)
     bits = flat.view(_BITS[flat.element_size()]) if flat.dtype != torch.bool else flat.view(torch.uint8)
     wide = bits.to(torch.int64)
-    parts: list[Any] = [tuple(t.shape), t.dtype, int(wide.sum())]
+    parts: list[Any] = [tuple(t.shape), t.dtype, host_int(wide.sum())]
     hash_tensor = getattr(torch, "hash_tensor", None)
     if hash_tensor is not None:
-        parts.append(int(hash_tensor(wide).view(torch.int64)))
+        parts.append(host_int(hash_tensor(wide).view(torch.int64)))
     return tuple(parts)
 
 
