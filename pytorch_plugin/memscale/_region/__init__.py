@@ -85,6 +85,8 @@ rebuild       materializing from the engine's plans
 reclaim       allocation failures ask the open sessions to evict
 verify        fingerprints checking that every rebuild is bitwise its first run
 steps         optimizer steps inside a region end a training step
+entry         what an entry changes around the program (compiler stance,
+              frozen collector heap, autograd queue drained on an error)
 region        :class:`DTRRegion`, :func:`dtr`, the dispatch mode
 ============  ===============================================================
 
