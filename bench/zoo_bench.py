@@ -21,25 +21,23 @@ as in the tests) between its ``min_budget`` and its peak.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import importlib
-import itertools
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch_plugin"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch_plugin" / "tests"))
 
+import pytest
 import torch
 import zoo
+from _helpers import steady_clock
 from memscale import dtr
 from memscale.config import format_bytes
 
@@ -73,22 +71,6 @@ def run_pair(z: zoo.ZooModel, budget: int | None, steps: int) -> dict[str, Any]:
     return row
 
 
-@contextlib.contextmanager
-def _steady_clock() -> Iterator[None]:
-    """Every op the region runs costs 1 us (as in the tests): the engine's
-    choices, and so whether a budget works, depend on the program alone."""
-    modules = [importlib.import_module(m) for m in ("memscale._region.dispatch", "memscale._region.replay")]
-    saved = [m.perf_ns for m in modules]
-    ticks = itertools.count(step=1000)
-    for m in modules:
-        m.perf_ns = lambda: next(ticks)
-    try:
-        yield
-    finally:
-        for m, f in zip(modules, saved):
-            m.perf_ns = f
-
-
 def _works(z: zoo.ZooModel, ref: list[dict[str, Any]], budget: int, steps: int) -> bool:
     """Whether ``steps`` region steps at ``budget`` run, bitwise, within it."""
     region = dtr(budget)
@@ -104,7 +86,8 @@ def reach(z: zoo.ZooModel, failed: int, passed: int, steps: int, resolution: int
     between a budget that cannot work (``min_budget``) and one that works
     (the peak), op costs fixed. Whether a budget works need not be monotonic
     in the budget: this is where bisection lands, not a guarantee below it."""
-    with _steady_clock():
+    with pytest.MonkeyPatch.context() as patch:
+        steady_clock(patch)
         ref = zoo.train(z, None, steps)
         while passed - failed > resolution:
             mid = (failed + passed) // 2
