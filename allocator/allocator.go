@@ -357,7 +357,7 @@ func (a *Allocator) SetLimit(bytes uint64) error {
 	}
 	if a.phys > a.limit {
 		a.flushQuick()
-		a.refreshMarks()
+		a.refreshMarks(nil)
 		if err := a.releaseCached(a.phys - a.limit); err != nil {
 			a.log.Warn("allocator: releasing cached memory for a lower limit", zap.Error(err))
 		}

@@ -340,7 +340,7 @@ func (a *Allocator) pollMarks() {
 			if !ok {
 				break
 			}
-			st.done = st.marks[0].covers
+			st.done = max(st.done, st.marks[0].covers)
 			a.putEvent(st.marks[0].ev)
 			st.marks[0] = mark{}
 			st.marks = st.marks[1:]
@@ -351,33 +351,42 @@ func (a *Allocator) pollMarks() {
 	}
 }
 
-// refreshMarks records a mark on every stream that has frees not yet
-// covered by one, without waiting, and polls them all.
-func (a *Allocator) refreshMarks() {
+// refreshMarks makes the frees cached on every stream count as done or
+// covered by a mark, without touching a stream handle that may no longer be
+// valid. Only cur, the stream of the call being served (the caller hands it
+// to us, so it is alive), gets a new mark, recorded without waiting. Frees on
+// any other stream that no mark covers are covered by one device
+// synchronization: memscale never records an event on a stream after the
+// call that used it returned, because the program may have destroyed that
+// stream since (a destroyed CUstream is a dangling pointer: the driver may
+// crash rather than return an error), which is also why PyTorch's allocator
+// never touches an allocation's stream after the fact. Pass cur = nil when
+// no stream is being served. It then polls every mark.
+func (a *Allocator) refreshMarks(cur *streamState) {
 	a.pollMarks()
-	recorded := false
+	foreign, recorded := false, false
 	for _, st := range a.streamList {
-		if st.lastFree <= st.done || len(st.marks) >= maxMarks {
-			continue // no free on s that a mark does not already cover
+		if st.lastFree <= st.done {
+			continue // no free on st that is not known to be done
 		}
 		if n := len(st.marks); n > 0 && st.marks[n-1].covers >= a.epoch {
+			continue // its latest frees are covered by a mark in flight
+		}
+		if st != cur {
+			foreign = true
 			continue
 		}
-		e, err := a.getEvent()
-		if err == nil {
-			if err = a.dev.RecordEvent(e, st.s); err != nil {
-				a.putEvent(e)
-			}
-		}
-		if err != nil {
-			// Covered by a device synchronization: the epoch must advance
-			// all the same, or later frees would count as done.
-			recorded = a.markFailed(st, a.epoch, err) || recorded
+		if len(st.marks) >= maxMarks || !a.recordMark(st) {
+			foreign = true // covered by the synchronization below
 			continue
 		}
-		st.marks = append(st.marks, mark{covers: a.epoch, ev: e})
-		a.cnt.marks++
 		recorded = true
+	}
+	if foreign {
+		if err := a.synchronizeDevice(); err != nil {
+			a.log.Warn("allocator: waiting for the device to reuse memory freed on other streams", zap.Error(err))
+		}
+		return
 	}
 	if recorded {
 		a.epoch++
@@ -385,72 +394,59 @@ func (a *Allocator) refreshMarks() {
 	}
 }
 
-// markFailed handles a stream on which no mark could be recorded (an
-// external stream destroyed while memory freed on it is cached): the device
-// is synchronized instead, which covers the stream's work, so its frees up to
-// covers are done and it is not asked again. It reports whether that worked.
-func (a *Allocator) markFailed(st *streamState, covers uint64, err error) bool {
-	if serr := a.dev.Synchronize(); serr != nil {
-		a.log.Warn("allocator: recording a stream mark", zap.Uintptr("stream", uintptr(st.s)), zap.Error(errors.Join(err, serr)))
+// recordMark records a mark covering the frees of st up to the current
+// epoch, without waiting; it reports whether that worked.
+func (a *Allocator) recordMark(st *streamState) bool {
+	e, err := a.getEvent()
+	if err == nil {
+		if err = a.dev.RecordEvent(e, st.s); err != nil {
+			a.putEvent(e)
+		}
+	}
+	if err != nil {
+		a.log.Warn("allocator: recording a stream mark", zap.Uintptr("stream", uintptr(st.s)), zap.Error(err))
 		return false
 	}
-	a.log.Warn("allocator: stream cannot take events (destroyed?); waited for the device instead",
-		zap.Uintptr("stream", uintptr(st.s)), zap.Error(err))
-	a.cnt.syncAllStreams++
-	st.done = max(st.done, covers)
+	st.marks = append(st.marks, mark{covers: a.epoch, ev: e})
+	a.cnt.marks++
 	return true
 }
 
-// syncAll waits for the events of pending frees and for every stream's
-// queued work, so that all cached memory may be released, and returns the
-// pending blocks that completed to the cache. Streams it cannot wait for are
-// reported; their memory stays where it is.
-func (a *Allocator) syncAll() error {
-	a.cnt.syncAllStreams++
-	var errs []error
-	for _, b := range a.pending {
-		for _, e := range b.events {
-			if err := a.dev.SynchronizeEvent(e); err != nil {
-				errs = append(errs, fmt.Errorf("waiting for the recorded streams of %#x: %w", uintptr(b.addr), err))
-				break
-			}
-		}
+// synchronizeDevice waits for all work queued on the device (every stream),
+// returns the pending blocks (freed with record_stream events, all complete
+// now) to the cache and counts every free cached so far as done, without
+// touching any stream handle. The epoch advances past those frees.
+func (a *Allocator) synchronizeDevice() error {
+	if err := a.dev.Synchronize(); err != nil {
+		return fmt.Errorf("allocator: waiting for the device: %w", err)
 	}
+	a.cnt.syncAllStreams++
 	if len(a.pending) > 0 {
 		a.processPending()
 	}
-	a.pollMarks()
 	covers := a.epoch
 	for _, st := range a.streamList {
-		if st.done >= covers || st.lastFree <= st.done {
-			continue
-		}
-		e, err := a.getEvent()
-		if err == nil {
-			if err = a.dev.RecordEvent(e, st.s); err == nil {
-				a.cnt.marks++
-				if err = a.dev.SynchronizeEvent(e); err != nil {
-					// Keep it as an ordinary mark; it may complete later.
-					st.marks = append(st.marks, mark{covers: covers, ev: e})
-				} else {
-					a.putEvent(e)
-					st.done = covers
-				}
-			} else {
-				a.putEvent(e)
-			}
-		}
-		if err != nil && !a.markFailed(st, covers, err) {
-			errs = append(errs, fmt.Errorf("waiting for stream %#x: %w", uintptr(st.s), err))
-		}
+		st.done = max(st.done, covers)
 	}
 	a.epoch++
-	a.pollMarks()
-	if err := errors.Join(errs...); err != nil {
-		a.log.Warn("allocator: could not wait for every stream", zap.Error(err))
-		return err
-	}
+	a.pollMarks() // every mark completed: their events go back to the pool
 	return nil
+}
+
+// syncAll waits for all work queued on the device, so that all cached
+// memory may be released, and returns the pending blocks (freed with
+// record_stream events) that completed to the cache. It synchronizes the
+// device rather than each stream (see refreshMarks: a stream may have been
+// destroyed since it was used), as cudaFree does under PyTorch's allocator.
+func (a *Allocator) syncAll() error {
+	err := a.synchronizeDevice()
+	if err != nil {
+		a.log.Warn("allocator: could not wait for the device", zap.Error(err))
+		if len(a.pending) > 0 {
+			a.processPending() // those that completed all the same
+		}
+	}
+	return err
 }
 
 // ready reports whether the cached block b is idle on the device: its

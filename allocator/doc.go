@@ -93,17 +93,25 @@
 // middle of training, so the allocator uses stream marks instead: each free
 // records the allocator epoch (block.freedAt and its stream's lastFree, two
 // integer stores on the hot path); when granules are wanted, an event is
-// recorded on each stream with a free no mark covers yet (never on a stream
-// with nothing to wait for), covering every free up to the current epoch,
-// and the epoch advances. A stream is forgotten once it holds no segment; a
-// stream that refuses events (an external stream destroyed while memory freed
-// on it is cached) is covered by one device synchronization instead. A block
-// is ready once a mark covering its epoch has completed; marks are polled
-// without waiting, so on a busy GPU the granules freed before the previous
-// growth are the ones that move. Only the out-of-memory path and EmptyCache
-// wait (SynchronizeEvent).
+// recorded on the stream of the growth being served if it has a free no mark
+// covers yet, covering every free up to the current epoch, and the epoch
+// advances. A block is ready once a mark covering its epoch has completed;
+// marks are polled without waiting, so on a busy GPU the granules freed
+// before the previous growth are the ones that move.
 //
-// EmptyCache waits for every stream, then unmaps and releases every free
+// The allocator calls the driver with a stream only during a call that hands
+// it that stream (Malloc, Free, RecordStream, and the record_stream events
+// of a Free, as PyTorch does). A program may destroy an external stream once
+// its memory is freed, and on a real driver a destroyed CUstream is a
+// dangling pointer (cuEventRecord on one crashed the first GPU run rather
+// than returning an error). So frees on other streams that no mark covers
+// are covered by one device synchronization (Device.Synchronize) when their
+// memory is wanted, never by a mark recorded later on those streams. A
+// stream is forgotten once it holds no segment. The out-of-memory path and
+// EmptyCache synchronize the device the same way, as cudaFree does under
+// PyTorch's allocator.
+//
+// EmptyCache waits for the device, then unmaps and releases every free
 // whole granule and returns the address space of segments left with nothing
 // mapped. Reserved memory (reserved_bytes) is mapped memory; segment counts
 // address-space reservations.

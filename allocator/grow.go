@@ -226,7 +226,7 @@ func (a *Allocator) wholeGranules(b *block) (lo, hi device.Ptr) {
 // and appends them to hs until it holds k. The free neighbours of u, which
 // the growth will extend, are left alone. Largest free blocks go first.
 func (a *Allocator) steal(hs []device.Handle, k int, u *block) ([]device.Handle, error) {
-	a.refreshMarks()
+	a.refreshMarks(a.streams[u.stream])
 	need := k - len(hs)
 	cands := a.scratch[:0]
 	found := 0

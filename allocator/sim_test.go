@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 type simTestDevice struct {
 	*sim.Device
 	nCreate, nMap, nAlloc atomic.Int64
+	nBusy                 atomic.Int64 // streams set busy by SetStreamBusy
+	busy                  sync.Map     // device.Stream -> struct{}
 }
 
 func newSimTestDevice(t testing.TB, capacity, gran uint64) *simTestDevice {
@@ -60,7 +63,25 @@ func (d *simTestDevice) SynchronizeEvent(e device.Event) error {
 	return nil
 }
 
-func (d *simTestDevice) Synchronize() error { return errWouldBlock }
+// SetStreamBusy is the sim's, counting the busy streams for Synchronize.
+func (d *simTestDevice) SetStreamBusy(s device.Stream, busy bool) {
+	if busy {
+		if _, had := d.busy.LoadOrStore(s, struct{}{}); !had {
+			d.nBusy.Add(1)
+		}
+	} else if _, had := d.busy.LoadAndDelete(s); had {
+		d.nBusy.Add(-1)
+	}
+	d.Device.SetStreamBusy(s, busy)
+}
+
+// Synchronize fails instead of blocking while a stream is busy.
+func (d *simTestDevice) Synchronize() error {
+	if d.nBusy.Load() > 0 {
+		return errWouldBlock
+	}
+	return d.Device.Synchronize()
+}
 
 func (d *simTestDevice) counts() int {
 	return int(d.nCreate.Load() + d.nMap.Load() + d.nAlloc.Load())

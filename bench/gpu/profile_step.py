@@ -1,0 +1,129 @@
+"""Where a GPT-2 step under a DTR region spends its time on a GPU.
+
+One process, the memscale allocator installed. The same model (gpt2_dtr.py's
+``Trainer``, its model arguments) trains:
+
+* ``plain``: no region (the memscale allocator only);
+* ``record``: inside ``memscale.dtr(None)``: every op recorded, nothing evicted
+  (the region's bookkeeping alone);
+* ``budget``: inside ``memscale.dtr(F x plain peak)`` (``--fraction``, 0.5);
+* ``budget-host-timer``: as ``budget``, with op costs taken from the host
+  clock instead of CUDA events (does the per-op event pair cost?).
+
+For each: the median step time (synchronized) and the ratio to ``plain``,
+then a cProfile of one step of each region variant: the top functions by own
+time. Writes ``profile_step.json`` into ``--out`` when given.
+
+    PYTHONPATH=pytorch_plugin python bench/gpu/profile_step.py [--batch 8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+from typing import Any
+
+import _common
+
+_common.setup_env()
+import gpt2_dtr  # noqa: E402  (after setup_env: it puts the plugin on sys.path)
+
+
+def _median_steps(tr: Any, first: int, n: int) -> float:
+    for i in range(first, first + n):
+        tr.step(i)
+    m = _common.median(tr.times[-n:])
+    assert m is not None
+    return m
+
+
+def _profile(tr: Any, i: int, top: int) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    tr.step(i)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per variant (after 2 warm-up steps)")
+    p.add_argument("--fraction", type=float, default=0.5)
+    p.add_argument("--top", type=int, default=22, help="functions listed per profile")
+    p.add_argument("--out", default=None)
+    p.add_argument("--device", default="cuda", help="cpu: a tiny model, to test the script without a GPU")
+    a = p.parse_args(argv)
+    cuda = a.device == "cuda"
+    ok, why = _common.cuda_status()
+    if cuda and not ok:
+        print(f"SKIP profile_step: {why}")
+        return 0
+    import memscale
+    from memscale import _crossing
+    from memscale._region import dispatch
+
+    if cuda:
+        memscale.install(backend="cuda")
+    import torch
+
+    tiny = [] if cuda else ["--layers", "2", "--width", "64", "--heads", "2", "--seq", "32", "--vocab", "128"]
+    margs = gpt2_dtr.parse_args(["--batch", str(a.batch), "--device", a.device, "--steps", str(a.steps), *tiny])
+    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+    result: dict[str, Any] = {"batch": a.batch, "device": device, "torch": torch.__version__}
+    result["crossing_extension"] = _crossing.unavailable_reason() or "used"
+    print(f"crossing extension: {result['crossing_extension']}", flush=True)
+
+    tr = gpt2_dtr.Trainer(margs, a.batch)
+    if cuda:
+        memscale.reset_peak_memory_stats(0)
+    plain = _median_steps(tr, 0, 2 + a.steps)
+    if cuda:
+        peak = int(memscale.max_memory_allocated(0))
+    else:  # the engine's count of an unbudgeted step
+        tr.region = memscale.dtr(None)
+        tr.step(0)
+        peak = int(tr.region.summary()["peak_usage"])
+    budget = int(peak * a.fraction)
+    times: dict[str, float] = {"plain": plain}
+    profiles: dict[str, str] = {}
+    summaries: dict[str, Any] = {}
+    real_timer = dispatch.CudaTimer
+
+    class HostTimer:
+        """CudaTimer's interface, host time only."""
+
+        def start(self) -> None:
+            return None
+
+        def stop(self, key: Any, start: Any, host_ns: int) -> int:
+            return host_ns
+
+    variants = [("record", None, real_timer), ("budget", budget, real_timer), ("budget-host-timer", budget, HostTimer)]
+    for name, b, timer in variants:
+        dispatch.CudaTimer = timer  # type: ignore[misc]
+        tr.region = memscale.dtr(b)
+        _median_steps(tr, 0, 2)  # warm-up (and the region's tuning entry)
+        times[name] = _median_steps(tr, 2, a.steps)
+        profiles[name] = _profile(tr, 0, a.top)
+        summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
+        print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain)", flush=True)
+    dispatch.CudaTimer = real_timer  # type: ignore[misc]
+    print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
+    for name, text in profiles.items():
+        print(f"\n== cProfile, one step, {name} (sorted by own time)\n{text}")
+    result.update(times=times, ratios={k: v / plain for k, v in times.items()}, peak=peak, budget=budget,
+                  summaries=summaries, profiles=profiles)
+    if a.out:
+        _common.write_json(Path(a.out) / "profile_step.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
