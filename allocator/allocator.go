@@ -129,7 +129,10 @@ type Allocator struct {
 	cnt counters
 
 	allocatedBytes atomic.Uint64
-	reservedBytes  atomic.Uint64
+	// watermark is the highest allocatedBytes since ResetWatermark (a DTR
+	// region's own peak, apart from the peak statistics the program resets).
+	watermark     atomic.Uint64
+	reservedBytes atomic.Uint64
 
 	trace *traceRing
 
@@ -312,11 +315,12 @@ func (a *Allocator) RecordStream(p device.Ptr, s device.Stream) error {
 	return nil
 }
 
-// EmptyCache waits for the streams holding cached memory to finish their
-// queued work, then returns every cached byte it can to the device: the free
-// granules of expandable segments are unmapped and released, whole free
-// segments are freed. Live allocations are untouched. It reports the streams
-// it could not wait for (their memory stays cached).
+// EmptyCache waits for the device to finish its queued work (one device
+// synchronization, no call on any stream), then returns every cached byte to
+// the device: the free granules of expandable segments are unmapped and
+// released, whole free segments are freed. Live allocations are untouched.
+// If the device cannot be waited for, it says so and releases only the
+// memory already known to be idle.
 func (a *Allocator) EmptyCache() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -407,6 +411,19 @@ func (a *Allocator) SetReclaimer(fn Reclaimer) {
 // Allocated returns the bytes in live allocations (allocated_bytes.all.current)
 // with one atomic load.
 func (a *Allocator) Allocated() uint64 { return a.allocatedBytes.Load() }
+
+// Watermark returns the highest allocated bytes since the last
+// ResetWatermark (or since New), sampled at every allocation, so it sees an
+// op's temporaries. It is apart from allocated_bytes.all.peak, which the
+// program resets with ResetPeakStats.
+func (a *Allocator) Watermark() uint64 { return a.watermark.Load() }
+
+// ResetWatermark starts a new watermark at the bytes allocated now.
+func (a *Allocator) ResetWatermark() {
+	a.mu.Lock()
+	a.watermark.Store(a.allocatedBytes.Load())
+	a.mu.Unlock()
+}
 
 // Reserved returns the bytes mapped in segments (reserved_bytes.all.current)
 // with one atomic load.
@@ -591,6 +608,9 @@ func (a *Allocator) markAllocated(b *block, size uint64) {
 		a.hwm = cur
 	}
 	a.allocatedBytes.Store(cur)
+	if cur > a.watermark.Load() {
+		a.watermark.Store(cur) // under a.mu: no lost update
+	}
 	if a.trace != nil {
 		a.trace.add(actAlloc, b.addr, b.size, b.stream)
 	}

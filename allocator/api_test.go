@@ -686,3 +686,21 @@ func TestFreeRequestedReturnsTheRequestedSize(t *testing.T) {
 	_, err = a.FreeRequested(device.Ptr(0x1000))
 	require.ErrorIs(t, err, ErrUnknownPointer)
 }
+
+// TestWatermark: the highest allocated bytes since ResetWatermark, apart
+// from the peak statistics ResetPeakStats resets.
+func TestWatermark(t *testing.T) {
+	a, _ := newTestAllocator(t, Config{})
+	p, err := a.Malloc(4<<20, 1)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p))
+	assert.Equal(t, uint64(4<<20), a.Watermark())
+	a.ResetWatermark()
+	assert.Zero(t, a.Watermark(), "reset to what is allocated now")
+	q, err := a.Malloc(2<<20, 1)
+	require.NoError(t, err)
+	a.ResetPeakStats()
+	assert.Equal(t, uint64(2<<20), a.Watermark(), "ResetPeakStats leaves it")
+	require.NoError(t, a.Free(q))
+	assert.Equal(t, uint64(2<<20), a.Watermark())
+}

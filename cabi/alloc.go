@@ -248,11 +248,11 @@ func memscale_go_set_limit(dev C.int, bytes C.int64_t) C.int {
 func memscale_go_allocated(dev C.int) C.int64_t {
 	n := C.int64_t(-1)
 	guard("memscale_allocated", func() error {
-		v, err := deviceAllocated(int(dev))
+		a, err := allocatorFor(int(dev))
 		if err != nil {
 			return err
 		}
-		n = C.int64_t(v)
+		n = C.int64_t(a.Allocated())
 		return nil
 	})
 	return n

@@ -187,9 +187,9 @@ func TestConfigJSONAndSnapshot(t *testing.T) {
 }
 
 func TestDeviceAllocated(t *testing.T) {
-	n, err := deviceAllocated(0)
+	a, err := deviceAllocated(0)
 	require.NoError(t, err)
-	assert.Zero(t, n)
+	assert.Zero(t, a.Allocated())
 	_, err = deviceAllocated(1) // the simulation has one device
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "device 1")

@@ -127,6 +127,24 @@ func TestDTRStatusWithAllocatorUsage(t *testing.T) {
 	assert.Equal(t, base, st.Usage)
 }
 
+// TestDTRPeakWithAllocatorUsage: with usage "allocator" the peak is in the
+// budget's units, the allocator's own watermark since the engine was made:
+// it sees an allocation made and freed between two engine calls (an op's
+// temporary), and nothing from before the engine.
+func TestDTRPeakWithAllocatorUsage(t *testing.T) {
+	big := abiMalloc(8<<20, 0, 0) // before the engine: not its peak
+	require.NotZero(t, big, lastError())
+	abiFree(big, 8<<20, 0, 0)
+	h := newTestEngine(t, `{"budget": 0, "usage": "allocator", "device": 0}`)
+	base := abiAllocated(0)
+	tmp := abiMalloc(3<<20, 0, 0)
+	require.NotZero(t, tmp, lastError())
+	abiFree(tmp, 3<<20, 0, 0)
+	m := statsOf(t, h)
+	assert.Equal(t, float64(base+3<<20), m["peak_usage"], "the temporary counts, the earlier 8 MiB does not")
+	assert.Equal(t, float64(0), m["peak_resident"], "nothing registered")
+}
+
 func TestDTREvictExtra(t *testing.T) {
 	tests := []struct {
 		name  string

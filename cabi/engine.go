@@ -23,11 +23,18 @@ import (
 	rc "github.com/memscale/memscale/recompute"
 )
 
-// allocatorUsage returns the allocated bytes of the allocator of a device.
-// The engine uses it for engines created with "usage": "allocator". It is
-// assigned by the allocator side of package main (state.go); while it is nil
-// such engines cannot be created.
-var allocatorUsage func(device int) (uint64, error)
+// allocatedSource is what an engine with "usage": "allocator" reads of a
+// device's allocator (*allocator.Allocator).
+type allocatedSource interface {
+	Allocated() uint64
+	Watermark() uint64
+	ResetWatermark()
+}
+
+// allocatorUsage returns the allocator of a device, for engines created with
+// "usage": "allocator". It is assigned by the allocator side of package main
+// (state.go); while it is nil such engines cannot be created.
+var allocatorUsage func(device int) (allocatedSource, error)
 
 // dtrHandle is one engine created by memscale_dtr_create. Calls on one
 // handle are serialized by mu; different handles run in parallel.
@@ -233,17 +240,25 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 				return errors.New(`"usage": "allocator": the allocator usage source is not available in this build`)
 			}
 			dev := src.Device
-			if _, err := usage(dev); err != nil {
+			a, err := usage(dev)
+			if err != nil {
 				return fmt.Errorf(`"usage": "allocator", device %d: %w`, dev, err)
 			}
-			var last uint64
+			a.ResetWatermark() // the engine's peak is its own
+			var last, lastPeak uint64
 			cfg.Usage = func() uint64 {
 				// The device was opened above; an error now leaves the
 				// last known value.
-				if u, err := usage(dev); err == nil {
-					last = u
+				if a, err := usage(dev); err == nil {
+					last = a.Allocated()
 				}
 				return last
+			}
+			cfg.UsagePeak = func() uint64 {
+				if a, err := usage(dev); err == nil {
+					lastPeak = a.Watermark()
+				}
+				return lastPeak
 			}
 		}
 		eng, err := evict.New(cfg)

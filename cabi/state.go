@@ -177,14 +177,15 @@ func openDevices() []*deviceState {
 	return out
 }
 
-// deviceAllocated is allocated_bytes.all.current of device d; the engine uses
-// it for usage "allocator".
-func deviceAllocated(d int) (uint64, error) {
+// deviceAllocated is the allocator of device d, whose allocated bytes
+// (allocated_bytes.all.current) and watermark engines with usage
+// "allocator" read.
+func deviceAllocated(d int) (allocatedSource, error) {
 	a, err := allocatorFor(d)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return a.Allocated(), nil
+	return a, nil
 }
 
 // init connects the engine (engine.go) to the allocators: engines created with

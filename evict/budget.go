@@ -9,6 +9,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/memscale/memscale/internal/bytesize"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -134,12 +135,16 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 	}
 	n := e.handOutPending(out)
 	if e.cfg.Budget == 0 {
+		if e.cfg.Usage != nil {
+			e.sampled = max(e.sampled, e.cfg.Usage())
+		}
 		return n, nil
 	}
 	var gone uint64 // bytes evicted here that an external usage source still counts
 	for n < len(out) {
 		u := e.Usage()
 		if e.cfg.Usage != nil {
+			e.sampled = max(e.sampled, u)
 			u = sub(u, gone)
 		}
 		if u+extra <= e.cfg.Budget {
@@ -150,8 +155,8 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 			if n > 0 || e.finished {
 				break
 			}
-			return 0, fmt.Errorf("evict: %susage %d + %d requested > budget %d: %w (%s)",
-				e.floorNow(extra).below(e.cfg.Budget), u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
+			return 0, fmt.Errorf("evict: %s%susage %d + %d requested > budget %d: %w (%s)",
+				e.outsideNote(u, extra), e.floorNow(extra).below(e.cfg.Budget), u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
 		}
 		out[n] = e.evictStorage(s)
 		if e.cfg.OnEvict != nil {
@@ -183,6 +188,26 @@ func (e *Engine) EvictOne() (Victim, error) {
 		e.cfg.OnEvict(v, ReasonBudget)
 	}
 	return v, nil
+}
+
+// outsideNote explains an external usage source (the allocator) that counts
+// more than the engine holds: memory allocated outside what was registered
+// (the model's weights or tensors made before the region, other threads)
+// counts against the budget and no eviction can free it. It is empty when
+// that memory alone does not put usage + extra over the budget.
+func (e *Engine) outsideNote(u, extra uint64) string {
+	if e.cfg.Usage == nil || u <= e.usage {
+		return ""
+	}
+	outside := u - e.usage
+	if floor := e.floorNow(extra).bytes(); outside+floor <= e.cfg.Budget || (floor > e.cfg.Budget && outside < e.cfg.Budget/8) {
+		return "" // evicting could make room, or the budget is too small whatever lies outside
+	}
+	return fmt.Sprintf("%s of the allocator's %s in use is memory this engine does not hold "+
+		"(allocated outside the region, e.g. before it: the model, the optimizer state, other tensors); the budget "+
+		"counts it (usage \"allocator\") and no eviction can free it: set the budget to that plus what the step "+
+		"needs (peak_usage of an unbudgeted run is in the same units), or count registered bytes only (usage \"engine\"); ",
+		bytesize.Format(outside, 1), bytesize.Format(u, 1))
 }
 
 func sub(a, b uint64) uint64 {

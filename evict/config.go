@@ -31,6 +31,11 @@ type Config struct {
 	// allocated bytes); otherwise the engine counts the bytes of resident
 	// storages.
 	Usage func() uint64
+	// UsagePeak, with Usage, reports the highest Usage since the engine was
+	// created (the allocator's watermark, which sees every allocation, an
+	// op's temporaries included). Without it the peak is the highest Usage
+	// the engine sampled (once per Evict call).
+	UsagePeak func() uint64
 	// SimulatorCompat reproduces the DTR authors' simulator
 	// (RuntimeV2EagerOptimized) exactly: a released storage is dropped but
 	// stays recomputable forever, a pinned storage stays resident after its

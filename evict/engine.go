@@ -93,9 +93,15 @@ type Stats struct {
 	SwapCostNS int64 `json:"swap_cost_ns"`
 	// Clock is the engine clock (1 + all costs), the staleness time base.
 	Clock int64 `json:"clock"`
-	// Usage is the memory in use now, PeakUsage the highest seen.
-	Usage     uint64 `json:"usage"`
-	PeakUsage uint64 `json:"peak_usage"`
+	// Usage is the memory in use now, PeakUsage the highest seen, both in
+	// the units of the budget: with a usage source (Config.Usage, the
+	// allocator's allocated bytes) its highest value since the engine was
+	// created (Config.UsagePeak, else what Evict sampled), so a budget set
+	// from a probe's PeakUsage is comparable. PeakResident is the highest sum
+	// of resident registered bytes, whatever the source.
+	Usage        uint64 `json:"usage"`
+	PeakUsage    uint64 `json:"peak_usage"`
+	PeakResident uint64 `json:"peak_resident"`
 	// Budget is the budget in force (0 = unlimited; 0 with Config.Stress,
 	// which ignores the budget).
 	Budget uint64 `json:"budget"`
@@ -162,6 +168,7 @@ type Engine struct {
 	clock   int64
 	usage   uint64
 	peak    uint64
+	sampled uint64 // with a usage source: the highest usage Evict read
 	stats   Stats
 	pending []Victim // eager victims not yet handed out
 	pendAt  int
@@ -289,7 +296,13 @@ func (e *Engine) Stats() Stats {
 	s := e.stats
 	s.Clock = e.clock
 	s.Usage = e.Usage()
-	s.PeakUsage = e.peak
+	s.PeakUsage, s.PeakResident = e.peak, e.peak
+	if e.cfg.Usage != nil {
+		s.PeakUsage = max(e.sampled, s.Usage)
+		if e.cfg.UsagePeak != nil {
+			s.PeakUsage = max(s.PeakUsage, e.cfg.UsagePeak())
+		}
+	}
 	if !e.cfg.Stress {
 		s.Budget = e.cfg.Budget
 	}

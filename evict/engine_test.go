@@ -338,6 +338,33 @@ func TestExternalUsageSource(t *testing.T) {
 	assert.Zero(t, n)
 }
 
+// TestExternalUsageOutside: memory the source counts but the engine does not
+// hold (allocated before the region) makes the budget infeasible: the error
+// says so and how much; the peak is in the source's units.
+func TestExternalUsageOutside(t *testing.T) {
+	used := uint64(0)
+	e := newEngine(t, Config{Heuristic: LRU, Usage: func() uint64 { return used }})
+	e.NewTensor(300, true) // pinned: nothing evictable
+	used = 5000 + 300      // 5000 bytes outside the engine
+	e.SetBudget(1000)
+	var buf [8]Victim
+	_, err := e.Evict(0, buf[:])
+	require.ErrorIs(t, err, ErrNoEvictable)
+	assert.Contains(t, err.Error(), "of the allocator's 5.2 KiB in use is memory this engine does not hold")
+	assert.Contains(t, err.Error(), "(usage \"engine\")")
+	st := e.Stats()
+	assert.Equal(t, uint64(5300), st.PeakUsage, "the source's units")
+	assert.Equal(t, uint64(300), st.PeakResident)
+
+	// Outside memory small and the pinned bytes alone over the budget: the
+	// floor is the reason, no note.
+	used = 300 + 10
+	e.SetBudget(250)
+	_, err = e.Evict(0, buf[:])
+	require.ErrorIs(t, err, ErrNoEvictable)
+	assert.NotContains(t, err.Error(), "does not hold")
+}
+
 func TestStatsJSONKeys(t *testing.T) {
 	e := newEngine(t, Config{Budget: 10})
 	b, err := json.Marshal(e.Stats())
@@ -345,7 +372,7 @@ func TestStatsJSONKeys(t *testing.T) {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(b, &m))
 	for _, k := range []string{"evictions", "rematerializations", "swaps_out", "swaps_in", "base_cost_ns",
-		"remat_cost_ns", "usage", "peak_usage", "budget", "candidates", "bytes_evicted", "auto", "finished",
+		"remat_cost_ns", "usage", "peak_usage", "peak_resident", "budget", "candidates", "bytes_evicted", "auto", "finished",
 		"min_budget", "min_budget_parts"} {
 		assert.Contains(t, m, k)
 	}

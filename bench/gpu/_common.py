@@ -155,3 +155,34 @@ def fmt_bytes(n: float | int | None) -> str:
             return f"{v:.0f} {unit}" if unit == "B" else f"{v:.2f} {unit}"
         v /= 1024
     return f"{v:.2f} TiB"
+
+
+def memory_breakdown(torch: Any, top: int = 12) -> dict[str, Any]:
+    """Where the memscale allocator's allocated bytes are, as far as Python sees:
+    the allocator's allocated and requested bytes next to the storages of every
+    CUDA tensor the garbage collector knows (deduplicated by storage), the
+    largest first. Allocated bytes no Python tensor holds are PyTorch's own
+    (cuBLAS workspaces, autograd buffers) or a leak. For a failure report."""
+    import gc
+
+    import memscale
+
+    st = memscale.memory_stats(0)
+    storages: dict[int, tuple[int, str]] = {}
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or not obj.is_cuda or type(obj).__name__ == "DTRTensor":
+                continue
+            s = obj.untyped_storage()
+            if s.data_ptr() and s.data_ptr() not in storages:
+                storages[s.data_ptr()] = (s.nbytes(), f"{type(obj).__name__}{tuple(obj.shape)} {obj.dtype}")
+        except Exception:  # noqa: BLE001 - a tensor without storage, a dead weakref
+            continue
+    largest = sorted(storages.values(), reverse=True)[:top]
+    return {
+        "allocated": int(st.get("allocated_bytes.all.current", 0)),
+        "requested": int(st.get("requested_bytes.all.current", 0)),
+        "python_storages": len(storages),
+        "python_storage_bytes": sum(n for n, _ in storages.values()),
+        "largest": [f"{fmt_bytes(n)} {what}" for n, what in largest],
+    }

@@ -99,13 +99,13 @@ def read_log(path: str) -> list[tuple[str, int, int, int]]:
 
 
 def child_replay(args: argparse.Namespace) -> int:
-    """Replay one RMM log under one allocator in this process."""
+    """Replay RMM logs under one allocator in this process, one after another
+    (a process per allocator: starting CUDA costs seconds, a log far less).
+    Between logs every tensor is dropped, the cache emptied and the peaks reset."""
     _common.setup_env()
     import torch
 
-    rows = read_log(args.log)
     dev = args.device
-    reserved = None
     if dev == "cuda":
         if args.allocator == "memscale":
             import memscale
@@ -120,6 +120,21 @@ def child_replay(args: argparse.Namespace) -> int:
         torch.cuda.init()
         torch.empty(1, device="cuda")  # context and allocator up before the baseline
         torch.cuda.synchronize()
+    rows_out = []
+    for log in args.log:
+        rows_out.append(_replay_one(torch, args.allocator, dev, log))
+        _common.write_json(args.json, rows_out)  # what is done survives a timeout
+    return 0
+
+
+def _replay_one(torch: Any, allocator: str, dev: str, log: str) -> dict[str, Any]:
+    """One log under the process's allocator: peak device memory used, peak
+    reserved, malloc latency."""
+    rows = read_log(log)
+    reserved = None
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+        _reset_peak(torch, allocator)
     free0 = torch.cuda.mem_get_info()[0] if dev == "cuda" else 0
     streams: dict[int, Any] = {}
     live: dict[int, Any] = {}
@@ -147,22 +162,33 @@ def child_replay(args: argparse.Namespace) -> int:
     if dev == "cuda":
         torch.cuda.synchronize()
         try:
-            if args.allocator == "memscale":
+            if allocator == "memscale":
                 import memscale
 
                 reserved = memscale.max_memory_reserved()
-            elif args.allocator != "rmm-pool":
+            elif allocator != "rmm-pool":
                 reserved = torch.cuda.memory_stats().get("reserved_bytes.all.peak")
         except Exception as exc:  # noqa: BLE001 - a backend without stats
-            print(f"note: no reserved peak from {args.allocator}: {exc}")
+            print(f"note: no reserved peak from {allocator}: {exc}")
     lat.sort()
     n = len(lat)
-    _common.write_json(args.json, {
-        "allocator": args.allocator, "log": args.log, "allocs": n, "peak_used": peak_used, "peak_reserved": reserved,
+    return {
+        "allocator": allocator, "log": Path(log).stem, "allocs": n, "peak_used": peak_used, "peak_reserved": reserved,
         "malloc_p50_ns": lat[n // 2] if n else None, "malloc_p99_ns": lat[min(n - 1, n * 99 // 100)] if n else None,
         "malloc_max_ns": lat[-1] if n else None, "wall_s": round(wall, 4),
-    })
-    return 0
+    }
+
+
+def _reset_peak(torch: Any, allocator: str) -> None:
+    try:
+        if allocator == "memscale":
+            import memscale
+
+            memscale.reset_peak_memory_stats()
+        elif allocator != "rmm-pool":
+            torch.cuda.reset_peak_memory_stats()
+    except Exception as exc:  # noqa: BLE001 - a backend without stats
+        print(f"note: no peak reset for {allocator}: {exc}")
 
 
 def run_cli(cli: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -181,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=("record", "replay"), help=argparse.SUPPRESS)
     ap.add_argument("--snapshot", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
-    ap.add_argument("--log", help=argparse.SUPPRESS)
+    ap.add_argument("--log", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--allocator", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child == "record":
@@ -243,20 +269,26 @@ def main(argv: list[str] | None = None) -> int:
         res["error"] = p.stderr.strip()[-1000:]
     res["model_all"] = _common.read_json(work / "model-all.json")
     allocators = GPU_ALLOCATORS if args.device == "cuda" else ("cpu",)
-    for log in sorted(logs.glob("*.csv")):
-        for alloc in allocators:
-            if alloc == "rmm-pool":
-                try:
-                    import rmm  # noqa: F401
-                except Exception as exc:  # noqa: BLE001
-                    res["gpu_replay"].append({"log": log.stem, "allocator": alloc, "skipped": f"rmm not importable: {exc}"})
-                    continue
-            jp = work / f"replay-{log.stem}-{alloc}.json"
-            r = _common.run_child([sys.executable, me, "--child", "replay", "--log", str(log), "--allocator", alloc, "--device", args.device, "--json", str(jp)],
-                                  min(120, left()), child_env(alloc))
-            row = _common.read_json(jp) or {"allocator": alloc, "error": f"rc {r['rc']}"}
-            row["log"] = log.stem
-            res["gpu_replay"].append(row)
+    log_files = [str(p) for p in sorted(logs.glob("*.csv"))]
+    for alloc in allocators:
+        if alloc == "rmm-pool":
+            try:
+                import rmm  # noqa: F401
+            except Exception as exc:  # noqa: BLE001
+                res["gpu_replay"].append({"log": "*", "allocator": alloc, "skipped": f"rmm not importable: {exc}"})
+                continue
+        if not log_files:
+            break
+        jp = work / f"replay-{alloc}.json"
+        r = _common.run_child([sys.executable, me, "--child", "replay", "--log", *log_files, "--allocator", alloc, "--device", args.device,
+                               "--json", str(jp)], min(120, left()), child_env(alloc))
+        rows = _common.read_json(jp) or []
+        done = {row["log"] for row in rows}
+        res["gpu_replay"] += rows
+        res["gpu_replay"] += [{"allocator": alloc, "log": Path(f).stem, "error": f"rc {r['rc']}" + (" (timeout)" if r.get("timed_out") else "")}
+                              for f in log_files if Path(f).stem not in done]
+
+    res["gpu_replay"].sort(key=lambda row: (row.get("log", ""), row.get("allocator", "")))
 
     # 4. The CLI on the GPU.
     if args.device == "cuda":

@@ -137,6 +137,7 @@ def run(a: argparse.Namespace, step: str) -> int:
 
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
+        result["diagnosis"] = getattr(exc, "diagnosis", None)
         print(f"FAIL {step}: {result['error']}", flush=True)
         rc = 1
     _common.write_json(a.out, result)
@@ -247,7 +248,13 @@ def _run(a: argparse.Namespace) -> dict[str, Any]:
             loss = fwd_bwd()
         else:
             with region:
-                loss = fwd_bwd()
+                try:
+                    loss = fwd_bwd()
+                except Exception as exc:
+                    if dev.type == "cuda":  # what holds the memory, before the region lets go
+                        exc.diagnosis = _common.memory_breakdown(torch)  # type: ignore[attr-defined]
+                        print(f"memory at the failure: {exc.diagnosis}", flush=True)  # type: ignore[attr-defined]
+                    raise
             loss = region.unwrap(loss)
         losses.append(loss.detach().to("cpu"))
         with torch.no_grad():

@@ -19,14 +19,16 @@
 #
 # Environment: PYTHON (default python3), MEMSCALE_LIBRARY (default
 # build/libmemscale.so), MEMSCALE_GPU_BUDGET_S, MEMSCALE_GPU_WORK (scratch
-# directory for large files; default a fresh mktemp directory, removed at the end).
+# directory for large files; default a fresh mktemp directory, removed at the end),
+# MEMSCALE_GPU_SKIP (step names to skip, space-separated: a short rerun of the
+# steps a fix touched, e.g. "gpt2_dtr bench_replay").
 
 set -u
 set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || exit 2
 COMMAND_LINE="bash bench/gpu/run_all.sh $*"
-for v in MEMSCALE_GPU_BUDGET_S PYTHON MEMSCALE_LIBRARY PYTHONPATH; do
+for v in MEMSCALE_GPU_BUDGET_S MEMSCALE_GPU_SKIP PYTHON MEMSCALE_LIBRARY PYTHONPATH; do
 	[ -n "${!v:-}" ] && COMMAND_LINE="$v=${!v} $COMMAND_LINE"
 done
 PACK=0
@@ -85,6 +87,12 @@ step() {
 	local name=$1 max=$2
 	shift 2
 	local t
+	case " ${MEMSCALE_GPU_SKIP:-} " in
+	*" $name "*)
+		skip_step "$name" "in MEMSCALE_GPU_SKIP" "$@"
+		return 0
+		;;
+	esac
 	t=$(left)
 	[ "$t" -gt "$max" ] && t=$max
 	if [ "$t" -lt 10 ]; then
@@ -176,8 +184,10 @@ main() {
 			"$PY" bench/gpu/correctness.py --compare ...
 	fi
 
-	# 3. GPT-2: native baseline, DTR at 50% of its peak, largest batch both ways
-	#    (all the time left but 120 s, kept for step 4).
+	# 3. Where a GPT-2 step under a region spends its time (one process, about
+	#    a minute), then GPT-2: native baseline, DTR at 50% of its peak, largest
+	#    batch both ways (all the time left but 120 s, kept for step 4).
+	step profile_step 120 "$PY" bench/gpu/profile_step.py --out "$STEPS"
 	local t
 	t=$(($(left) - 120))
 	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))

@@ -244,6 +244,23 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
     else:
         L.append("gpt2_dtr: no result")
         L.append("")
+    prof = results.get("profile_step") if isinstance(results.get("profile_step"), dict) else None
+    if prof and prof.get("times"):
+        L.append("## 4. Where a GPT-2 step under a region spends its time (profile_step.py)")
+        L.append("")
+        L.append(f"Batch {prof.get('batch')}, per-op C extension: {prof.get('crossing_extension')}; "
+                 f"budget {fb(prof.get('budget'))} of a plain peak of {fb(prof.get('peak'))}.")
+        L.append("")
+        L.append("| variant | median step (s) | / plain |")
+        L.append("|---|---:|---:|")
+        for k, v in prof["times"].items():
+            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} |")
+        L.append("")
+        for k, text in (prof.get("profiles") or {}).items():
+            L.append(f"cProfile of one `{k}` step, top functions by own time:")
+            L.append("")
+            L.extend("    " + line for line in text.strip().splitlines()[:40])
+            L.append("")
     L.append("## Keeping these numbers")
     L.append("")
     L.append("Copy this file into `bench/results/` (for example `bench/results/gpu-<date>-<device>.md`) keeping the "
