@@ -192,6 +192,17 @@ int memscale_set_limit(int device, int64_t bytes) {
 	return memscale_go_set_limit(device, bytes);
 }
 
+/* Written by the Go side (cabi/alloc.go) after every malloc and free;
+ * MEMSCALE_PUBLISHED_DEVICES matches cabi/state.go's maxDevices. */
+int64_t memscale_published_allocated[MEMSCALE_PUBLISHED_DEVICES];
+
+const int64_t* memscale_allocated_address(int device) {
+	if (device < 0 || device >= MEMSCALE_PUBLISHED_DEVICES) {
+		return NULL;
+	}
+	return &memscale_published_allocated[device];
+}
+
 int64_t memscale_allocated(int device) {
 	if (in_child()) {
 		child_error();

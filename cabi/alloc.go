@@ -47,10 +47,19 @@ func memscale_go_malloc(size C.int64_t, dev C.int, stream C.uintptr_t) (ptr C.ui
 		if thresholdWatch.Load() {
 			checkThreshold(a, int(dev))
 		}
+		publishAllocated(a, int(dev))
 		ptr = C.uintptr_t(p)
 		return nil
 	})
 	return ptr
+}
+
+// publishAllocated writes a's allocated bytes where
+// memscale_allocated_address points, for readers that must not make a call.
+func publishAllocated(a *allocator.Allocator, dev int) {
+	if dev >= 0 && dev < C.MEMSCALE_PUBLISHED_DEVICES {
+		C.memscale_published_allocated[dev] = C.int64_t(a.Allocated())
+	}
 }
 
 // memscale_go_free frees ptr. The stream argument is not needed: the
@@ -67,6 +76,7 @@ func memscale_go_free(ptr C.uintptr_t, size C.int64_t, dev C.int, stream C.uintp
 			return fmt.Errorf("pointer %#x: %w", uintptr(p), err)
 		}
 		recorded, err := a.FreeRequested(p)
+		publishAllocated(a, int(dev))
 		if errors.Is(err, allocator.ErrUnknownPointer) || errors.Is(err, allocator.ErrDoubleFree) {
 			return freeElsewhere(p, int64(size), int(dev), err)
 		}

@@ -194,3 +194,16 @@ func TestDeviceAllocated(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "device 1")
 }
+
+// TestPublishedAllocated: memscale_allocated_address's int64 follows every
+// malloc and free of its device, and the C array covers every ordinal.
+func TestPublishedAllocated(t *testing.T) {
+	require.Equal(t, maxDevices, int(publishedDevices()), "MEMSCALE_PUBLISHED_DEVICES = maxDevices")
+	require.True(t, mallocFreePair(512), lastError())
+	p := abiMalloc(3<<20, 0, 0)
+	require.NotZero(t, p, lastError())
+	assert.Equal(t, abiAllocated(0), publishedAllocated(0))
+	abiFree(p, 3<<20, 0, 0)
+	assert.Equal(t, abiAllocated(0), publishedAllocated(0))
+	assert.True(t, publishedAddressNil(-1) && publishedAddressNil(maxDevices), "out of range: NULL")
+}

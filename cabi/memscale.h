@@ -150,6 +150,13 @@ int memscale_set_threshold(int device, int64_t bytes);
 int memscale_set_limit(int device, int64_t bytes);
 /* Allocated bytes now; -1 on error. */
 int64_t memscale_allocated(int device);
+/* Address of device `device`'s published allocated bytes: a plain int64 that
+ * every memscale_malloc and memscale_free on that device rewrites when it
+ * returns (0 before the first), readable without a call. A hint for a
+ * per-op check that must not cost a call (the DTR region's "is there room?");
+ * with several threads allocating it may lag by their last call. Valid for
+ * the life of the process; NULL for an ordinal out of range (0..63). */
+const int64_t* memscale_allocated_address(int device);
 /* Effective configuration (environment, defaults, per-device resolved sizes). */
 char* memscale_config_json(void);
 

@@ -21,6 +21,11 @@
 
 #include "memscale.h" /* memscale_dtr_status */
 
+/* The published allocated bytes per device (memscale_allocated_address),
+ * written by the Go side after every malloc and free. */
+#define MEMSCALE_PUBLISHED_DEVICES 64
+extern int64_t memscale_published_allocated[MEMSCALE_PUBLISHED_DEVICES];
+
 /* Go exports (cabi/alloc.go). */
 extern uintptr_t memscale_go_malloc(int64_t size, int device, uintptr_t stream);
 extern void memscale_go_free(uintptr_t ptr, int64_t size, int device, uintptr_t stream);

@@ -17,7 +17,7 @@ import (
 )
 
 // maxDevices bounds the device ordinals the library accepts.
-const maxDevices = 64
+const maxDevices = 64 // = MEMSCALE_PUBLISHED_DEVICES (memscale_internal.h); a test checks
 
 // process is what the library reads once per process, at the first call that
 // needs it: the configuration from the environment and the logger.

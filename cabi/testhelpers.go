@@ -130,6 +130,15 @@ func abiEmptyCache() { memscale_go_empty_cache() }
 // abiAllocated calls memscale_allocated's Go export.
 func abiAllocated(dev int) int64 { return int64(memscale_go_allocated(C.int(dev))) }
 
+// publishedDevices is MEMSCALE_PUBLISHED_DEVICES.
+func publishedDevices() int { return C.MEMSCALE_PUBLISHED_DEVICES }
+
+// publishedAllocated reads memscale_allocated_address(dev) as C code would.
+func publishedAllocated(dev int) int64 { return int64(*C.memscale_allocated_address(C.int(dev))) }
+
+// publishedAddressNil reports whether memscale_allocated_address(dev) is NULL.
+func publishedAddressNil(dev int) bool { return C.memscale_allocated_address(C.int(dev)) == nil }
+
 // abiDTRCreate calls memscale_dtr_create's Go export.
 func abiDTRCreate(config string) int64 {
 	cs := C.CString(config)

@@ -56,6 +56,8 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     # (device, int64_t (*fn)(int device, int64_t need, void* ctx), ctx): see memscale._region.reclaim
     "memscale_set_reclaimer": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "memscale_allocated": (ctypes.c_int64, [ctypes.c_int]),
+    # const int64_t* (NULL out of range): read with ctypes.c_int64.from_address, no call
+    "memscale_allocated_address": (ctypes.c_void_p, [ctypes.c_int]),
     "memscale_config_json": (ctypes.c_void_p, []),
     # Static storage owned by the library: c_char_p is right (never freed).
     "memscale_last_error": (ctypes.c_char_p, []),

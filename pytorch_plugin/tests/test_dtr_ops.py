@@ -580,37 +580,66 @@ def test_swap_instead_of_recompute() -> None:
     _check_peak(region)
 
 
+class _StandInEvent:
+    """torch.cuda.Event for the CPU: recorded 0.5 ms apart; complete when
+    ``done`` says so."""
+
+    done = False
+    made: list[_StandInEvent] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.t = len(_StandInEvent.made) * 0.5
+        _StandInEvent.made.append(self)
+
+    def query(self) -> bool:
+        return _StandInEvent.done
+
+    def elapsed_time(self, end: _StandInEvent) -> float:
+        return end.t - self.t
+
+
+def _stand_in_timer(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from memscale._region.device import CudaTimer
+
+    _StandInEvent.done = False
+    _StandInEvent.made = []
+    monkeypatch.setattr(torch.cuda, "Event", _StandInEvent)
+    monkeypatch.setattr(CudaTimer, "_current_stream", lambda self: None)
+    return CudaTimer()
+
+
 def test_cuda_costs_come_from_events_read_without_syncing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA cost model with stand-in events: the host time until an op's
     device time is known, then the device time of the same (op, size)."""
-    from memscale._region.device import CudaTimer
-
-    class Event:
-        done = False
-
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.t = 0.0
-
-        def record(self) -> None:
-            self.t = len(made) * 0.5  # 0.5 ms apart
-            made.append(self)
-
-        def query(self) -> bool:
-            return Event.done
-
-        def elapsed_time(self, end: Event) -> float:
-            return end.t - self.t
-
-    made: list[Event] = []
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    timer = CudaTimer()
+    timer = _stand_in_timer(monkeypatch)
     key = ("op", 64)
-    start = timer.start()
+    start = timer.start("op")
     assert timer.stop(key, start, host_ns=1000) == 1000  # nothing measured yet, no sync
-    Event.done = True
-    start = timer.start()
+    _StandInEvent.done = True
+    start = timer.start("op")
     assert timer.stop(key, start, host_ns=1000) == 500_000  # the first op's 0.5 ms
     assert len(timer.pending) == 0 and timer.spare  # events are reused
+
+
+def test_cuda_timer_samples_and_scales_unmeasured_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each op is timed on its first SAMPLES calls, then once every STRIDE
+    calls; an untimed call of a measured size costs that size's device time,
+    one of a size never measured the op's device time per byte times it."""
+    timer = _stand_in_timer(monkeypatch)
+    _StandInEvent.done = True
+    timed = [timer.start("mm") is not None for _ in range(3 * timer.STRIDE)]
+    assert timed[: timer.SAMPLES] == [True] * timer.SAMPLES
+    assert sum(timed) == timer.SAMPLES + 2  # calls STRIDE and 2 x STRIDE
+    assert timer.start("add") is not None  # counted per op
+    start = timer.start("relu")
+    assert timer.stop(("relu", 1000), start, host_ns=10) == 500_000
+    assert timer.stop(("relu", 1000), None, host_ns=10) == 500_000  # untimed, known size
+    assert timer.stop(("relu", 3000), None, host_ns=10) == 1_500_000  # untimed, scaled by bytes
+    assert timer.stop(("gelu", 1000), None, host_ns=10) == 10  # nothing known: host time
+    assert len(_StandInEvent.made) == sum(timed) + 3  # events only for timed calls: mm, add, relu (start, end)
 
 
 def test_the_ctypes_fallback_runs_a_region_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:

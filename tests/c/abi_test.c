@@ -63,6 +63,7 @@ FN(memscale_reset_peak_stats);
 FN(memscale_set_threshold);
 FN(memscale_set_limit);
 FN(memscale_allocated);
+FN(memscale_allocated_address);
 FN(memscale_config_json);
 FN(memscale_last_error);
 FN(memscale_error_count);
@@ -369,6 +370,8 @@ static void test_many_pairs(void) {
 		int64_t allocated = p_memscale_allocated(0);
 		check(allocated >= total, "round %d: allocated %lld < requested %lld", round, (long long)allocated,
 		      (long long)total);
+		check(*p_memscale_allocated_address(0) == allocated, "round %d: the published allocated bytes %lld = %lld",
+		      round, (long long)*p_memscale_allocated_address(0), (long long)allocated);
 		for (int i = 0; i < LIVE && !device_mode; i++) {
 			if (live[i].p && !verify(&live[i])) {
 				ok_data = 0;
@@ -399,6 +402,9 @@ static void test_many_pairs(void) {
 	check(ok_overlap, "many pairs: live allocations do not overlap");
 	check(p_memscale_allocated(0) == 0, "many pairs: allocated is 0 after freeing all, got %lld",
 	      (long long)p_memscale_allocated(0));
+	check(*p_memscale_allocated_address(0) == 0, "many pairs: the published allocated bytes are 0 too");
+	check(p_memscale_allocated_address(-1) == NULL && p_memscale_allocated_address(64) == NULL,
+	      "memscale_allocated_address: NULL out of range");
 	expect_no_error(before, "many pairs");
 }
 
@@ -1264,6 +1270,7 @@ int main(int argc, char** argv) {
 	}
 	LOAD(memscale_malloc);
 	LOAD(memscale_free);
+	LOAD(memscale_allocated_address);
 	LOAD(memscale_init);
 	LOAD(memscale_empty_cache);
 	LOAD(memscale_set_memory_fraction);

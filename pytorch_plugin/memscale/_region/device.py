@@ -65,46 +65,86 @@ def host_int(t: torch.Tensor) -> int:
 
 
 class CudaTimer:
-    """Approximate device time per op from CUDA events, read without syncing.
+    """Approximate device time per op from CUDA events, read without syncing,
+    on a sample of the ops.
 
     The engine wants the cost when the op is registered, before its events
-    completed, so the cost of an op is the device time last measured for the same
-    (op, output size), or the host launch time when none is known yet.
+    completed, so the cost of an op is the device time last measured for the
+    same (op, output size); for a size not measured yet, the op's measured
+    device time per output byte times this size; with nothing measured for the
+    op, the host launch time.
+
+    Recording two events costs more than the rest of the region's work on an
+    op (``Event.record`` looks the current stream up in Python), and a
+    training step runs the same ops with the same sizes again and again, so
+    an op is timed only while it has fewer than :attr:`SAMPLES` measurements
+    and then once every :attr:`STRIDE` calls (new sizes and drift are still
+    learned). :meth:`start` says whether this call is timed.
     """
 
     #: Events still waited for beyond this are dropped (their op's time is not learned).
     MAX_PENDING = 256
+    #: Calls of an op timed before sampling starts.
+    SAMPLES = 4
+    #: After that, one call in this many is timed.
+    STRIDE = 32
 
     def __init__(self) -> None:
         self.device_ns: dict[tuple[Any, int], int] = {}
         self.pending: deque[tuple[tuple[Any, int], Any, Any]] = deque()
         self.spare: list[Any] = []
+        self.calls: dict[Any, int] = {}  # per op: calls seen
+        self.rate: dict[Any, tuple[int, int]] = {}  # per op: (device ns, output bytes) measured
+        self._stream: Any = None  # the current stream object, cached
+        self._raw = -1  # its handle
 
     def _event(self) -> Any:
         if self.spare:
             return self.spare.pop()
         return torch.cuda.Event(enable_timing=True)
 
-    def start(self) -> Any:
-        """Record and return the start event of an op about to be launched."""
+    def _current_stream(self) -> Any:
+        """``torch.cuda.current_stream()`` without its Python lookups when
+        the current stream did not change (one C call)."""
+        raw = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+        if raw != self._raw:
+            self._stream, self._raw = torch.cuda.current_stream(), raw
+        return self._stream
+
+    def start(self, func: Any) -> Any:
+        """Record and return the start event of a call of ``func`` about to be
+        launched, or ``None`` when this call is not timed."""
+        n = self.calls.get(func, 0)
+        self.calls[func] = n + 1
+        if n >= self.SAMPLES and n % self.STRIDE:
+            return None
         event = self._event()
-        event.record()
+        event.record(self._current_stream())
         return event
 
     def stop(self, key: tuple[Any, int], start: Any, host_ns: int) -> int:
-        """The op of ``key`` was launched after ``start``; returns its cost (ns)."""
-        end = self._event()
-        end.record()
+        """The op of ``key`` (op, output bytes) was launched after ``start``
+        (``None``: not timed); returns its cost (ns)."""
         pending = self.pending
-        pending.append((key, start, end))
+        if start is not None:
+            end = self._event()
+            end.record(self._current_stream())
+            pending.append((key, start, end))
         while pending and pending[0][2].query():
             done, s, e = pending.popleft()
-            self.device_ns[done] = int(s.elapsed_time(e) * 1e6)
+            ns = int(s.elapsed_time(e) * 1e6)
+            self.device_ns[done] = ns
+            total_ns, total_bytes = self.rate.get(done[0], (0, 0))
+            self.rate[done[0]] = (total_ns + ns, total_bytes + done[1])
             self.spare += (s, e)
         if len(pending) > self.MAX_PENDING:
             _, s, e = pending.popleft()
             self.spare += (s, e)
-        return max(host_ns, self.device_ns.get(key, 0))
+        known = self.device_ns.get(key)
+        if known is None:
+            total_ns, total_bytes = self.rate.get(key[0], (0, 0))
+            known = total_ns * key[1] // total_bytes if total_bytes else 0
+        return max(host_ns, known)
 
 
 _bandwidth: float | None = None

@@ -94,7 +94,8 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if s.budgeted and not info.all_views and not a.missing:
         size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
         status = s.status
-        if s.usage_exact and status.usage + extra <= status.budget:
+        live = s.usage_live
+        if s.usage_known and (status.usage if live is None else live.value) + extra <= status.budget:
             extra = 0  # room already
     if a.missing or extra:
         with HeldCells(s.engine) as held:
@@ -114,7 +115,10 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return out
     wrappers = wrap_outputs(s, cells, outs)
     status = s.status  # s.after_op(), inlined: most ops leave it nothing to do
-    if status.pending >= s.drain_at or (s.budgeted and (not s.usage_exact or status.usage > status.budget)):
+    if status.pending >= s.drain_at or (
+        s.budgeted
+        and (not s.usage_known or (status.usage if (live := s.usage_live) is None else live.value) > status.budget)
+    ):
         s.evict()
     if partial:
         return rebuild_result(out, _wrappers_and_constants(out, wrappers))
@@ -149,7 +153,7 @@ def _run_and_register(
     """
     rng = rng_state_for(info, a.args, a.kwargs) if info.seeded else None
     timer = s.cuda_timer
-    start = timer.start() if timer is not None else None
+    start = timer.start(func) if timer is not None else None
     s.running = a.cells
     try:
         t0 = perf_ns()

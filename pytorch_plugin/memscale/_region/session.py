@@ -25,6 +25,7 @@ an op needs.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .. import _lib
 from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
 from ..errors import MemscaleError
 from . import rebuild, reclaim, volatile
@@ -80,6 +82,18 @@ class Session:
         self.tuning: dict[str, Any] | None = None  # the engine's report, when it tuned
         self.tune_error: str | None = None
         self.usage_exact = config.get("usage") == "engine"
+        #: With usage "allocator": the allocator's allocated bytes, published
+        #: by every malloc and free (``memscale_allocated_address``), read
+        #: per op without a call; ``None`` with usage "engine".
+        self.usage_live: ctypes.c_int64 | None = None
+        if config.get("usage") == "allocator":
+            address = _lib.lib().memscale_allocated_address(int(config.get("device") or 0))
+            if address:
+                self.usage_live = ctypes.c_int64.from_address(address)
+        #: Whether a per-op check can tell that usage is within the budget
+        #: without asking the engine: it counts the usage itself, or the
+        #: allocator publishes it.
+        self.usage_known = self.usage_exact or self.usage_live is not None
         #: Inputs of the op whose kernel is running (locked if the allocator
         #: asks this session to evict meanwhile, see :mod:`.reclaim`).
         self.running: list[Cell] = []
@@ -112,10 +126,15 @@ class Session:
 
     def make_room(self, extra: int, what: bytes) -> None:
         """Evict until ``extra`` more bytes fit the budget (before allocating them)."""
-        status = self.status
-        if self.usage_exact and status.usage + extra <= status.budget:
+        if self.usage_known and self.usage_now() + extra <= self.status.budget:
             return
         self.evict(extra, f"making room for {extra} bytes of {what.decode()}")
+
+    def usage_now(self) -> int:
+        """The usage the budget is compared with, as far as it is known
+        without an engine call (see :attr:`usage_known`)."""
+        live = self.usage_live
+        return self.status.usage if live is None else live.value
 
     # --------------------------------------------------------- evictions
 
@@ -131,7 +150,7 @@ class Session:
         """After an op registered its outputs: keep usage within the budget."""
         status = self.status
         if status.pending >= self.drain_at or (
-            self.budgeted and (not self.usage_exact or status.usage > status.budget)
+            self.budgeted and (not self.usage_known or self.usage_now() > status.budget)
         ):
             self.evict()
 
