@@ -97,6 +97,9 @@ class Session:
         #: Inputs of the op whose kernel is running (locked if the allocator
         #: asks this session to evict meanwhile, see :mod:`.reclaim`).
         self.running: list[Cell] = []
+        #: Bytes of the outputs of re-runs so far (the room a rebuild needed,
+        #: at most; as a difference).
+        self.rebuilt_bytes = 0
         #: The device whose allocation failures this session evicts for.
         self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
