@@ -412,7 +412,10 @@ class DTRRegion:
 
         Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
         ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
-        (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry),
+        (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry,
+        in the budget's units: with ``usage="allocator"`` the allocator's
+        allocated bytes at their highest during the entry, memory made before
+        it and op temporaries included; else the registered resident bytes),
         ``min_budget`` (bytes: the lower bound below which no budget can
         work, the highest of any entry: what is pinned - parameters, inputs,
         gradients - plus the largest working set of any op or rebuild, as the
