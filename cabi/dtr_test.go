@@ -400,3 +400,32 @@ func TestDTROpAllocatesNothingOfItsOwn(t *testing.T) {
 	})
 	assert.Equal(t, direct, viaABI, "allocations per op: via the ABI %.2f, the engine alone %.2f", viaABI, direct)
 }
+
+// BenchmarkDTROpChainStep is the Go side of a region's per-op call: one
+// memscale_dtr_op export (release of the previous output, registration of
+// the op, its freed storages back), under a budget the chain never reaches.
+func BenchmarkDTROpChainStep(b *testing.B) {
+	f := newDTROpFrame()
+	defer f.free()
+	name := newDTROpFrame()
+	defer name.free()
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(name.p)), 8), "chain")
+	h := abiDTRCreate(`{"budget": 1099511627776, "heuristic": "lru"}`)
+	if h < 0 {
+		b.Fatal(lastError())
+	}
+	defer abiDTRDestroy(h)
+	prev := dtrChainStep(f, name, h, abiDTRTensor(h, 100, 1))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		next := dtrChainStep(f, name, h, prev)
+		if next < 0 {
+			b.Fatal(lastError())
+		}
+		if abiDTRRelease(h, prev) != 0 {
+			b.Fatal(lastError())
+		}
+		prev = next
+	}
+}
