@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"testing"
 	"unsafe"
@@ -402,15 +403,34 @@ func TestDTROpAllocatesNothingOfItsOwn(t *testing.T) {
 }
 
 // BenchmarkDTROpChainStep is the Go side of a region's per-op call: one
-// memscale_dtr_op export (release of the previous output, registration of
-// the op, its freed storages back), under a budget the chain never reaches.
+// memscale_dtr_op export (the op's registration, its freed storages back)
+// and the release of the previous output, under a budget the chain never
+// reaches; "reserved" makes room for the whole chain up front, as a region
+// does from its previous step's counts.
 func BenchmarkDTROpChainStep(b *testing.B) {
+	for _, reserved := range []bool{false, true} {
+		name := "growing"
+		if reserved {
+			name = "reserved"
+		}
+		b.Run(name, func(b *testing.B) {
+			config := `{"budget": 1099511627776, "heuristic": "lru"}`
+			if reserved {
+				config = fmt.Sprintf(`{"budget": 1099511627776, "heuristic": "lru", "reserve": {"ops": %d, "tensors": %d, "storages": %d}}`,
+					b.N+2, b.N+2, b.N+2)
+			}
+			benchChain(b, config)
+		})
+	}
+}
+
+func benchChain(b *testing.B, config string) {
 	f := newDTROpFrame()
 	defer f.free()
 	name := newDTROpFrame()
 	defer name.free()
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(name.p)), 8), "chain")
-	h := abiDTRCreate(`{"budget": 1099511627776, "heuristic": "lru"}`)
+	h := abiDTRCreate(config)
 	if h < 0 {
 		b.Fatal(lastError())
 	}

@@ -23,6 +23,9 @@ type Config struct {
 	// SwapBandwidth is the host<->device bandwidth in bytes/s used for the
 	// swap-or-recompute decision; 0 means never swap.
 	SwapBandwidth float64
+	// Reserve is the size of graph to make room for up front (the counts
+	// of the previous step of the same program; zero: none).
+	Reserve GraphSize
 	// OffloadLimit caps the bytes swapped out to host memory at any time
 	// (0: no cap). A recomputable victim that would pass it is dropped
 	// instead; one that cannot be recomputed is not a candidate meanwhile.
@@ -103,6 +106,9 @@ func (c Config) validate() error {
 	if c.Heuristic >= numHeuristics {
 		return fmt.Errorf("evict: unknown heuristic %d", c.Heuristic)
 	}
+	if r := c.Reserve; r.Ops < 0 || r.Tensors < 0 || r.Storages < 0 || r.Ops > maxReserve || r.Tensors > maxReserve || r.Storages > maxReserve {
+		return fmt.Errorf("evict: reserve %+v: want counts from 0 to %d", r, maxReserve)
+	}
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -114,6 +120,13 @@ func (c Config) validate() error {
 	return nil
 }
 
+// GraphSize counts a step's ops, tensors and storages (Config.Reserve).
+type GraphSize struct {
+	Ops      int `json:"ops"`
+	Tensors  int `json:"tensors"`
+	Storages int `json:"storages"`
+}
+
 // UsageSource says where an engine created from JSON reads its memory usage.
 type UsageSource struct {
 	// Allocator is true for "usage": "allocator": the allocated bytes of the
@@ -122,6 +135,10 @@ type UsageSource struct {
 	// Device is the allocator's device ordinal.
 	Device int
 }
+
+// maxReserve bounds Config.Reserve's counts (a bad value must not allocate
+// without bound).
+const maxReserve = 1 << 26
 
 // RegionEvicteeMinSize is the minimum evictee size of a DTR region (the
 // configuration key "defaults": "region"): storages smaller than this are

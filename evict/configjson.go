@@ -36,7 +36,8 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
 //	 "simulator_compat": bool, "keep_needed_released": bool,
 //	 "record": bool (Config.Record; "heuristic": "auto" implies it),
-//	 "stress": bool (Config.Stress), "defaults": "region"}
+//	 "stress": bool (Config.Stress), "defaults": "region",
+//	 "reserve": {"ops": n, "tensors": n, "storages": n} (Config.Reserve)}
 //
 // Every key is optional; an empty input or "{}" gives d.Config. With
 // "defaults": "region" the settings the caller did not give take the DTR
@@ -101,6 +102,12 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 				break
 			}
 			src.Device = d
+		case "reserve":
+			dec := json.NewDecoder(bytes.NewReader(v))
+			dec.DisallowUnknownFields()
+			if dec.Decode(&cfg.Reserve) != nil {
+				err = fmt.Errorf(`dtr config: reserve %s: want {"ops": n, "tensors": n, "storages": n}`, v)
+			}
 		case "simulator_compat":
 			if json.Unmarshal(v, &cfg.SimulatorCompat) != nil {
 				err = fmt.Errorf("dtr config: simulator_compat %s: want true or false", v)
@@ -147,8 +154,8 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 // "recomp_time_factor" and "recomp_memory_factor" (omitted when 0, which
 // means 1), "evictee_min_size", "swap_bandwidth" (omitted when 0),
 // "usage" ("engine" or "allocator", from src), "device" (with "allocator"
-// only), "simulator_compat", "keep_needed_released", "record" and
-// "stress". Given
+// only), "simulator_compat", "keep_needed_released", "record", "stress"
+// and "reserve" (omitted when zero). Given
 // keys, only those of them it has. Decoding the result on top of defaults
 // with zero exponents and bandwidth gives back c and src, less what JSON
 // cannot carry (Usage, OnEvict, ExactScan).
@@ -172,6 +179,9 @@ func (c Config) JSON(src UsageSource, keys ...string) map[string]any {
 	}
 	if src.Allocator {
 		all["usage"], all["device"] = "allocator", src.Device
+	}
+	if c.Reserve != (GraphSize{}) {
+		all["reserve"] = c.Reserve
 	}
 	if len(keys) == 0 {
 		return all

@@ -206,6 +206,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, h: cfg.Heuristic.Resolve(), g: rc.NewGraph(), clock: 1}
+	e.g.Reserve(cfg.Reserve.Ops, cfg.Reserve.Tensors, cfg.Reserve.Storages)
 	e.stale = e.h.stale()
 	e.tf, e.mf = cfg.RecompTimeFactor, cfg.RecompMemoryFactor
 	if e.tf == 0 {

@@ -406,6 +406,11 @@ func TestDecodeConfig(t *testing.T) {
 		{"bad usage", `{"usage": "gpu"}`, base, UsageSource{}, `usage "gpu"`},
 		{"bad factor", `{"recomp_time_factor": -2}`, base, UsageSource{}, "recomp_time_factor -2"},
 		{"not an object", `[1]`, base, UsageSource{}, "not a JSON object"},
+		{"reserve", `{"reserve": {"ops": 10, "tensors": 20, "storages": 15}}`,
+			Config{Heuristic: LRU, RecompTimeFactor: 2, Reserve: GraphSize{Ops: 10, Tensors: 20, Storages: 15}}, UsageSource{}, ""},
+		{"reserve unknown key", `{"reserve": {"opz": 1}}`, base, UsageSource{}, "reserve"},
+		{"reserve negative", `{"reserve": {"ops": -1}}`, base, UsageSource{}, "reserve"},
+		{"reserve huge", `{"reserve": {"tensors": 1e12}}`, base, UsageSource{}, "reserve"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

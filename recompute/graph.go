@@ -6,6 +6,7 @@ package recompute
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // TensorID identifies a tensor: one value produced by an op or registered
@@ -166,6 +167,24 @@ var ErrUnknownOp = errors.New("unknown op")
 
 // NewGraph returns an empty graph.
 func NewGraph() *Graph { return &Graph{} }
+
+// Reserve makes room for ops, tensors and storages more of each, so that
+// issuing them does not grow (and copy) the graph's arrays. A DTR region's
+// next step repeats its program: reserving the counts of the last one saves
+// the copies growth makes (a quarter of an op's registration time). Counts
+// of zero or less reserve nothing.
+func (g *Graph) Reserve(ops, tensors, storages int) {
+	if ops > 0 {
+		g.ops = slices.Grow(g.ops, ops)
+		g.opStamp = slices.Grow(g.opStamp, ops)
+	}
+	if tensors > 0 {
+		g.tensors = slices.Grow(g.tensors, tensors)
+	}
+	if storages > 0 {
+		g.storages = slices.Grow(g.storages, storages)
+	}
+}
 
 // NumTensors returns the number of tensors issued.
 func (g *Graph) NumTensors() int { return len(g.tensors) }

@@ -234,3 +234,22 @@ func TestClasses(t *testing.T) {
 	assert.Equal(t, int64(5), c.Cost(a))
 	assert.Equal(t, 3, c.Len())
 }
+
+// TestReserve: after Reserve, issuing that many ops, tensors and storages
+// does not grow the graph's arrays (no copies), and the graph is unchanged.
+func TestReserve(t *testing.T) {
+	const n = 100
+	g := NewGraph()
+	g.Reserve(n+1, n+1, n+1)
+	g.Reserve(0, -1, 0) // nothing
+	caps := func() [4]int { return [4]int{cap(g.ops), cap(g.opStamp), cap(g.tensors), cap(g.storages)} }
+	before := caps()
+	x := g.AddExternal(100, 1)
+	for range n {
+		x = out(g, mustOp(t, g, "f", []TensorID{x}, fresh(100)), 0)
+	}
+	assert.Equal(t, before, caps(), "no array grew")
+	assert.Equal(t, n, g.NumOps())
+	assert.Equal(t, n+1, g.NumTensors())
+	assert.Equal(t, n+1, g.NumStorages())
+}

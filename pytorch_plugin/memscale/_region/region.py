@@ -195,6 +195,7 @@ class DTRRegion:
         self._totals: dict[str, int] = dict.fromkeys(SUMMED_KEYS, 0)
         self._syncs = 0
         self._peak = 0
+        self._graph_size: dict[str, int] | None = None  # the last entry's ops, tensors, storages
         self._floor: dict[str, Any] = _NO_FLOOR
         self._entries = 0
         self._last: dict[str, Any] = {}
@@ -277,6 +278,8 @@ class DTRRegion:
         }
         if self._stress:
             config["stress"] = True
+        if self._graph_size is not None:
+            config["reserve"] = self._graph_size
         if usage == "allocator":
             config["device"] = torch.cuda.current_device()
         if self._tuned_config is not None:
@@ -393,6 +396,8 @@ class DTRRegion:
         for key in SUMMED_KEYS:
             self._totals[key] += last[key]
         last["peak_usage"] = int(stats.get("peak_usage", 0))
+        # The next entry's engine makes room for as large a graph up front.
+        self._graph_size = {key: int(stats.get(key, 0)) for key in ("ops", "tensors", "storages")}
         last["budget"] = int(stats.get("budget", self._budget))
         self._peak = max(self._peak, last["peak_usage"])
         last["min_budget"] = int(stats.get("min_budget", 0))
