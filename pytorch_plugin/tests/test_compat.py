@@ -50,7 +50,10 @@ def test_a_memscale_01_script_runs_unchanged(tmp_path: Path) -> None:
         assert all(torch.equal(a, b) for a, b in zip(result["plain"], result[run], strict=True)), run
         assert result[f"{run}_summary"]["evictions"] > 0, result[f"{run}_summary"]
     wrapped = result["wrapped_summary"]
-    assert wrapped["swaps_out"] > 0, wrapped  # enable_offloading=True
+    # enable_offloading=True: whether a victim is swapped or dropped depends on
+    # measured op times, so swaps_out is not asserted here (the mapping to
+    # swap=True and the offload cap are, in test_config_takes_the_01_names
+    # and test_offload_limit_reaches_the_engine).
     assert "sample input's step peak" in wrapped["budget_source"], wrapped["budget_source"]
     assert wrapped["baseline_peak"] > wrapped["peak_usage"] > 0  # warmup_steps=1 ran unbudgeted
     metrics = result["metrics"]
@@ -122,9 +125,13 @@ def test_offload_limit_reaches_the_engine() -> None:
     # A 1 MiB cap: with nothing recomputable nothing more can be evicted ...
     with pytest.raises(memscale.MemscaleError, match="whose swap would pass the offload limit of 1048576 bytes"):
         _swapping_step(recompute=False, offload_limit="1MiB")
-    # ... and with recomputation the engine drops what it cannot swap.
+    # ... and with recomputation the engine drops what it cannot swap: about
+    # 6 MiB must leave a 2 MiB budget and at most 1 MiB of it may sit on the
+    # host, so some tensors are dropped ("evictions" counts drops only; how
+    # many are swapped instead depends on measured op times, so it is not
+    # asserted) and rebuilt by recomputing.
     capped = _swapping_step(offload_limit="1MiB")
-    assert capped["evictions"] > capped["swaps_out"] > 0, capped
+    assert capped["evictions"] > 0 and capped["rematerializations"] > 0, capped
     with pytest.raises(ConfigError, match="offload_limit"):
         memscale.dtr(offload_limit="half")
 
