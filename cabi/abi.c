@@ -284,6 +284,22 @@ int64_t memscale_dtr_op(int64_t h, const char* name, int64_t* frame) {
 	return memscale_go_dtr_op(h, (char*)name, frame);
 }
 
+int64_t memscale_dtr_name(int64_t h, const char* name) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_name(h, (char*)name);
+}
+
+int64_t memscale_dtr_ops(int64_t h, int64_t* frame) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_ops(h, frame);
+}
+
 int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
                             const int32_t* mutated, int32_t n_mut, int64_t cost_ns, int32_t flags,
                             int64_t* out_ids) {
@@ -385,7 +401,7 @@ int memscale_dtr_finish(int64_t h) {
 
 // Python reads the block with ctypes (from_address): five int64 fields, in
 // the header's order, no padding.
-_Static_assert(sizeof(memscale_dtr_status) == 5 * sizeof(int64_t), "memscale_dtr_status: five int64_t");
+_Static_assert(sizeof(memscale_dtr_status) == 7 * sizeof(int64_t), "memscale_dtr_status: seven int64_t");
 _Static_assert(offsetof(memscale_dtr_status, peak_usage) == 4 * sizeof(int64_t), "memscale_dtr_status: field order");
 
 const memscale_dtr_status* memscale_dtr_status_of(int64_t h) {

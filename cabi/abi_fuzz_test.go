@@ -88,7 +88,7 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 		return ids[int(r.u8())%len(ids)]
 	}
 	for steps := 0; !r.done() && steps < 200; steps++ {
-		switch r.u8() % 17 {
+		switch r.u8() % 18 {
 		case 0: // malloc, any size
 			size := int64(r.u32()) >> (r.u8() % 40)
 			if r.u8()%16 == 0 {
@@ -213,6 +213,43 @@ func fuzzABIOnce(t *testing.T, data []byte) {
 				require.Contains(t, lastError(), "out of range")
 			case dev == 0:
 				require.Equal(t, 0, got, lastError())
+			}
+		case 17: // a batch of records whose ids and names may be predicted right or wrong
+			name := abiDTRName(h, []string{"a", "b", "c"}[r.u8()%3])
+			_, st := abiDTRStatus(h)
+			records := make([]dtrRecord, r.u8()%4)
+			op, next := st.NextOp, st.NextTensor
+			for i := range records {
+				rec := dtrRecord{name: name + int64(r.u8()%8/7), op: op, firstOut: next, cost: int64(r.u16()) - 4}
+				if r.u8()%4 == 0 {
+					rec.released = []int64{pick()}
+				}
+				if r.u8()%8 == 0 { // releases only
+					rec.cost = 0
+					rec.op, rec.firstOut = 0, 0
+				} else {
+					rec.inputs = []int64{pick()}
+					n := int64(r.u8() % 3)
+					for range n {
+						rec.sizes = append(rec.sizes, int64(r.u16())-4)
+						rec.alias = append(rec.alias, int64(r.u8()%4)-2)
+					}
+					if r.u8()%8 == 0 {
+						rec.op++ // a wrong prediction
+					}
+					op++
+					next += n
+				}
+				records[i] = rec
+			}
+			if n, freed := abiDTROps(handle(), records, int64(r.u8()%4)); n >= 0 {
+				require.Equal(t, int64(len(records)), n)
+				_, after := abiDTRStatus(h)
+				require.Equal(t, op, after.NextOp, "every record applied with the ids it expected")
+				require.Equal(t, next, after.NextTensor)
+				for _, f := range freed {
+					ids = append(ids, f[0]) // a freed storage's id, to be misused later
+				}
 			}
 		case 16: // reclaim with any need (negative, small, huge) and cap
 			need := int64(r.u16()) - 64

@@ -33,7 +33,7 @@ func TestDTRStress(t *testing.T) {
 			n, _ = abiDTREvict(h, tc.extra, 8)
 			assert.Equal(t, int32(0), n, "nothing left: %s", lastError())
 			_, st = abiDTRStatus(h)
-			assert.Equal(t, dtrStatus{Usage: 100, BytesEvicted: 600, PeakUsage: 700}, st)
+			assert.Equal(t, dtrStatus{Usage: 100, BytesEvicted: 600, PeakUsage: 700, NextOp: 3, NextTensor: 4}, st)
 
 			// a rebuilt storage is not evicted again
 			got, _, steps := abiDTRPlan(h, ts[1], 4)

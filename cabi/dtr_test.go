@@ -71,8 +71,9 @@ func setEnv(t *testing.T, name string, value *string) {
 
 func TestDTRStatusLayout(t *testing.T) {
 	size, offsets := dtrStatusLayout()
-	assert.Equal(t, uintptr(40), size, "five int64_t fields, nothing else")
-	assert.Equal(t, []uintptr{0, 8, 16, 24, 32}, offsets, "usage, budget, pending, bytes_evicted, peak_usage")
+	assert.Equal(t, uintptr(56), size, "seven int64_t fields, nothing else")
+	assert.Equal(t, []uintptr{0, 8, 16, 24, 32, 40, 48}, offsets,
+		"usage, budget, pending, bytes_evicted, peak_usage, next_op, next_tensor")
 }
 
 func TestDTRStatusTracksEveryCall(t *testing.T) {
@@ -86,11 +87,11 @@ func TestDTRStatusTracksEveryCall(t *testing.T) {
 
 	ts := dtrChain(t, h, 3, 200)
 	_, st = abiDTRStatus(h)
-	assert.Equal(t, dtrStatus{Usage: 700, Budget: 1000, PeakUsage: 700}, st)
+	assert.Equal(t, dtrStatus{Usage: 700, Budget: 1000, PeakUsage: 700, NextOp: 3, NextTensor: 4}, st)
 
 	require.Equal(t, 0, abiDTRRelease(h, ts[2])) // banished: pending
 	_, st = abiDTRStatus(h)
-	assert.Equal(t, dtrStatus{Usage: 500, Budget: 1000, Pending: 1, PeakUsage: 700}, st)
+	assert.Equal(t, dtrStatus{Usage: 500, Budget: 1000, Pending: 1, PeakUsage: 700, NextOp: 3, NextTensor: 4}, st)
 
 	require.Equal(t, 0, abiDTRSetBudget(h, 300))
 	_, st = abiDTRStatus(h)
@@ -99,7 +100,7 @@ func TestDTRStatusTracksEveryCall(t *testing.T) {
 	require.Equal(t, int32(2), n, lastError())
 	assert.Equal(t, []int64{ts[2], ts[0]}, ids, "the pending storage first, then the budget victim")
 	_, st = abiDTRStatus(h)
-	assert.Equal(t, dtrStatus{Usage: 300, Budget: 300, Pending: 0, BytesEvicted: 200, PeakUsage: 700}, st)
+	assert.Equal(t, dtrStatus{Usage: 300, Budget: 300, BytesEvicted: 200, PeakUsage: 700, NextOp: 3, NextTensor: 4}, st)
 
 	// a failed call updates it too (the budget was changed behind the ABI)
 	engineOf(h).SetBudget(123)

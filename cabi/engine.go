@@ -50,6 +50,9 @@ type dtrHandle struct {
 	ins   []rc.TensorID
 	outs  []evict.Output
 	names map[string]string
+	// The names of memscale_dtr_name, by id, and their ids.
+	nameList []string
+	nameIDs  map[string]int64
 	// status is the block memscale_dtr_status_of returns: C memory, owned
 	// by the handle, rewritten at the end of every call on it (sync) and
 	// freed by memscale_dtr_destroy.
@@ -84,6 +87,8 @@ func (d *dtrHandle) sync() {
 		pending:       C.int64_t(d.eng.Pending()),
 		bytes_evicted: C.int64_t(st.BytesEvicted),
 		peak_usage:    C.int64_t(st.PeakUsage),
+		next_op:       C.int64_t(d.eng.Graph().NumOps()),
+		next_tensor:   C.int64_t(d.eng.Graph().NumTensors()),
 	}
 }
 
@@ -446,81 +451,121 @@ func (d *dtrHandle) op(name *C.char, frame *C.int64_t) (int64, error) {
 		return -1, errors.New("frame: NULL")
 	}
 	hdr := unsafe.Slice(frame, frameHeader)
-	nRel, nIn, nOut, cost, flags, capacity := int64(hdr[frameReleases]), int64(hdr[frameInputs]),
-		int64(hdr[frameOutputs]), int64(hdr[frameCost]), int64(hdr[frameFlags]), int64(hdr[frameCap])
-	const most = 1 << 24
+	r := opRecord{nRel: int64(hdr[frameReleases]), nIn: int64(hdr[frameInputs]), nOut: int64(hdr[frameOutputs]),
+		cost: int64(hdr[frameCost]), flags: int64(hdr[frameFlags])}
+	capacity := int64(hdr[frameCap])
+	if err := r.check(); err != nil {
+		return -1, fmt.Errorf("frame header: %w", err)
+	}
+	if capacity < 0 || capacity > mostPerFrame {
+		return -1, fmt.Errorf("frame[5] = %d handed-out slots: want 0..%d", capacity, mostPerFrame)
+	}
+	if r.nIn < 0 {
+		capacity = 0
+	}
+	body := unsafe.Slice((*C.int64_t)(unsafe.Add(unsafe.Pointer(frame), frameHeader*8)), int(r.words()))
+	op, ids, err := d.apply(d.internName(name), r, body)
+	if err != nil || r.nIn < 0 {
+		return op, err
+	}
+	// Outputs: the new ids, then the freed storages handed out.
+	out := unsafe.Slice(frame, int(1+r.nOut+2*capacity))
+	for i, t := range ids {
+		out[i] = C.int64_t(t)
+	}
+	out[r.nOut] = C.int64_t(d.handOut(out[r.nOut+1:], capacity))
+	return op, nil
+}
+
+// mostPerFrame bounds every count in a frame (ids, inputs, outputs, slots).
+const mostPerFrame = 1 << 24
+
+// opRecord is the header of one op in a frame: memscale_dtr_op's, or one
+// record of memscale_dtr_ops'.
+type opRecord struct {
+	nRel, nIn, nOut, cost, flags int64
+}
+
+// check validates the record's counts (nIn -1: releases only).
+func (r *opRecord) check() error {
 	switch {
-	case nRel < 0 || nRel > most:
-		return -1, fmt.Errorf("frame[0] = %d released ids: want 0..%d", nRel, most)
-	case nIn < -1 || nIn > most:
-		return -1, fmt.Errorf("frame[1] = %d inputs: want -1 (releases only) .. %d", nIn, most)
-	case nIn >= 0 && (nOut < 0 || nOut > most):
-		return -1, fmt.Errorf("frame[2] = %d outputs: want 0..%d", nOut, most)
-	case cost < 0:
-		return -1, fmt.Errorf("frame[3] = cost_ns %d: want >= 0", cost)
-	case capacity < 0 || capacity > most:
-		return -1, fmt.Errorf("frame[5] = %d handed-out slots: want 0..%d", capacity, most)
+	case r.nRel < 0 || r.nRel > mostPerFrame:
+		return fmt.Errorf("%d released ids: want 0..%d", r.nRel, mostPerFrame)
+	case r.nIn < -1 || r.nIn > mostPerFrame:
+		return fmt.Errorf("%d inputs: want -1 (releases only) .. %d", r.nIn, mostPerFrame)
+	case r.nIn >= 0 && (r.nOut < 0 || r.nOut > mostPerFrame):
+		return fmt.Errorf("%d outputs: want 0..%d", r.nOut, mostPerFrame)
+	case r.cost < 0:
+		return fmt.Errorf("cost_ns %d: want >= 0", r.cost)
 	}
-	if nIn < 0 {
-		nOut, capacity = 0, 0
+	if r.nIn < 0 {
+		r.nOut = 0
 	}
-	f, err := opFlags(C.int32_t(flags))
-	if err != nil {
-		return -1, err
-	}
-	body := unsafe.Slice((*C.int64_t)(unsafe.Add(unsafe.Pointer(frame), frameHeader*8)),
-		int(nRel+max(nIn, 0)+2*nOut))
-	for i, t := range body[:nRel] {
+	return nil
+}
+
+// words is the length of the record's body: releases, inputs, sizes, aliases.
+func (r *opRecord) words() int64 { return r.nRel + max(r.nIn, 0) + 2*r.nOut }
+
+// apply carries out a checked record whose body is body: the releases, then
+// (nIn >= 0) the op's inputs read and the op registered. It returns the op
+// id (0 for releases only) and the output ids, valid until the next call.
+func (d *dtrHandle) apply(name string, r opRecord, body []C.int64_t) (int64, []rc.TensorID, error) {
+	for i, t := range body[:r.nRel] {
 		if err := d.eng.Release(rc.TensorID(t)); err != nil {
-			return -1, fmt.Errorf("released id %d of %d: %w", i, nRel, err)
+			return -1, nil, fmt.Errorf("released id %d of %d: %w", i, r.nRel, err)
 		}
 	}
-	if nIn < 0 {
-		return 0, nil
+	if r.nIn < 0 {
+		return 0, nil, nil
 	}
-	body = body[nRel:]
+	f, err := opFlags(C.int32_t(r.flags))
+	if err != nil {
+		return -1, nil, err
+	}
+	body = body[r.nRel:]
 	d.ins = d.ins[:0]
-	for _, t := range body[:nIn] {
+	for _, t := range body[:r.nIn] {
 		d.ins = append(d.ins, rc.TensorID(t))
 	}
-	sizes, alias := body[nIn:nIn+nOut], body[nIn+nOut:nIn+2*nOut]
+	sizes, alias := body[r.nIn:r.nIn+r.nOut], body[r.nIn+r.nOut:r.nIn+2*r.nOut]
 	d.outs = d.outs[:0]
-	for i := range nOut {
+	for i := range r.nOut {
 		if sizes[i] < 0 {
-			return -1, fmt.Errorf("output %d: size %d: want >= 0", i, int64(sizes[i]))
+			return -1, nil, fmt.Errorf("output %d: size %d: want >= 0", i, int64(sizes[i]))
 		}
-		if alias[i] < -1 || alias[i] >= C.int64_t(nIn) {
-			return -1, fmt.Errorf("output %d: alias %d: want -1 or an input index", i, int64(alias[i]))
+		if alias[i] < -1 || alias[i] >= C.int64_t(r.nIn) {
+			return -1, nil, fmt.Errorf("output %d: alias %d: want -1 or an input index", i, int64(alias[i]))
 		}
 		d.outs = append(d.outs, evict.Output{Size: uint64(sizes[i]), Alias: int32(alias[i])})
 	}
 	for _, in := range d.ins {
 		if err := d.eng.Access(in); err != nil {
-			return -1, err
+			return -1, nil, err
 		}
 	}
-	op, ids, err := d.eng.Call(d.internName(name), d.ins, d.outs, cost, f)
+	op, ids, err := d.eng.Call(name, d.ins, d.outs, r.cost, f)
 	if err != nil {
-		return -1, err
+		return -1, nil, err
 	}
-	// Outputs: the new ids, then the freed storages handed out.
-	out := unsafe.Slice(frame, int(1+nOut+2*capacity))
-	for i, t := range ids {
-		out[i] = C.int64_t(t)
+	return int64(op), ids, nil
+}
+
+// handOut writes up to capacity storages the engine freed to out as
+// (storage-root id, action) pairs and returns how many.
+func (d *dtrHandle) handOut(out []C.int64_t, capacity int64) int {
+	if capacity <= 0 || d.eng.Pending() == 0 {
+		return 0
 	}
-	k := 0
-	if capacity > 0 && d.eng.Pending() > 0 {
-		if cap(d.buf) < int(capacity) {
-			d.buf = make([]evict.Victim, capacity)
-		}
-		k = d.eng.HandOutPending(d.buf[:capacity])
-		for i, v := range d.buf[:k] {
-			out[nOut+1+int64(2*i)] = C.int64_t(v.Tensor)
-			out[nOut+2+int64(2*i)] = C.int64_t(v.Action)
-		}
+	if cap(d.buf) < int(capacity) {
+		d.buf = make([]evict.Victim, capacity)
 	}
-	out[nOut] = C.int64_t(k)
-	return int64(op), nil
+	k := d.eng.HandOutPending(d.buf[:capacity])
+	for i, v := range d.buf[:k] {
+		out[2*i] = C.int64_t(v.Tensor)
+		out[2*i+1] = C.int64_t(v.Action)
+	}
+	return k
 }
 
 //export memscale_go_dtr_op

@@ -248,6 +248,24 @@ int64_t memscale_dtr_call(int64_t h, const char* name, const int64_t* inputs, in
  * before a failing one are done. Nothing is allocated per call for a name
  * seen before. */
 int64_t memscale_dtr_op(int64_t h, const char* name, int64_t* frame);
+/* The id of op name `name` on handle h (>= 0; the same id for the same name),
+ * for memscale_dtr_ops' records; -1 on error. */
+int64_t memscale_dtr_name(int64_t h, const char* name);
+/* Many ops in one crossing: what memscale_dtr_op does for one op, for n
+ * records in order, the caller having predicted each op's ids (the status
+ * block's next_op and next_tensor, counted on). frame[0] = n records,
+ * frame[1] = cap, then the records, each a header of 8 words - name id
+ * (memscale_dtr_name), r released ids, n_in (-1: only the releases),
+ * n_out, cost_ns, flags, the op id expected, the first output id expected
+ * (the outputs take it and the ids after it) - and its body as
+ * memscale_dtr_op's: r released ids, n_in inputs, n_out out_sizes, n_out
+ * out_alias. A record of releases only has n_out, cost_ns, flags and the
+ * expected ids 0. An op that gets other ids than expected fails the call.
+ * On success the engine writes back frame[0] = k (<= cap) storages handed
+ * out and k pairs (storage-root id, action) after it, and returns n. On
+ * error returns -1, the records before the failing one done (the message
+ * names the record and its op). */
+int64_t memscale_dtr_ops(int64_t h, int64_t* frame);
 int64_t memscale_dtr_mutate(int64_t h, const char* name, const int64_t* inputs, int32_t n_in,
                             const int32_t* mutated, int32_t n_mut, int64_t cost_ns,
                             int32_t flags, int64_t* out_ids);
@@ -368,6 +386,10 @@ typedef struct memscale_dtr_status {
                               storages freed because the program released them) */
     int64_t peak_usage;    /* the highest count of resident registered bytes so far (the
                               engine's own count, also with "usage": "allocator") */
+    int64_t next_op;       /* the id the next registered op gets (ids run in sequence) */
+    int64_t next_tensor;   /* the id the next registered tensor gets: an op's outputs,
+                              a mutation's new versions and externals take the next ids
+                              in order (what memscale_dtr_ops' records must expect) */
 } memscale_dtr_status;
 
 /* The status block of engine h, kept current by the engine: it is rewritten

@@ -54,6 +54,8 @@ extern int64_t memscale_go_dtr_call(int64_t h, char* name, int64_t* inputs, int3
                                     int64_t* out_sizes, int32_t* out_alias, int32_t n_out,
                                     int64_t cost_ns, int32_t flags, int64_t* out_ids);
 extern int64_t memscale_go_dtr_op(int64_t h, char* name, int64_t* frame);
+extern int64_t memscale_go_dtr_name(int64_t h, char* name);
+extern int64_t memscale_go_dtr_ops(int64_t h, int64_t* frame);
 extern int64_t memscale_go_dtr_mutate(int64_t h, char* name, int64_t* inputs, int32_t n_in,
                                       int32_t* mutated, int32_t n_mut, int64_t cost_ns,
                                       int32_t flags, int64_t* out_ids);

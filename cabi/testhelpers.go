@@ -319,7 +319,7 @@ func abiDTRStatsJSON(h int64) string {
 
 // dtrStatus is memscale_dtr_status in Go types, for tests.
 type dtrStatus struct {
-	Usage, Budget, Pending, BytesEvicted, PeakUsage int64
+	Usage, Budget, Pending, BytesEvicted, PeakUsage, NextOp, NextTensor int64
 }
 
 // abiDTRStatus calls memscale_dtr_status_of's Go export; it returns the
@@ -330,7 +330,7 @@ func abiDTRStatus(h int64) (uintptr, dtrStatus) {
 		return 0, dtrStatus{}
 	}
 	return uintptr(unsafe.Pointer(p)), dtrStatus{int64(p.usage), int64(p.budget), int64(p.pending),
-		int64(p.bytes_evicted), int64(p.peak_usage)}
+		int64(p.bytes_evicted), int64(p.peak_usage), int64(p.next_op), int64(p.next_tensor)}
 }
 
 // dtrStatusLayout returns the size of memscale_dtr_status and the offsets of
@@ -338,8 +338,64 @@ func abiDTRStatus(h int64) (uintptr, dtrStatus) {
 func dtrStatusLayout() (uintptr, []uintptr) {
 	var s C.memscale_dtr_status
 	return unsafe.Sizeof(s), []uintptr{unsafe.Offsetof(s.usage), unsafe.Offsetof(s.budget),
-		unsafe.Offsetof(s.pending), unsafe.Offsetof(s.bytes_evicted), unsafe.Offsetof(s.peak_usage)}
+		unsafe.Offsetof(s.pending), unsafe.Offsetof(s.bytes_evicted), unsafe.Offsetof(s.peak_usage),
+		unsafe.Offsetof(s.next_op), unsafe.Offsetof(s.next_tensor)}
 }
+
+// abiDTRName calls memscale_dtr_name's Go export (name "" passes NULL).
+func abiDTRName(h int64, name string) int64 {
+	if name == "" {
+		return int64(memscale_go_dtr_name(C.int64_t(h), nil))
+	}
+	c := C.CString(name)
+	defer C.free(unsafe.Pointer(c))
+	return int64(memscale_go_dtr_name(C.int64_t(h), c))
+}
+
+// dtrRecord is one record of memscale_dtr_ops' frame (inputs nil: releases only).
+type dtrRecord struct {
+	name                      int64
+	released, inputs          []int64
+	sizes, alias              []int64
+	cost, flags, op, firstOut int64
+}
+
+// abiDTROps calls memscale_dtr_ops' Go export with the records and room
+// for capacity handed-out pairs; it returns its result (n or -1) and the
+// handed-out (storage-root id, action) pairs. frame nil passes NULL.
+func abiDTROps(h int64, records []dtrRecord, capacity int64) (int64, [][2]int64) {
+	words := []int64{int64(len(records)), capacity}
+	for _, r := range records {
+		nIn := int64(len(r.inputs))
+		if r.inputs == nil {
+			nIn = -1
+		}
+		words = append(words, r.name, int64(len(r.released)), nIn, int64(len(r.sizes)), r.cost, r.flags, r.op, r.firstOut)
+		words = append(words, r.released...)
+		words = append(words, r.inputs...)
+		words = append(words, r.sizes...)
+		words = append(words, r.alias...)
+	}
+	n := max(len(words), int(1+2*capacity))
+	p := (*C.int64_t)(C.calloc(C.size_t(n), 8))
+	defer C.free(unsafe.Pointer(p))
+	v := unsafe.Slice(p, n)
+	for i, x := range words {
+		v[i] = C.int64_t(x)
+	}
+	got := int64(memscale_go_dtr_ops(C.int64_t(h), p))
+	if got < 0 {
+		return got, nil
+	}
+	var freed [][2]int64
+	for j := range int(v[0]) {
+		freed = append(freed, [2]int64{int64(v[1+2*j]), int64(v[2+2*j])})
+	}
+	return got, freed
+}
+
+// abiDTROpsNoFrame calls memscale_dtr_ops' Go export with a NULL frame.
+func abiDTROpsNoFrame(h int64) int64 { return int64(memscale_go_dtr_ops(C.int64_t(h), nil)) }
 
 // abiDTRRematerialized calls memscale_dtr_rematerialized's Go export.
 func abiDTRRematerialized(h, op, cost int64) int {

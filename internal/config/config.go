@@ -42,6 +42,7 @@ var otherKnownVars = []string{
 	"MEMSCALE_DTR_TRACES",
 	"MEMSCALE_NO_EXTENSION", // the plugin's C extension for the per-op call (memscale/_crossing.py)
 	"MEMSCALE_CACHE_DIR",    // where the plugin keeps that extension
+	"MEMSCALE_OP_BATCH",     // ops the plugin registers per engine call (memscale/_engine.py)
 	// bench/gpu's scripts (bench/gpu/README.md)
 	"MEMSCALE_GPU_BUDGET_S",
 	"MEMSCALE_GPU_WORK",

@@ -1,9 +1,10 @@
 """The engine's per-op call without ctypes: a tiny C extension built at first use.
 
-``memscale_dtr_op`` is called once per op (:meth:`memscale._engine.Engine.op`).
+``memscale_dtr_op`` is called once per op (:meth:`memscale._engine.Engine.op`),
+``memscale_dtr_ops`` once per batch of queued ops (:meth:`~memscale._engine.Engine.flush`).
 Through ctypes that call costs about 2 us of argument conversion on the 2-core
 development machine, as much as the engine's own work for an op; a CPython
-extension (``_crossing.c``, next to this file: two functions, linked against
+extension (``_crossing.c``, next to this file: four functions, linked against
 nothing, reaching the engine through the address ctypes gives) halves the
 whole crossing (bench/results/region-cost.md).
 
@@ -91,10 +92,8 @@ def _load(path: Path) -> Any:
     return module
 
 
-def op_function(address: int) -> Callable[[int, bytes | None, int], int] | None:
-    """The extension's ``op(handle, name, frame address)`` calling the
-    ``memscale_dtr_op`` at ``address``; ``None`` when it cannot be used
-    (:func:`unavailable_reason` says why; logged once)."""
+def _module() -> Any:
+    """The built extension, or ``None`` (see :func:`unavailable_reason`)."""
     global _loaded, _reason, _tried
     with _lock:
         if not _tried:
@@ -110,10 +109,28 @@ def op_function(address: int) -> Callable[[int, bytes | None, int], int] | None:
                 except Exception as exc:  # no compiler, no headers, a failed build or load
                     _reason = f"the C extension {SOURCE.name} could not be built or loaded: {exc}"
                     log.warning("memscale: %s; the engine is called through ctypes (about 2 us more per op)", _reason)
-        if _loaded is None:
-            return None
-        _loaded.set_op(address)
-        return _loaded.op  # type: ignore[no-any-return]
+        return _loaded
+
+
+def op_function(address: int) -> Callable[[int, bytes | None, int], int] | None:
+    """The extension's ``op(handle, name, frame address)`` calling the
+    ``memscale_dtr_op`` at ``address``; ``None`` when it cannot be used
+    (:func:`unavailable_reason` says why; logged once)."""
+    module = _module()
+    if module is None:
+        return None
+    module.set_op(address)
+    return module.op  # type: ignore[no-any-return]
+
+
+def ops_function(address: int) -> Callable[[int, int], int] | None:
+    """The extension's ``ops(handle, frame address)`` calling the
+    ``memscale_dtr_ops`` at ``address``; ``None`` as for :func:`op_function`."""
+    module = _module()
+    if module is None:
+        return None
+    module.set_ops(address)
+    return module.ops  # type: ignore[no-any-return]
 
 
 def unavailable_reason() -> str | None:

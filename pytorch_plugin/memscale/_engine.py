@@ -25,6 +25,15 @@ engine sees every event in the order it happened. Until then the status block
 does not show what those releases free. ``memscale_dtr_op`` itself is called
 through a tiny C extension built at first use (:mod:`._crossing`; ctypes when
 it cannot be built), which halves its cost.
+
+Ops can be queued the same way (:meth:`Engine.queue`): the engine gives ids in
+sequence and publishes the next ones in the status block (``next_op``,
+``next_tensor``), so the caller predicts the ids of a queued op and the engine
+checks each prediction when the queue arrives (:meth:`Engine.flush`,
+``memscale_dtr_ops``: many ops, their releases and the storages they freed in
+one crossing). Like releases, the queue goes first in any other call;
+:attr:`Engine.queued_bytes` are the queued ops' fresh bytes, which the status
+block's ``usage`` does not show yet.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ class Status(ctypes.Structure):
         bytes_evicted: bytes of budget victims so far (drops and swaps).
         peak_usage: the highest count of resident registered bytes so far (the
             engine's own count, also with ``"usage": "allocator"``).
+        next_op / next_tensor: the ids the next registered op and tensor get
+            (ids run in sequence; what :meth:`Engine.queue` predicts from).
     """
 
     _fields_ = [
@@ -77,6 +88,8 @@ class Status(ctypes.Structure):
         ("pending", ctypes.c_int64),
         ("bytes_evicted", ctypes.c_int64),
         ("peak_usage", ctypes.c_int64),
+        ("next_op", ctypes.c_int64),
+        ("next_tensor", ctypes.c_int64),
     ]
 
 
@@ -90,6 +103,8 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_tensor": (_i64, [_i64, _i64, _i32]),
     "memscale_dtr_call": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P64, _P32, _i32, _i64, _i32, _P64]),
     "memscale_dtr_op": (_i64, [_i64, ctypes.c_char_p, ctypes.c_void_p]),
+    "memscale_dtr_name": (_i64, [_i64, ctypes.c_char_p]),
+    "memscale_dtr_ops": (_i64, [_i64, ctypes.c_void_p]),
     "memscale_dtr_mutate": (_i64, [_i64, ctypes.c_char_p, _P64, _i32, _P32, _i32, _i64, _i32, _P64]),
     "memscale_dtr_access": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_lock": (ctypes.c_int, [_i64, _i64]),
@@ -112,6 +127,9 @@ _declared: ctypes.CDLL | None = None
 #: ``memscale_dtr_op``'s frame: header fields, and the storages handed out per call.
 _FRAME_HEADER: Final[int] = 6
 _FRAME_HAND_OUT: Final[int] = 64
+#: ``memscale_dtr_ops``' frame: its header, and the header of each record.
+_BATCH_HEADER: Final[int] = 2
+_RECORD_HEADER: Final[int] = 8
 
 
 def dtr_lib() -> ctypes.CDLL:
@@ -228,6 +246,19 @@ class Engine:
         self._op = lib.memscale_dtr_op
         #: memscale_dtr_op without ctypes (the C extension of :mod:`._crossing`), or None.
         self._op_fast = _crossing.op_function(ctypes.cast(lib.memscale_dtr_op, ctypes.c_void_p).value or 0)
+        self._name = lib.memscale_dtr_name
+        self._ops = lib.memscale_dtr_ops
+        self._ops_fast = _crossing.ops_function(ctypes.cast(lib.memscale_dtr_ops, ctypes.c_void_p).value or 0)
+        #: Ops queued by :meth:`queue`, not told to the engine yet: their
+        #: records (``memscale_dtr_ops``' layout), how many, and the bytes of
+        #: their fresh outputs (not in ``status.usage`` yet).
+        self._records = array("q")
+        self.queued = 0
+        self.queued_bytes = 0
+        self._next_op = 0
+        self._next_tensor = 0
+        self._name_ids: dict[bytes, int] = {}
+        self._batch_frame = (_i64 * 0)()
         self._buffers = _Buffers(64)
         #: Released ids not told to the engine yet (see the module doc).
         self.released: list[int] = []
@@ -257,7 +288,7 @@ class Engine:
 
     def set_budget(self, nbytes: int) -> None:
         """Change the budget (bytes; 0 = unlimited)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._set_budget(self.handle, int(nbytes)) < 0:
             raise _fail(f"memscale_dtr_set_budget({nbytes})")
@@ -266,7 +297,7 @@ class Engine:
         """The step is over: from now on the budget loop never fails for lack of
         candidates (what escapes the region is made resident even when it does
         not fit the budget; ``peak_usage`` shows by how much)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._finish(self.handle) < 0:
             raise _fail("memscale_dtr_finish")
@@ -275,7 +306,7 @@ class Engine:
 
     def tensor(self, nbytes: int, pinned: bool = True) -> int:
         """Register an external tensor (input, parameter); returns its id."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         t = self._tensor(self.handle, nbytes, 1 if pinned else 0)
         if t < 0:
@@ -304,7 +335,7 @@ class Engine:
         whose storage output ``i`` shares; ``out_sizes[i]`` is the storage's
         bytes for a fresh output, the view's bytes for an alias.
         """
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         n_in = len(inputs)
         n_out = len(out_sizes)
@@ -328,7 +359,7 @@ class Engine:
     ) -> tuple[int, list[int]]:
         """Register an in-place op that wrote ``inputs[i]`` for each ``i`` in
         ``mutated``; returns ``(op id, new version ids)``."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         n_in = len(inputs)
         n_mut = len(mutated)
@@ -346,28 +377,28 @@ class Engine:
 
     def access(self, t: int) -> None:
         """Tensor ``t`` was read (staleness clock)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._access(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_access({t})")
 
     def lock(self, t: int) -> None:
         """Tensor ``t`` must not be evicted until :meth:`unlock` (counted)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._lock(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_lock({t})")
 
     def unlock(self, t: int) -> None:
         """Undo one :meth:`lock` (may free a storage nothing references)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._unlock(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_unlock({t})")
 
     def pin(self, t: int) -> None:
         """Tensor ``t`` is never evicted."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._pin(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_pin({t})")
@@ -378,7 +409,11 @@ class Engine:
         self.released.append(t)
 
     def flush_releases(self) -> None:
-        """Tell the engine the queued releases now (one crossing)."""
+        """Tell the engine the queued ops and releases now (one crossing); what
+        they free waits in the engine (``status.pending``)."""
+        if self.queued:
+            self.flush(0)
+            return
         released = self.released
         if not released:
             return
@@ -414,6 +449,8 @@ class Engine:
         them out first), now the caller's to free; more may be pending
         (``status.pending``).
         """
+        if self.queued:
+            self.flush(0)
         released = self.released
         if released:
             self.released = []
@@ -434,6 +471,76 @@ class Engine:
             return op, w[0:n_out].tolist(), w[n_out + 1 : n_out + 1 + 2 * k].tolist()
         return op, w[0:n_out].tolist(), _NONE_FREED
 
+    def queue(
+        self, name: bytes, inputs: list[int], out_sizes: list[int], out_alias: list[int], cost_ns: int, flags: int,
+        fresh_bytes: int,
+    ) -> tuple[int, list[int]]:
+        """Register an op that ran, later: queued with the releases before it,
+        told to the engine by :meth:`flush` (or first thing in any other
+        call), in one crossing for many ops (``memscale_dtr_ops``). Returns
+        the ``(op id, output ids)`` the engine will give it: ids run in
+        sequence from the status block's ``next_op`` / ``next_tensor``, and
+        the engine checks each one. Arguments as :meth:`call`'s;
+        ``fresh_bytes``: the bytes of its fresh outputs, counted in
+        :attr:`queued_bytes` (usage the status block does not show yet).
+        """
+        name_id = self._name_ids.get(name)
+        if name_id is None:
+            name_id = self._name(self.handle, name)
+            if name_id < 0:
+                raise _fail(f"memscale_dtr_name({name.decode()})")
+            self._name_ids[name] = name_id
+        if not self.queued:
+            status = self.status
+            self._next_op = status.next_op
+            self._next_tensor = status.next_tensor
+        op = self._next_op
+        first = self._next_tensor
+        n_out = len(out_sizes)
+        released = self.released
+        if released:
+            self.released = []
+        self._records.extend(
+            (name_id, len(released), len(inputs), n_out, cost_ns, flags, op, first, *released, *inputs, *out_sizes, *out_alias)
+        )
+        self._next_op = op + 1
+        self._next_tensor = first + n_out
+        self.queued += 1
+        self.queued_bytes += fresh_bytes
+        return op, list(range(first, first + n_out))
+
+    def flush(self, hand_out: int = _FRAME_HAND_OUT) -> list[int]:
+        """Tell the engine the queued ops (:meth:`queue`) and releases in one
+        crossing; returns up to ``hand_out`` storages it freed as ``[root,
+        action, ...]`` (as :meth:`op`), now the caller's to free."""
+        records = self._records
+        n = self.queued
+        released = self.released
+        if released:
+            self.released = []
+            records.extend((0, len(released), -1, 0, 0, 0, 0, 0, *released))
+            n += 1
+        if not n:
+            return _NONE_FREED
+        self._records = array("q")
+        self.queued = 0
+        self.queued_bytes = 0
+        words = _BATCH_HEADER + len(records)
+        frame = self._batch_frame
+        if len(frame) < max(words, 1 + 2 * hand_out):
+            frame = self._batch_frame = (_i64 * max(2 * words, 1 + 2 * _FRAME_HAND_OUT, 1024))()
+        w = memoryview(frame).cast("B").cast("q")
+        w[0] = n
+        w[1] = hand_out
+        w[_BATCH_HEADER:words] = records
+        address = ctypes.addressof(frame)
+        fast = self._ops_fast
+        done = fast(self.handle, address) if fast is not None else self._ops(self.handle, address)
+        if done < 0:
+            raise _fail(f"memscale_dtr_ops({n} records)")
+        k = w[0]
+        return w[1 : 1 + 2 * k].tolist() if k else _NONE_FREED
+
     # Decisions ------------------------------------------------------------
 
     def evict(self, extra: int = 0, why: str = "") -> Iterator[tuple[int, int]]:
@@ -452,7 +559,7 @@ class Engine:
                 budget; ``why`` is added to the engine's message. Victims
                 yielded before the error are gone in the engine's count.
         """
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         ids = self._victim_ids
         actions = self._victim_actions
@@ -475,7 +582,7 @@ class Engine:
         why, and the allocator's out-of-memory message says it). Exhaust the
         iterator; like :meth:`evict`, each batch is yielded before the next call.
         """
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         ids = self._victim_ids
         actions = self._victim_actions
@@ -498,7 +605,7 @@ class Engine:
         of a later step may therefore be evicted meanwhile; rebuild it with a
         plan of its own before running that step.
         """
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         while True:
             cap = len(self._plan_kinds)
@@ -515,21 +622,21 @@ class Engine:
         """Op ``op`` was re-run; its outputs are resident, except those the program
         released for good, whose re-made copies the next :meth:`evict` hands out
         (as drops) to be freed."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._rematerialized(self.handle, op, cost_ns) < 0:
             raise _fail(f"memscale_dtr_rematerialized({op})")
 
     def swapped_in(self, t: int) -> None:
         """Tensor ``t`` was copied back from host memory."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         if self._swapped_in(self.handle, t) < 0:
             raise _fail(f"memscale_dtr_swapped_in({t})")
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters and configuration (``memscale_dtr_stats_json``)."""
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         return _json_object(self._stats_json(self.handle), "memscale_dtr_stats_json")
 
@@ -549,7 +656,7 @@ class Engine:
             MemscaleError: the engine does not record, has no budget, or its
                 recording could not be replayed (the message says which).
         """
-        if self.released:
+        if self.released or self.queued:
             self.flush_releases()
         return _json_object(self._tune(self.handle), "memscale_dtr_tune")
 

@@ -188,6 +188,47 @@ def test_op_merges_releases_call_and_freed_storages(crossing: str) -> None:
         del v
 
 
+def test_queued_ops_cross_in_one_call_with_the_ids_predicted(crossing: str) -> None:
+    with Engine({"budget": 4 * MB, "heuristic": "lru"}) as eng:
+        assert (eng._ops_fast is None) == (crossing == "ctypes"), _crossing.unavailable_reason()
+        x = eng.tensor(MB)
+        assert (eng.status.next_op, eng.status.next_tensor) == (0, 1)
+        op_a, (a,) = eng.queue(b"mul", [x], [MB], [-1], 10, 0, MB)
+        op_b, (b,) = eng.queue(b"mul", [a], [MB], [-1], 10, 0, MB)
+        eng.release(a)  # b, its child, is alive: evicted eagerly once the engine knows
+        op_c, (c, v) = eng.queue(b"add", [b], [MB, 8], [-1, 0], 10, 0, MB)
+        assert (op_a, op_b, op_c, a, b, c, v) == (0, 1, 2, 1, 2, 3, 4)
+        assert eng.queued == 3 and eng.queued_bytes == 3 * MB
+        assert eng.status.usage == MB and eng.status.next_op == 0  # the engine has heard of nothing yet
+        assert eng.flush() == [a, ACTION_DROP]
+        assert eng.queued == 0 and eng.queued_bytes == 0 and eng.released == []
+        assert eng.status.usage == 3 * MB and eng.status.pending == 0
+        assert (eng.status.next_op, eng.status.next_tensor) == (3, 5)
+        assert eng.flush() == []  # nothing queued: no crossing
+        # Any other call takes the queue first: lock() names an id only the queue knows.
+        _, (d,) = eng.queue(b"neg", [c], [MB], [-1], 10, 0, MB)
+        eng.lock(d)
+        assert eng.queued == 0 and eng.status.usage == 4 * MB
+        eng.unlock(d)
+        # Registrations through op() and queue() interleave in order.
+        _, (e,) = eng.queue(b"neg", [d], [8], [0], 10, 0, 0)
+        _, (f,), _ = eng.op(b"neg", [e], [8], [0], 10, 0)
+        assert (e, f) == (6, 7) and eng.queued == 0
+        s = eng.stats()
+        assert s["base_cost_ns"] == 60 and s["evictions"] == 0
+        del v
+
+
+def test_a_failed_batch_names_its_record() -> None:
+    with Engine({"budget": 0}) as eng:
+        x = eng.tensor(MB)
+        eng.queue(b"mul", [x], [MB], [-1], 10, 0, MB)
+        eng.queue(b"mul", [12345], [MB], [-1], 10, 0, MB)  # no such tensor
+        with pytest.raises(MemscaleError, match=r"memscale_dtr_ops\(2 records\): .*record 1 of 2: op mul: .*12345"):
+            eng.flush()
+        assert eng.queued == 0  # not queued twice
+
+
 def test_evict_makes_room_for_the_bytes_about_to_be_allocated() -> None:
     with Engine({"budget": 3 * MB, "heuristic": "lru"}) as eng:
         x = eng.tensor(MB)

@@ -11,7 +11,9 @@ For every op the mode hands over (:func:`dispatch`):
    predicted (:class:`.arguments.OutputSizes`) and the engine makes room for
    them first, so usage never goes above the budget.
 4. **Run and register.** The op runs on the real tensors; its cost is measured
-   (:mod:`.device`). ``memscale_dtr_call`` registers it; an output sharing an
+   (:mod:`.device`). It is registered (queued, :meth:`Engine.queue`: the
+   engine hears of it with the next batch or any other call, see
+   :data:`.session.OP_BATCH`); an output sharing an
    input's storage (known from the schema for view ops, else found by storage
    pointer, which also catches ``_unsafe_view`` and ``lift_fresh``) is
    registered as an alias of that input. The op is recorded for re-runs.
@@ -95,7 +97,7 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
         status = s.status
         live = s.usage_live
-        if s.usage_known and (status.usage if live is None else live.value) + extra <= status.budget:
+        if s.usage_known and (status.usage + s.engine.queued_bytes if live is None else live.value) + extra <= status.budget:
             extra = 0  # room already
     if a.missing or extra:
         with HeldCells(s.engine) as held:
@@ -117,7 +119,10 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     status = s.status  # s.after_op(), inlined: most ops leave it nothing to do
     if status.pending >= s.drain_at or (
         s.budgeted
-        and (not s.usage_known or (status.usage if (live := s.usage_live) is None else live.value) > status.budget)
+        and (
+            not s.usage_known
+            or (status.usage + s.engine.queued_bytes if (live := s.usage_live) is None else live.value) > status.budget
+        )
     ):
         s.evict()
     if partial:
@@ -222,7 +227,16 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
                     k = input_ptrs.index(ptr)
             aliases.append(k)
             sizes.append(storage.nbytes() if k < 0 else o.nbytes)
-    op, out_ids, freed = s.engine.op(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs))
+    engine = s.engine
+    if s.op_batch > 1:
+        fresh = 0
+        for k, size in zip(aliases, sizes):
+            if k < 0:
+                fresh += size
+        op, out_ids = engine.queue(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs), fresh)
+        freed = engine.flush() if engine.queued >= s.op_batch else None
+    else:
+        op, out_ids, freed = engine.op(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs))
     if freed:
         s.drop_freed(freed)
     groups = s.groups

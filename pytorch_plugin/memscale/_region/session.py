@@ -26,6 +26,7 @@ an op needs.
 from __future__ import annotations
 
 import ctypes
+import os
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -35,7 +36,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _lib
 from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
-from ..errors import MemscaleError
+from ..errors import ConfigError, MemscaleError
 from . import rebuild, reclaim, volatile
 from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
 from .device import CudaTimer, copy_to_host, sync_count
@@ -50,6 +51,39 @@ if TYPE_CHECKING:
 #: Without a budget, freed storages are fetched from the engine once this many
 #: are waiting (their data is dropped at release already).
 UNBUDGETED_DRAIN_BATCH: Final[int] = 256
+
+#: Ops registered per engine call by default (``MEMSCALE_OP_BATCH``): a
+#: pure op's registration is queued (:meth:`Engine.queue`, the ids predicted)
+#: and the queue crosses into the engine once this many ops wait, or first
+#: thing in any other engine call - a plan, a lock, the budget loop - so the
+#: engine sees every event in order before it decides anything. A batch
+#: costs one crossing instead of one per op; what it delays is only the
+#: engine's frees of released storages (without a budget Python drops their
+#: data at release anyway; under a budget the room check counts the queued
+#: ops' outputs and never the releases, so it errs towards asking the
+#: engine, which takes the queue first). 1: one crossing per op.
+OP_BATCH: Final[int] = 32
+OP_BATCH_ENV: Final[str] = "MEMSCALE_OP_BATCH"
+
+
+def op_batch_from_env() -> int:
+    """:data:`OP_BATCH`, or ``MEMSCALE_OP_BATCH`` when set (an integer >= 1).
+
+    Raises:
+        ConfigError: the variable is set to anything else.
+    """
+    raw = os.environ.get(OP_BATCH_ENV, "").strip()
+    if not raw:
+        return OP_BATCH
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(
+            f"{OP_BATCH_ENV}={raw!r}: expected an integer >= 1 (ops registered per engine call; 1: one call per op)"
+        )
+    return n
 
 
 class Session:
@@ -108,6 +142,10 @@ class Session:
         self.verifier: Verifier | None = Verifier(region.verify_where) if region.verify_where is not None else None
         #: The stress setting: the budget loop runs after every op.
         self.stress = bool(config.get("stress"))
+        #: Ops registered per engine call (:data:`OP_BATCH`); the stress
+        #: setting runs the budget loop after every op, so it takes each op
+        #: at once.
+        self.op_batch: int = 1 if self.stress else op_batch_from_env()
         self._set_budgeted(int(config.get("budget") or 0))
         self.queue_release = self._queue_release  # bound once: every wrapper's callback
         #: :func:`.device.sync_count` when the entry began, and when it closed.
@@ -137,14 +175,14 @@ class Session:
         """The usage the budget is compared with, as far as it is known
         without an engine call (see :attr:`usage_known`)."""
         live = self.usage_live
-        return self.status.usage if live is None else live.value
+        return self.status.usage + self.engine.queued_bytes if live is None else live.value
 
     # --------------------------------------------------------- evictions
 
     def sync(self) -> None:
         """Tell the engine the queued releases and carry out its pending
         frees, if any are waiting (before anything asks the engine for a plan)."""
-        if self.engine.released:
+        if self.engine.released or self.engine.queued:
             self.engine.flush_releases()
         if self.status.pending >= self.drain_at:
             self.evict()
