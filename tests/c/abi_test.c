@@ -77,6 +77,8 @@ FN(memscale_dtr_create);
 FN(memscale_dtr_destroy);
 FN(memscale_dtr_set_budget);
 FN(memscale_dtr_tensor);
+FN(memscale_dtr_name);
+FN(memscale_dtr_ops);
 FN(memscale_dtr_call);
 FN(memscale_dtr_lock);
 FN(memscale_dtr_release);
@@ -97,6 +99,7 @@ static const char* dtr_exports[] = {
     "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
     "memscale_dtr_stats_json", "memscale_dtr_tune",          "memscale_dtr_finish",
     "memscale_dtr_status_of", "memscale_dtr_reclaim",       "memscale_dtr_op",
+    "memscale_dtr_name",     "memscale_dtr_ops",
 };
 
 // ---- reporting --------------------------------------------------------------
@@ -843,8 +846,9 @@ static void test_dtr_status_plan_finish(void) {
 		p_memscale_dtr_destroy(e);
 		return;
 	}
-	check(sizeof *st == 40, "memscale_dtr_status is five int64_t");
-	check(st->usage == 0 && st->budget == 250 && st->pending == 0 && st->bytes_evicted == 0 && st->peak_usage == 0,
+	check(sizeof *st == 56, "memscale_dtr_status is seven int64_t");
+	check(st->usage == 0 && st->budget == 250 && st->pending == 0 && st->bytes_evicted == 0 && st->peak_usage == 0 &&
+	          st->next_op == 0 && st->next_tensor == 0,
 	      "status after create: usage %lld budget %lld", (long long)st->usage, (long long)st->budget);
 	int64_t x = p_memscale_dtr_tensor(e, 100, 1);
 	int64_t t[3];
@@ -855,7 +859,26 @@ static void test_dtr_status_plan_finish(void) {
 	check(x >= 0 && t[2] >= 0, "status test: the chain runs");
 	check(st->usage == 400 && st->peak_usage == 400, "status follows the calls: usage %lld peak %lld",
 	      (long long)st->usage, (long long)st->peak_usage);
+	check(st->next_op == 3 && st->next_tensor == 4, "status names the next ids: op %lld tensor %lld",
+	      (long long)st->next_op, (long long)st->next_tensor);
 	expect_no_error(before, "dtr status: chain");
+
+	// Two ops of 0 bytes in one memscale_dtr_ops call, their ids predicted
+	// from the status block; the second releases the first's output.
+	int64_t name = p_memscale_dtr_name(e, "batched");
+	check(name >= 0 && p_memscale_dtr_name(e, "batched") == name, "dtr_name: one id per name (%lld)", (long long)name);
+	int64_t op0 = st->next_op, out0 = st->next_tensor;
+	int64_t frame[32] = {2, 4,
+	                     name, 0, 1, 1, 5, 0, op0, out0, t[2], 0, -1,
+	                     name, 1, 1, 1, 5, 0, op0 + 1, out0 + 1, out0, t[2], 0, -1};
+	check(p_memscale_dtr_ops(e, frame) == 2, "dtr_ops applies both records");
+	check(st->next_op == op0 + 2 && st->next_tensor == out0 + 2, "dtr_ops: the ids were the predicted ones");
+	int64_t wrong[16] = {1, 0, name, 0, 1, 1, 5, 0, op0, out0, t[2], 0, -1};
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_ops(e, wrong) == -1, "dtr_ops refuses a record whose ids were predicted wrong");
+	expect_error(before, "dtr_ops wrong ids", "memscale_dtr_ops", "record 0 of 1", "the caller expected", NULL);
+	check(st->next_op == op0 + 2, "a refused record changes nothing");
+	before = p_memscale_error_count();
 
 	int64_t ids[16];
 	int32_t acts[16];
@@ -1306,6 +1329,8 @@ int main(int argc, char** argv) {
 		LOAD(memscale_dtr_destroy);
 		LOAD(memscale_dtr_set_budget);
 		LOAD(memscale_dtr_tensor);
+		LOAD(memscale_dtr_name);
+		LOAD(memscale_dtr_ops);
 		LOAD(memscale_dtr_call);
 		LOAD(memscale_dtr_lock);
 		LOAD(memscale_dtr_release);
