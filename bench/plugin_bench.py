@@ -12,12 +12,14 @@ on a shared machine hit both sides alike:
    Measured for an unbudgeted region (``dtr(None)``: ops recorded, nothing
    evicted) and for a region with a budget far above the usage (the budgeted
    path - inputs locked, output sizes predicted, the budget loop run - but no
-   eviction). Target: <= 25 us per op.
+   eviction), each also with one engine call per op (``MEMSCALE_OP_BATCH=1``)
+   instead of one per batch of 32. Target: <= 1.5x the empty mode.
 2. Step-time ratio of a GPT-2 training step (forward + backward; random
    weights; 4 layers, width 256, 4 heads, vocabulary 2048, batch 8 x 128 tokens)
    under budgets of 100 %, 50 % and 30 % of the step's peak (measured by an
-   unbudgeted region first), against the plain step. The four runs take turns
-   step by step; each reports the median step time (first step skipped), the
+   unbudgeted region first), and at 100 % and 50 % once more with one engine
+   call per op (``MEMSCALE_OP_BATCH=1``), against the plain step. The runs take
+   turns step by step; each reports the median step time (first step skipped), the
    engine's counters and whether its losses were bitwise the plain run's.
 3. Tuning (``--part tuning``): the same GPT-2 step under 50 % and 30 % of its
    peak with the region's default heuristic (``"auto"``: the first step records
@@ -41,12 +43,14 @@ default) does both.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +109,23 @@ def op_loop(n: int) -> Any:
     return loop
 
 
+@contextlib.contextmanager
+def _op_batch(batch: str | None) -> Iterator[None]:
+    """``MEMSCALE_OP_BATCH=batch`` for the block (``None``: as it is)."""
+    if batch is None:
+        yield
+        return
+    old = os.environ.get("MEMSCALE_OP_BATCH")
+    os.environ["MEMSCALE_OP_BATCH"] = batch
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MEMSCALE_OP_BATCH"]
+        else:
+            os.environ["MEMSCALE_OP_BATCH"] = old
+
+
 def per_op(reps: int, n: int) -> dict[str, float]:
     """Median ns per op: plain, an empty dispatch mode, a minimal wrapper
     mode, the unbudgeted region, budgeted regions (no evictions)."""
@@ -114,8 +135,11 @@ def per_op(reps: int, n: int) -> dict[str, float]:
     roomy = dtr(1 << 40)  # a budget no loop comes near: the budgeted path, no eviction
     roomy_eq = dtr(1 << 40, heuristic="dtr-eq")
 
-    def in_region(region: Any) -> None:
-        with region:
+    free_one = dtr(None)
+    roomy_one = dtr(1 << 40)
+
+    def in_region(region: Any, batch: str | None = None) -> None:
+        with _op_batch(batch), region:
             loop()
 
     runs = {
@@ -123,7 +147,9 @@ def per_op(reps: int, n: int) -> dict[str, float]:
         "empty_mode": lambda: in_region(EmptyMode()),
         "wrapper_floor": lambda: in_region(WrapperFloorMode()),
         "unbudgeted": lambda: in_region(free),
+        "unbudgeted_one": lambda: in_region(free_one, "1"),
         "budgeted": lambda: in_region(roomy),
+        "budgeted_one": lambda: in_region(roomy_one, "1"),
         "budgeted_eq": lambda: in_region(roomy_eq),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -199,6 +225,8 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
     runs: list[dict[str, Any]] = [{"name": "plain", "region": None, "budget": 0}]
     for f in fractions:
         runs.append({"name": f"{f:.0%}", "region": dtr(int(peak * f)), "budget": int(peak * f)})
+    for f in fractions[:2]:  # the same, one engine call per op (MEMSCALE_OP_BATCH=1)
+        runs.append({"name": f"{f:.0%}, one call per op", "region": dtr(int(peak * f)), "budget": int(peak * f), "batch": "1"})
     for r in runs:
         r["model"] = make()
         r["times"] = []
@@ -206,7 +234,8 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
         r["losses"] = []
     for i in range(steps):
         for r in runs:  # turn by turn
-            dt, cpu, loss = step(r["model"], r["region"], i)
+            with _op_batch(r.get("batch")):
+                dt, cpu, loss = step(r["model"], r["region"], i)
             r["times"].append(dt)
             r["cpu"].append(cpu)
             r["losses"].append(loss)
@@ -372,6 +401,7 @@ def overhead_part(args: argparse.Namespace) -> None:
         f"budgeted, no eviction {ops['budgeted'] / 1e3:.2f} us (+{(ops['budgeted'] - ops['plain']) / 1e3:.2f}), "
         f"the same with dtr-eq {ops['budgeted_eq'] / 1e3:.2f} us (+{(ops['budgeted_eq'] - ops['plain']) / 1e3:.2f}); "
         f"empty mode {ops['empty_mode'] / 1e3:.2f} us, minimal wrapper mode {ops['wrapper_floor'] / 1e3:.2f} us; "
+        f"one engine call per op: unbudgeted {ops['unbudgeted_one'] / 1e3:.2f} us, budgeted {ops['budgeted_one'] / 1e3:.2f} us; "
         f"ratio to the empty mode: unbudgeted {ops['unbudgeted'] / ops['empty_mode']:.2f}, "
         f"budgeted {ops['budgeted'] / ops['empty_mode']:.2f}, minimal wrapper {ops['wrapper_floor'] / ops['empty_mode']:.2f}",
         flush=True,
@@ -433,14 +463,16 @@ than wall time:
 | an empty `TorchDispatchMode` (runs the op, returns its result) | {ops['empty_mode'] / 1e3:.2f} | {(ops['empty_mode'] - ops['plain']) / 1e3:.2f} | 1.00 |
 | a minimal wrapper mode (unwraps by hand, wraps the result; no bookkeeping) | {ops['wrapper_floor'] / 1e3:.2f} | {(ops['wrapper_floor'] - ops['plain']) / 1e3:.2f} | {ops['wrapper_floor'] / ops['empty_mode']:.2f} |
 | `dtr(None)` (recorded, never evicted) | {ops['unbudgeted'] / 1e3:.2f} | {(ops['unbudgeted'] - ops['plain']) / 1e3:.2f} | {ops['unbudgeted'] / ops['empty_mode']:.2f} |
+| `dtr(None)`, one engine call per op (`MEMSCALE_OP_BATCH=1`) | {ops['unbudgeted_one'] / 1e3:.2f} | {(ops['unbudgeted_one'] - ops['plain']) / 1e3:.2f} | {ops['unbudgeted_one'] / ops['empty_mode']:.2f} |
 | `dtr(1 TiB)` (budgeted path, no eviction; default: `auto`, tuned after the first entry) | {ops['budgeted'] / 1e3:.2f} | {(ops['budgeted'] - ops['plain']) / 1e3:.2f} | {ops['budgeted'] / ops['empty_mode']:.2f} |
+| `dtr(1 TiB)`, one engine call per op (`MEMSCALE_OP_BATCH=1`) | {ops['budgeted_one'] / 1e3:.2f} | {(ops['budgeted_one'] - ops['plain']) / 1e3:.2f} | {ops['budgeted_one'] / ops['empty_mode']:.2f} |
 | `dtr(1 TiB, heuristic="dtr-eq")` (the same, union-find heuristic) | {ops['budgeted_eq'] / 1e3:.2f} | {(ops['budgeted_eq'] - ops['plain']) / 1e3:.2f} | {ops['budgeted_eq'] / ops['empty_mode']:.2f} |
 
 Targets (issue 13): a region <= 1.5x the empty mode. Per op the region enters a
-`TorchDispatchMode`, maps the arguments to cells, runs the kernel, makes one
-`memscale_dtr_op` (the dead input's release, the op's registration and the storages
-the engine freed, one ctypes crossing into the Go engine), wraps the output and records
-the op. Under a budget it also predicts the output sizes (cached per op and argument
+`TorchDispatchMode`, maps the arguments to cells, runs the kernel, queues its
+registration (with the dead input's release; the queue crosses into the Go engine once
+per 32 ops through `memscale_dtr_ops`, or through one `memscale_dtr_op` per op with
+`MEMSCALE_OP_BATCH=1`), wraps the output and records the op. Under a budget it also predicts the output sizes (cached per op and argument
 signature) and makes room only when the engine's status block says the op does not fit;
 the engine evicts a released tensor whose child is alive eagerly (counted as eager
 evictions, not in the evictions the benchmark checks are 0).
@@ -450,7 +482,8 @@ evictions, not in the evictions the benchmark checks are 0).
 GPT-2 (random weights): 4 layers, width 256, 4 heads, vocabulary 2048, batch 8 x 128
 tokens, dropout on; one step = forward + backward (the optimizer is not part of it).
 Budgets are fractions of the step's peak measured by an unbudgeted region:
-{format_bytes(peak)}. The four runs take turns step by step ({args.steps} steps each, the first
+{format_bytes(peak)}. The runs (100 % and 50 % also with one engine call per op,
+`MEMSCALE_OP_BATCH=1`) take turns step by step ({args.steps} steps each, the first
 skipped).
 
 {chr(10).join(table)}
