@@ -18,6 +18,8 @@ session's (``Session.cell_of``).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -210,12 +212,33 @@ class OutputSizes:
     kernel, or with a data-dependent output size, predicts 0 until its first
     real run. Cleared when it reaches :data:`MAX_ENTRIES` (scalar arguments
     that change every call would otherwise grow it without end).
+
+    A meta kernel can also under-report: the CPU ``mkldnn_rnn_layer``'s meta
+    workspace is a placeholder (1 MiB predicted, 16 MiB allocated for an LSTM
+    layer), so the first budgeted run of a signature went over the budget by
+    the difference. Per op overload the largest ratio of real to meta bytes
+    seen so far scales every later meta prediction of that overload
+    (:meth:`under_reported`), and unbudgeted regions check each overload
+    once (:attr:`checked`: one meta run and one comparison per overload, a
+    set lookup on later calls), so a step measured without a budget first
+    teaches the budgeted ones.
     """
 
     MAX_ENTRIES: Final[int] = 1 << 16
 
     def __init__(self) -> None:
         self._bytes: dict[Any, int] = {}
+        #: Per key predicted from meta tensors and not run yet: the meta bytes.
+        self._meta: dict[Any, int] = {}
+        #: Per op overload: real bytes / meta bytes, where above 1.
+        self._scale: dict[Any, float] = {}
+        #: Op overloads whose meta prediction was compared with a real run
+        #: (an unbudgeted region predicts an op not in it once).
+        self.checked: set[Any] = set()
+
+    def under_reported(self, func: Any) -> float:
+        """How many times its meta bytes ``func`` allocated at most (1.0: never more)."""
+        return self._scale.get(func, 1.0)
 
     def predict(self, func: Any, info: OpInfo, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, int]:
         """``(key, bytes)``: the fresh bytes ``func`` is expected to allocate;
@@ -223,6 +246,7 @@ class OutputSizes:
         tensor) is for :meth:`learn`. An op that returns no tensor is never run
         on meta tensors (it may have effects, as the profiler's ops do)."""
         if not info.returns_tensors:
+            self.checked.add(func)
             return None, 0
         try:
             key = (
@@ -232,6 +256,7 @@ class OutputSizes:
             )
             known = self._bytes.get(key)
         except TypeError:  # an unhashable argument
+            self.checked.add(func)
             return None, 0
         if known is not None:
             return key, known
@@ -242,16 +267,28 @@ class OutputSizes:
                 meta_kwargs["device"] = "meta"
             flat: list[_Tensor] = []
             flatten_tensors(func(*meta_args, **meta_kwargs), flat)
-            nbytes = sum(o.untyped_storage().nbytes() for o in flat)
+            meta = sum(o.untyped_storage().nbytes() for o in flat)
         except Exception:  # no meta kernel, data-dependent shape: learn from the real run
-            nbytes = 0
-        self.learn(key, nbytes)
+            meta = 0
+        nbytes = math.ceil(meta * self._scale.get(func, 1.0))
+        self._store(key, nbytes)
+        if meta:
+            self._meta[key] = meta
         return key, nbytes
 
     def learn(self, key: Any, nbytes: int) -> None:
         """The op of ``key`` allocated ``nbytes`` (a real run)."""
+        meta = self._meta.pop(key, 0)
+        func = key[0]
+        self.checked.add(func)
+        if meta and nbytes > meta:
+            self._scale[func] = max(self._scale.get(func, 1.0), nbytes / meta)
+        self._store(key, nbytes)
+
+    def _store(self, key: Any, nbytes: int) -> None:
         if len(self._bytes) >= self.MAX_ENTRIES and key not in self._bytes:
             self._bytes.clear()
+            self._meta.clear()
         self._bytes[key] = nbytes
 
 

@@ -73,6 +73,7 @@ _set_conj = torch._C._set_conj
 _set_neg = torch._C._set_neg
 _grad_enabled = torch.is_grad_enabled
 _NOTHING: list[Cell] = []  # no op running
+_SIZES_CHECKED = OUTPUT_SIZES.checked
 
 
 def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -93,7 +94,11 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         a.missing = any(c.tensor is None for c in a.cells)
     size_key = None
     extra = 0
-    if s.budgeted and not info.all_views and not a.missing:
+    if not s.budgeted:
+        if func not in _SIZES_CHECKED and not info.all_views and not a.missing:
+            # Once per op overload: does its meta kernel report what it allocates?
+            size_key, _ = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+    elif not info.all_views and not a.missing:
         size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
         status = s.status
         live = s.usage_live
