@@ -6,15 +6,21 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
 * ``plain``: no region (the memscale allocator only);
 * ``record``: inside ``memscale.dtr(None)``: every op recorded, nothing evicted
   (the region's bookkeeping alone);
+* ``card``: inside ``memscale.dtr()`` with no threshold set: the budget is the
+  device's memory (issue 13's "threshold = card size": within 3 % of plain is
+  the goal);
 * ``budget``: inside ``memscale.dtr(F x plain peak)`` (``--fraction``, 0.5);
+* ``budget-one-call``: as ``budget``, one engine call per op
+  (``MEMSCALE_OP_BATCH=1``) instead of one per batch of 32;
 * ``budget-host-timer``: as ``budget``, with op costs taken from the host
   clock instead of CUDA events (does the per-op event pair cost?).
 
-For each: the median step time (synchronized) and the ratio to ``plain``,
-then a cProfile of one step of each region variant: the top functions by own
-time. Writes ``profile_step.json`` into ``--out`` when given.
+For each: the median step time (synchronized), the ratio to ``plain`` and the
+region's synchronizations per step, then a cProfile of one step of each region
+variant: the top functions by own time. Writes ``profile_step.json`` into
+``--out`` when given.
 
-    PYTHONPATH=pytorch_plugin python bench/gpu/profile_step.py [--batch 8] [--out DIR]
+    PYTHONPATH=pytorch_plugin python bench/gpu/profile_step.py [--batch 8] [--seq 1024] [--out DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 from pathlib import Path
@@ -54,6 +61,7 @@ def _profile(tr: Any, i: int, top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=512, help="sequence length (issue 13 asks for 1024)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant (after 2 warm-up steps)")
     p.add_argument("--fraction", type=float, default=0.5)
     p.add_argument("--top", type=int, default=22, help="functions listed per profile")
@@ -74,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     tiny = [] if cuda else ["--layers", "2", "--width", "64", "--heads", "2", "--seq", "32", "--vocab", "128"]
-    margs = gpt2_dtr.parse_args(["--batch", str(a.batch), "--device", a.device, "--steps", str(a.steps), *tiny])
+    seq = [] if not cuda else ["--seq", str(a.seq)]
+    margs = gpt2_dtr.parse_args(["--batch", str(a.batch), "--device", a.device, "--steps", str(a.steps), *seq, *tiny])
     device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    result: dict[str, Any] = {"batch": a.batch, "device": device, "torch": torch.__version__}
+    result: dict[str, Any] = {"batch": a.batch, "seq": a.seq if cuda else 32, "device": device, "torch": torch.__version__}
     result["crossing_extension"] = _crossing.unavailable_reason() or "used"
     print(f"crossing extension: {result['crossing_extension']}", flush=True)
 
@@ -99,27 +108,42 @@ def main(argv: list[str] | None = None) -> int:
     class HostTimer:
         """CudaTimer's interface, host time only."""
 
-        def start(self) -> None:
+        def start(self, func: Any) -> None:
             return None
 
         def stop(self, key: Any, start: Any, host_ns: int) -> int:
             return host_ns
 
-    variants = [("record", None, real_timer), ("budget", budget, real_timer), ("budget-host-timer", budget, HostTimer)]
-    for name, b, timer in variants:
+    card = memscale.THRESHOLD if cuda else None  # the device's memory when no threshold is set
+    variants = [
+        ("record", None, real_timer, None),
+        ("card", card, real_timer, None),
+        ("budget", budget, real_timer, None),
+        ("budget-one-call", budget, real_timer, "1"),
+        ("budget-host-timer", budget, HostTimer, None),
+    ]
+    syncs: dict[str, float] = {}
+    for name, b, timer, batch in variants:
         dispatch.CudaTimer = timer  # type: ignore[misc]
+        if batch is None:
+            os.environ.pop("MEMSCALE_OP_BATCH", None)
+        else:
+            os.environ["MEMSCALE_OP_BATCH"] = batch
         tr.region = memscale.dtr(b)
         _median_steps(tr, 0, 2)  # warm-up (and the region's tuning entry)
         times[name] = _median_steps(tr, 2, a.steps)
         profiles[name] = _profile(tr, 0, a.top)
         summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
-        print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain)", flush=True)
+        syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
+        print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), "
+              f"budget {summaries[name].get('budget')}, {syncs[name]:.1f} synchronizations per step", flush=True)
     dispatch.CudaTimer = real_timer  # type: ignore[misc]
+    os.environ.pop("MEMSCALE_OP_BATCH", None)
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():
         print(f"\n== cProfile, one step, {name} (sorted by own time)\n{text}")
     result.update(times=times, ratios={k: v / plain for k, v in times.items()}, peak=peak, budget=budget,
-                  summaries=summaries, profiles=profiles)
+                  summaries=summaries, profiles=profiles, synchronizations_per_step=syncs)
     if a.out:
         _common.write_json(Path(a.out) / "profile_step.json", result)
     return 0

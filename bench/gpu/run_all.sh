@@ -187,7 +187,7 @@ main() {
 	# 3. Where a GPT-2 step under a region spends its time (one process, about
 	#    a minute), then GPT-2: native baseline, DTR at 50% of its peak, largest
 	#    batch both ways (all the time left but 120 s, kept for step 4).
-	step profile_step 120 "$PY" bench/gpu/profile_step.py --out "$STEPS"
+	step profile_step 180 "$PY" bench/gpu/profile_step.py --seq 1024 --out "$STEPS"
 	local t
 	t=$(($(left) - 120))
 	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))

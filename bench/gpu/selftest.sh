@@ -39,7 +39,7 @@ expect() { # expect NAME PATTERN FILE : FILE contains PATTERN
 }
 
 check bash-syntax bash -n $G/run_all.sh
-check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py
+check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py $G/profile_step.py $G/bench_replay.py
 check dry-smoke "$PY" $G/smoke.py --dry-run
 check dry-alloc "$PY" $G/alloc_latency.py --dry-run
 check dry-correctness-native "$PY" $G/correctness.py --allocator native --save "$T/x.pt" --dry-run
@@ -77,6 +77,9 @@ check cpu-gpt2-mini "$PY" $G/gpt2_dtr.py --device cpu --impl mini --layers 2 --w
 	--batch 4 --steps 2 --warmup 1 --out-dir "$T/g2" --work "$T/g2w" --time-budget 60 --skip-fit
 expect cpu-gpt2-mini-grads '"grads_bitwise_equal": true' "$T/g2/gpt2_dtr.json"
 
+check cpu-profile-step "$PY" $G/profile_step.py --device cpu --steps 1 --top 5 --out "$T/ps"
+expect cpu-profile-step-variants '"budget-host-timer"' "$T/ps/profile_step.json"
+expect cpu-profile-step-syncs '"synchronizations_per_step"' "$T/ps/profile_step.json"
 check cpu-smoke "$PY" $G/smoke.py --device cpu --out "$T/s1.json"
 expect cpu-smoke-recompute '"name": "dtr_recompute",' "$T/s1.json"
 expect cpu-smoke-passed '"passed": 4,' "$T/s1.json"

@@ -248,13 +248,16 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
     if prof and prof.get("times"):
         L.append("## 4. Where a GPT-2 step under a region spends its time (profile_step.py)")
         L.append("")
-        L.append(f"Batch {prof.get('batch')}, per-op C extension: {prof.get('crossing_extension')}; "
-                 f"budget {fb(prof.get('budget'))} of a plain peak of {fb(prof.get('peak'))}.")
+        L.append(f"Batch {prof.get('batch')} x {prof.get('seq', 512)} tokens, per-op C extension: "
+                 f"{prof.get('crossing_extension')}; budget {fb(prof.get('budget'))} of a plain peak of "
+                 f"{fb(prof.get('peak'))} (`card`: no threshold, the device's memory).")
         L.append("")
-        L.append("| variant | median step (s) | / plain |")
-        L.append("|---|---:|---:|")
+        L.append("| variant | median step (s) | / plain | synchronizations per step |")
+        L.append("|---|---:|---:|---:|")
+        syncs = prof.get("synchronizations_per_step") or {}
         for k, v in prof["times"].items():
-            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} |")
+            sync = syncs.get(k)
+            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} | {'-' if sync is None else f'{sync:.1f}'} |")
         L.append("")
         for k, text in (prof.get("profiles") or {}).items():
             L.append(f"cProfile of one `{k}` step, top functions by own time:")
