@@ -11,6 +11,7 @@ the process allocates again afterwards. The region's side of it
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -120,6 +121,32 @@ def test_running_inputs_are_never_reclaimed() -> None:
         session.running = []
         assert session.reclaim(MB) >= MB
         assert torch.equal(a + b, x * 5)
+
+
+def test_a_reclaim_from_another_thread_waits_for_nothing_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")
+    with region:
+        session = region._session
+        kept = [x * float(i + 2) for i in range(4)]
+        got: list[int] = []
+
+        def other_thread() -> None:
+            got.append(session.reclaim(MB))
+
+        with session.lock:  # the region's thread is inside the session (an op, a read, the exit)
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join(timeout=60)
+        assert got == [0] and session.reclaims_refused == 1
+        assert all(k._c.tensor is not None for k in kept)  # nothing evicted under the session
+        assert "on another thread" in caplog.text
+        worker = threading.Thread(target=other_thread)  # the session idle: the other thread may evict
+        worker.start()
+        worker.join(timeout=60)
+        assert got[1] >= MB
+        for i, k in enumerate(kept):
+            assert torch.equal(k * 1, x * float(i + 2))
 
 
 class _FakeSession:

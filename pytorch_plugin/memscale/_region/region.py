@@ -83,7 +83,9 @@ class RegionMode(TorchDispatchMode):
             # A functional collective's result is waited for now, as PyTorch does
             # when tracing: a region holds plain tensors, not AsyncCollectiveTensors.
             func = torch.ops._c10d_functional.wait_tensor.default
-        return dispatch(self.session, func, args, kwargs or {})
+        session = self.session
+        with session.lock:
+            return dispatch(session, func, args, kwargs or {})
 
 
 def _async_collective_wrap() -> Any:

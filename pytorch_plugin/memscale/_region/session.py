@@ -26,7 +26,9 @@ an op needs.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -47,6 +49,8 @@ from .verify import Verifier
 
 if TYPE_CHECKING:
     from .region import DTRRegion
+
+log = logging.getLogger("memscale")
 
 #: Without a budget, freed storages are fetched from the engine once this many
 #: are waiting (their data is dropped at release already).
@@ -148,6 +152,11 @@ class Session:
         self.op_batch: int = 1 if self.stress else op_batch_from_env()
         self._set_budgeted(int(config.get("budget") or 0))
         self.queue_release = self._queue_release  # bound once: every wrapper's callback
+        #: Held by the thread inside the session (an op, a rebuild of a read,
+        #: the exit); the allocator's reclaimer, which an allocation on any
+        #: thread may call, only acquires it without waiting (:meth:`reclaim`).
+        self.lock = threading.RLock()
+        self.reclaims_refused = 0
         #: :func:`.device.sync_count` when the entry began, and when it closed.
         self.sync_mark = sync_count()
         self._sync_end: int | None = None
@@ -229,12 +238,33 @@ class Session:
 
     def reclaim(self, need: int) -> int:
         """An allocation failed for ``need`` bytes: evict about that much,
-        whatever the budget; returns the bytes of the storages freed."""
+        whatever the budget; returns the bytes of the storages freed.
+
+        Only while no other thread is inside this session (:attr:`lock`): an
+        allocation on another thread that fails while this session runs an
+        op, rebuilds or closes gets 0 (could not help) instead of changing
+        the session's state under it. The thread running the op - whose
+        kernel's allocation is what usually fails - holds the lock already
+        and reclaims.
+        """
         if self.closed or need <= 0:
             return 0
-        with HeldCells(self.engine) as held:
-            held.lock_all([c for c in self.running if c.tensor is not None and c.session is self])
-            return self._carry_out(self.engine.reclaim(need))
+        if not self.lock.acquire(blocking=False):
+            self.reclaims_refused += 1
+            if self.reclaims_refused == 1:
+                log.warning(
+                    "memscale: an allocation of %d more bytes failed on another thread while this DTR region "
+                    "was busy on its own; the region did not evict for it (it cannot change its state under "
+                    "its own thread). Allocate from the region's thread, or set a threshold that leaves room",
+                    need,
+                )
+            return 0
+        try:
+            with HeldCells(self.engine) as held:
+                held.lock_all([c for c in self.running if c.tensor is not None and c.session is self])
+                return self._carry_out(self.engine.reclaim(need))
+        finally:
+            self.lock.release()
 
     # ---------------------------------------------------------- releases
 
@@ -382,7 +412,7 @@ class Session:
         if cell.session is not self or cell in self.pinned_grads:
             return
         if cell.tensor is None:
-            with _disable_current_modes(), HeldCells(self.engine) as held:
+            with self.lock, _disable_current_modes(), HeldCells(self.engine) as held:
                 rebuild.materialize(self, cell)
                 held.adopt(cell)
                 self.engine.pin(cell.tensor_id)
@@ -398,7 +428,7 @@ class Session:
 
     def read(self, cell: Cell) -> torch.Tensor | None:
         """``cell``'s tensor, rebuilt if it was evicted (user code reading a wrapper)."""
-        with HeldCells(self.engine) as held:
+        with self.lock, HeldCells(self.engine) as held:
             rebuild.materialize(self, cell)
             held.adopt(cell)
         self.sync()
@@ -411,6 +441,10 @@ class Session:
 
         Returns the engine's final stats (empty when they could not be read).
         """
+        with self.lock:
+            return self._close(ok)
+
+    def _close(self, ok: bool) -> dict[str, Any]:
         stats: dict[str, Any] = {}
         try:
             self.flush()
