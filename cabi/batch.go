@@ -68,13 +68,11 @@ func (d *dtrHandle) ops(frame *C.int64_t) (int64, error) {
 	}
 	at := unsafe.Add(unsafe.Pointer(frame), batchFrameHeader*8)
 	for i := range n {
-		rec := unsafe.Slice((*C.int64_t)(at), recordHeader)
-		r := opRecord{nRel: int64(rec[recordReleases]), nIn: int64(rec[recordInputs]),
-			nOut: int64(rec[recordOutputs]), cost: int64(rec[recordCost]), flags: int64(rec[recordFlags])}
-		if err := d.applyRecord(rec, r, unsafe.Add(at, recordHeader*8)); err != nil {
+		words, err := d.applyRecord(unsafe.Slice((*C.int64_t)(at), recordHeader), unsafe.Add(at, recordHeader*8))
+		if err != nil {
 			return -1, fmt.Errorf("record %d of %d: %w", i, n, err)
 		}
-		at = unsafe.Add(at, (recordHeader+r.words())*8)
+		at = unsafe.Add(at, (recordHeader+words)*8)
 	}
 	out := unsafe.Slice(frame, int(1+2*capacity))
 	out[0] = C.int64_t(d.handOut(out[1:], capacity))
@@ -82,36 +80,37 @@ func (d *dtrHandle) ops(frame *C.int64_t) (int64, error) {
 }
 
 // applyRecord checks and applies one record whose header is rec and whose
-// body starts at body.
-func (d *dtrHandle) applyRecord(rec []C.int64_t, r opRecord, body unsafe.Pointer) error {
-	if err := r.check(); err != nil {
-		return err
-	}
+// body starts at body; it returns the length of the body in words.
+func (d *dtrHandle) applyRecord(rec []C.int64_t, body unsafe.Pointer) (int64, error) {
+	r := opRecord{nRel: int64(rec[recordReleases]), nIn: int64(rec[recordInputs]),
+		nOut: int64(rec[recordOutputs]), cost: int64(rec[recordCost]), flags: int64(rec[recordFlags])}
 	expectOp, expectOut := int64(rec[recordOp]), int64(rec[recordFirstOut])
-	nameID := int64(rec[recordName])
+	if r.nIn < 0 && (r.nOut != 0 || expectOp != 0 || expectOut != 0) {
+		return 0, errors.New("a record of releases only (n_in -1) must have n_out and the expected ids 0")
+	}
+	if err := r.check(); err != nil {
+		return 0, err
+	}
 	name := "releases"
 	if r.nIn >= 0 {
+		nameID := int64(rec[recordName])
 		if nameID < 0 || nameID >= int64(len(d.nameList)) {
-			return fmt.Errorf("name id %d: want one memscale_dtr_name returned (0..%d)", nameID, len(d.nameList)-1)
+			return 0, fmt.Errorf("name id %d: want one memscale_dtr_name returned (0..%d)", nameID, len(d.nameList)-1)
 		}
 		name = d.nameList[nameID]
-	} else if r.nOut != 0 || expectOp != 0 || expectOut != 0 {
-		return errors.New("a record of releases only (n_in -1) must have n_out and the expected ids 0")
-	}
-	if r.nIn >= 0 {
 		// The ids are checked before anything is applied: a record the
 		// caller numbered wrong changes nothing.
 		g := d.eng.Graph()
 		if nextOp, nextOut := int64(g.NumOps()), int64(g.NumTensors()); expectOp != nextOp || (r.nOut > 0 && expectOut != nextOut) {
-			return fmt.Errorf("op %s would be op %d with first output %d; the caller expected op %d, first output %d "+
+			return 0, fmt.Errorf("op %s would be op %d with first output %d; the caller expected op %d, first output %d "+
 				"(its count of ids went wrong: read next_op and next_tensor from the status block after any other call)",
 				name, nextOp, nextOut, expectOp, expectOut)
 		}
 	}
 	if _, _, err := d.apply(name, r, unsafe.Slice((*C.int64_t)(body), int(r.words()))); err != nil {
-		return fmt.Errorf("op %s: %w", name, err)
+		return 0, fmt.Errorf("op %s: %w", name, err)
 	}
-	return nil
+	return r.words(), nil
 }
 
 //export memscale_go_dtr_name

@@ -81,6 +81,8 @@ func TestDTROpsRejectsWhatItCannotApply(t *testing.T) {
 			"cost_ns -1: want >= 0"},
 		{"releases only with ids", []dtrRecord{{released: []int64{}, op: 3}},
 			"a record of releases only (n_in -1) must have n_out and the expected ids 0"},
+		{"releases only with outputs", []dtrRecord{{released: []int64{}, sizes: []int64{8}, alias: []int64{-1}}},
+			"a record of releases only (n_in -1) must have n_out and the expected ids 0"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,7 +19,6 @@ session's (``Session.cell_of``).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 

@@ -210,11 +210,13 @@ def _run_and_register(
 
 
 def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], cost: int) -> tuple[list[Cell], int]:
-    """``memscale_dtr_call`` for an op that ran; returns its output cells and
-    the bytes of its fresh (non-alias) outputs."""
+    """Register an op that ran (queued, or ``memscale_dtr_op`` with a batch of
+    1); returns its output cells and the bytes of its fresh (non-alias)
+    outputs."""
     n_in = len(inputs)
     sizes: list[int] = []
     aliases: list[int] = []
+    fresh = 0
     if info.views_first and n_in:
         # The schema says every result views the first argument.
         for o in outs:
@@ -231,13 +233,14 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
                 if ptr in input_ptrs:
                     k = input_ptrs.index(ptr)
             aliases.append(k)
-            sizes.append(storage.nbytes() if k < 0 else o.nbytes)
+            if k < 0:
+                size = storage.nbytes()
+                fresh += size
+            else:
+                size = o.nbytes
+            sizes.append(size)
     engine = s.engine
     if s.op_batch > 1:
-        fresh = 0
-        for k, size in zip(aliases, sizes):
-            if k < 0:
-                fresh += size
         op, out_ids = engine.queue(info.name, [c.tensor_id for c in inputs], sizes, aliases, cost, _flags(s, info, inputs), fresh)
         freed = engine.flush() if engine.queued >= s.op_batch else None
     else:
@@ -246,12 +249,10 @@ def register(s: Session, info: OpInfo, inputs: list[Cell], outs: list[_Tensor], 
         s.drop_freed(freed)
     groups = s.groups
     cells = []
-    fresh = 0
     for tensor_id, o, k, size in zip(out_ids, outs, aliases, sizes):
         if k < 0:
             cell = Cell(tensor_id, o, tensor_id, op, s)
             groups[tensor_id] = StorageGroup(cell, size)
-            fresh += size
         else:
             source = inputs[k]
             cell = Cell(tensor_id, o, source.root, op, s, pinned=source.pinned)
