@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         enabled.disable()
         summary = enabled.summary()
         if enabled.active and not args.quiet:
-            print(f"memscale: {summary}", file=sys.stderr)
+            # One write of the whole line: ranks of a torchrun job share the
+            # stderr pipe, and print() writes the text and its newline apart.
+            sys.stderr.write(f"memscale: {summary}\n")
+            sys.stderr.flush()
         if args.summary_json:
             with open(args.summary_json, "w") as f:
                 json.dump({"active": enabled.active, **summary.as_dict()}, f, indent=1)
