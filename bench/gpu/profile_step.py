@@ -9,6 +9,9 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
 * ``card``: inside ``memscale.dtr()`` with no threshold set: the budget is the
   device's memory (issue 13's "threshold = card size": within 3 % of plain is
   the goal);
+* ``wrap-card``: ``memscale.wrap(model, Config(threshold="100%"))``, the drop-in
+  API at the card's size: after two tracked steps that fit, steps of the same
+  shapes run untracked (``memscale._fitting``);
 * ``budget``: inside ``memscale.dtr(F x plain peak)`` (``--fraction``, 0.5);
 * ``budget-one-call``: as ``budget``, one engine call per op
   (``MEMSCALE_OP_BATCH=1``) instead of one per batch of 32;
@@ -139,6 +142,20 @@ def main(argv: list[str] | None = None) -> int:
               f"budget {summaries[name].get('budget')}, {syncs[name]:.1f} synchronizations per step", flush=True)
     dispatch.CudaTimer = real_timer  # type: ignore[misc]
     os.environ.pop("MEMSCALE_OP_BATCH", None)
+    # The drop-in API at the card's size (on the CPU: far above the step's peak).
+    tr.region = None
+    memscale.wrap(tr.model, memscale.Config(threshold="100%" if cuda else "1TiB", log_summary=False))
+    _median_steps(tr, 0, 2)  # the two tracked steps
+    times["wrap-card"] = _median_steps(tr, 2, a.steps)
+    profiles["wrap-card"] = _profile(tr, 0, a.top)
+    summaries["wrap-card"] = {
+        k: v for k, v in memscale.summary(tr.model).as_dict().items() if isinstance(v, (int, float, str))
+    }
+    memscale.detach(tr.model)
+    syncs["wrap-card"] = 0.0  # untracked steps run no region
+    print(f"wrap-card: median {times['wrap-card']:.4f} s ({times['wrap-card'] / plain:.2f}x plain), "
+          f"{summaries['wrap-card'].get('untracked_steps')} of {summaries['wrap-card'].get('steps')} steps untracked",
+          flush=True)
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():
         print(f"\n== cProfile, one step, {name} (sorted by own time)\n{text}")

@@ -250,7 +250,8 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
         L.append("")
         L.append(f"Batch {prof.get('batch')} x {prof.get('seq', 512)} tokens, per-op C extension: "
                  f"{prof.get('crossing_extension')}; budget {fb(prof.get('budget'))} of a plain peak of "
-                 f"{fb(prof.get('peak'))} (`card`: no threshold, the device's memory).")
+                 f"{fb(prof.get('peak'))} (`card`: no threshold, the device's memory; `wrap-card`: the drop-in API at "
+                 "`threshold=\"100%\"`, its steps after two that fit untracked).")
         L.append("")
         L.append("| variant | median step (s) | / plain | synchronizations per step |")
         L.append("|---|---:|---:|---:|")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import weakref
 from typing import Any
 
 from ._budget import default_budget
@@ -57,6 +58,8 @@ class Enabled:
         self.allocator_installed = allocator_installed
         self._steps = steps
         self._handles: list[Any] = []
+        #: Modules that opened a step -> their own pre-hook, which sees keyword arguments.
+        self._with_kwargs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     @property
     def active(self) -> bool:
@@ -81,15 +84,29 @@ class Enabled:
 
         steps = self._steps
         assert steps is not None
+        with_kwargs = self._with_kwargs
 
-        def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
-            if (
+        def opens_a_step(module: torch.nn.Module) -> bool:
+            return (
                 not steps.is_open
                 and torch.is_grad_enabled()
                 and not torch.is_inference_mode_enabled()
                 and not opens_no_step(module)
-            ):
-                steps.begin(module)
+            )
+
+        def forward_pre_hook_with_kwargs(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if opens_a_step(module):
+                steps.begin(module, (args, kwargs))
+
+        def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
+            # A global pre-hook is not given keyword arguments, and a step's
+            # signature needs them (memscale._fitting): a module that opened a
+            # step gets a pre-hook of its own that sees them and opens its
+            # later steps. This step's arguments are not known: it is tracked.
+            if module in with_kwargs or not opens_a_step(module):
+                return
+            steps.begin(module)
+            with_kwargs[module] = module.register_forward_pre_hook(forward_pre_hook_with_kwargs, with_kwargs=True)
 
         def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if output is None and steps.is_open:
@@ -117,9 +134,10 @@ class Enabled:
             if self._steps is not None:
                 self._steps.end()
         finally:
-            for handle in self._handles:
+            for handle in [*self._handles, *self._with_kwargs.values()]:
                 handle.remove()
             self._handles.clear()
+            self._with_kwargs.clear()
             with _lock:
                 if _enabled is self:
                     _enabled = None

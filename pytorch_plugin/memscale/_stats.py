@@ -53,6 +53,12 @@ class Summary:
             engine tuned a budgeted region (an explicit heuristic never tunes),
             else its choice, ``overhead``, ``default_overhead``, ``wall_ns``,
             ``instructions`` and ``config``, or ``{"error": message}``.
+        untracked_steps: steps (counted in ``steps``) that ran untracked,
+            as plain PyTorch, because steps of the same shapes had fitted the
+            budget (:mod:`memscale._fitting`).
+        untracked_over_budget: untracked steps whose measured peak (GPU,
+            memscale allocator) went over the budget; their shapes are
+            tracked from then on.
     """
 
     steps: int = 0
@@ -68,6 +74,8 @@ class Summary:
     baseline_peak: int | None = None
     tuning: dict[str, Any] | None = None
     budget_source: str | None = None
+    untracked_steps: int = 0
+    untracked_over_budget: int = 0
 
     @property
     def overhead(self) -> float:
@@ -88,12 +96,18 @@ class Summary:
         out["bytes_saved"] = self.bytes_saved
         return out
 
+    def _untracked_text(self) -> str:
+        if not self.untracked_steps:
+            return ""
+        over = f", {self.untracked_over_budget} over budget" if self.untracked_over_budget else ""
+        return f" ({self.untracked_steps} untracked: they fitted the budget{over})"
+
     def __str__(self) -> str:
         budget = "unbudgeted" if self.budget is None else f"budget {format_bytes(self.budget)}"
         if self.budget_source:
             budget += f" from {self.budget_source}"
         text = (
-            f"{self.steps} steps, {budget}, peak {format_bytes(self.peak_usage)}, "
+            f"{self.steps} steps{self._untracked_text()}, {budget}, peak {format_bytes(self.peak_usage)}, "
             f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
             f"{self.rematerializations} rematerializations, {self.swaps_out} swaps out / "
             f"{self.swaps_in} in, compute overhead x{self.overhead:.3f}"

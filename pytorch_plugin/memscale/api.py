@@ -57,8 +57,9 @@ from . import _stats
 from ._compat import measure_step_peak, observe
 from ._stats import Summary
 from ._distributed import patch_fsdp, step_module
+from ._fitting import FitRecord, PeakProbe, signature, untracked_steps_enabled
 from ._budget import Budget, default_budget, threshold_budget
-from .config import Config
+from .config import Config, is_percentage, parse_size
 from .errors import MemscaleError
 from .lightning import is_lightning_trainer
 from .lightning import wrap_trainer as wrap_lightning
@@ -130,6 +131,11 @@ class _Steps:
         self._warmup = False  # the open region is a warmup step's (Config.warmup_steps)
         #: The step's peak measured on wrap()'s sample input (CPU, no device size).
         self.sample_peak: int | None = None
+        #: Which step signatures fit the budget (they then run untracked).
+        self.fits = FitRecord(untracked_steps_enabled(config.untracked_steps))
+        self._signature: Any = None  # the open step's (None: not known)
+        self._probe: PeakProbe | None = None  # set while an untracked step is open
+        self._untracked_peak = 0
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -164,6 +170,9 @@ class _Steps:
             default = default_budget(device) if self._on_demand else threshold_budget(device)
             if default is not None:
                 return default
+        if config.threshold is not None and not is_percentage(config.threshold):
+            # Bytes need no device size: no baseline step to measure one.
+            return Budget(parse_size(config.threshold, name="Config.threshold"), config.describe_budget(0))
         device_bytes = config.device_bytes()
         if device_bytes is None and module is not None:
             device_bytes = _module_device_bytes(module)
@@ -176,8 +185,13 @@ class _Steps:
             return None
         return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
 
-    def begin(self, module: torch.nn.Module | None = None) -> bool:
-        """Open the step's region unless one is open; return whether it opened."""
+    def begin(self, module: torch.nn.Module | None = None, args: Any = None) -> bool:
+        """Open the step's region unless one is open; return whether it opened.
+
+        ``args``: the step's arguments (``None``: not known), whose signature
+        lets a step that fitted the budget before run untracked
+        (:mod:`memscale._fitting`).
+        """
         if self._open:
             if self._thread != threading.get_ident():
                 raise MemscaleError("a memscale step was opened on another thread and is still open")
@@ -189,6 +203,16 @@ class _Steps:
                 self._region = self._new_region(Budget(0, source))
             else:
                 self._region = self._make_region(module if module is not None else self.module)
+        region = self._region
+        self._signature = None
+        if self.fits.enabled and args is not None and region.budget > 0 and not self._warmup:
+            if region is not self._baseline_region:
+                self._signature = signature(module if module is not None else self.module, args)
+        if self.fits.runs_untracked(self._signature):
+            self._probe = PeakProbe()
+            self._open = True
+            self._thread = threading.get_ident()
+            return True
         patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
         self._region.__enter__()
         self._open = True
@@ -209,9 +233,21 @@ class _Steps:
         assert region is not None
         self._open = False
         self._opened_by_forward = False
+        if self._probe is not None:  # an untracked step
+            peak = self._probe.close()
+            self._probe = None
+            self._untracked_peak = max(self._untracked_peak, peak or 0)
+            self.fits.ran_untracked(self._signature, peak, region.budget)
+            self._steps += 1
+            return
         # The region's exit makes escaping tensors resident and plain, and gives
         # the parameters plain .grad tensors: the optimizer step sees those.
-        region.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc else None)
+        try:
+            region.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc else None)
+        except BaseException:
+            self.fits.tracked(self._signature, {}, ok=False)
+            raise
+        self.fits.tracked(self._signature, region.last_summary(), ok=exc is None)
         self._steps += 1
         if self._warmup and self._steps >= self.config.warmup_steps:
             self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step
@@ -228,9 +264,9 @@ class _Steps:
                 self._region = self._new_region(budget)
 
     @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """``with steps.step(): ...``: one whole step in a region."""
-        opened = self.begin()
+    def step(self, module: torch.nn.Module | None = None, args: Any = None) -> Iterator[None]:
+        """``with steps.step(): ...``: one whole step in a region (``args``: see :meth:`begin`)."""
+        opened = self.begin(module, args)
         try:
             yield
         except BaseException as exc:
@@ -242,9 +278,9 @@ class _Steps:
 
     # Hooks -------------------------------------------------------------
 
-    def forward_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
-        """Forward pre-hook: open the step's region."""
-        if self.begin(module):
+    def forward_pre_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """Forward pre-hook (with keyword arguments): open the step's region."""
+        if self.begin(module, (args, kwargs)):
             self._opened_by_forward = True
 
     def forward_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -279,7 +315,12 @@ class _Steps:
 
     def summary(self) -> Summary:
         """Totals over every region used so far."""
-        out = Summary(steps=self._steps)
+        out = Summary(
+            steps=self._steps,
+            untracked_steps=self.fits.untracked,
+            untracked_over_budget=self.fits.over_budget,
+            peak_usage=self._untracked_peak,
+        )
         summaries = list(self._finished)
         if self._region is not None:
             current = dict(self._region.summary())
@@ -343,7 +384,7 @@ def _on_any_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: 
 
 def _hook_module(module: torch.nn.Module, steps: _Steps, hooks: _Hooks) -> None:
     module = step_module(module)  # DDP: its wrapped module (see memscale._distributed)
-    hooks.handles.append(module.register_forward_pre_hook(steps.forward_pre_hook))
+    hooks.handles.append(module.register_forward_pre_hook(steps.forward_pre_hook, with_kwargs=True))
     hooks.handles.append(module.register_forward_hook(steps.forward_hook, always_call=True))
 
 
@@ -418,7 +459,7 @@ def _wrap_trainer(trainer: Any, config: Config) -> Any:
     instance_patch = vars(trainer).get("training_step")  # restored by detach()
 
     def training_step(model: torch.nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        with steps.step():
+        with steps.step(model, (inputs, args, kwargs)):
             loss = original(model, inputs, *args, **kwargs)
         return steps.materialize(loss)
 

@@ -223,6 +223,10 @@ class Config:
             rematerializations, usage, budget, overhead) on this port
             (:mod:`memscale.metrics`; needs ``prometheus_client``; 0 picks a
             free port).
+        untracked_steps: let a step whose shapes already fitted the budget
+            twice, tracked, run untracked as plain PyTorch (no per-op cost;
+            :mod:`memscale._fitting`). ``None`` (the default):
+            ``MEMSCALE_UNTRACKED_STEPS`` (``1``, the default, or ``0``).
 
     memscale 0.1 names, accepted and mapped onto the fields above:
     ``enable_checkpointing`` (``recompute``), ``enable_offloading`` (``swap``),
@@ -249,6 +253,7 @@ class Config:
     enable_offloading: bool | None = None
     max_cpu_offload_gb: float | None = None
     target_gpu_utilization: float | None = None
+    untracked_steps: bool | None = None
 
     def __post_init__(self) -> None:
         self._map_v01_names()
@@ -259,6 +264,11 @@ class Config:
         for flag in ("recompute", "swap", "log_summary"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"Config.{flag}={getattr(self, flag)!r}: expected True or False")
+        if self.untracked_steps is not None and not isinstance(self.untracked_steps, bool):
+            raise ConfigError(
+                f"Config.untracked_steps={self.untracked_steps!r}: expected True, False or None "
+                "(None: MEMSCALE_UNTRACKED_STEPS)"
+            )
         if not self.recompute and not self.swap:
             raise ConfigError(
                 "Config.recompute=False and Config.swap=False: nothing could ever be evicted; enable at least one"

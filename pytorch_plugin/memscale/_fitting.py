@@ -1,0 +1,178 @@
+"""Steps that fit the budget run untracked: plain PyTorch, no region.
+
+A region costs Python work on every op (``bench/results/plugin-bench.md``), and
+a step that never comes near the budget pays it for nothing. So the drop-in
+API (:func:`memscale.wrap`, :func:`memscale.enable`, ``python -m memscale run``,
+the Hugging Face Trainer) runs a step *untracked* when the same step has
+already fitted: its *signature* (the module, the grad mode, and the shapes,
+dtypes and devices of its tensor arguments, with its plain-number arguments)
+ran :data:`CONFIRMATIONS` tracked steps in a row that finished within the
+budget with no eviction, swap or error. An untracked step is the program run
+by PyTorch alone, so its values are bitwise those of a plain run; a step with
+new shapes (another sequence length, the last short batch) is tracked again.
+
+What can make an untracked step differ from the tracked ones of its signature
+is memory the shapes do not determine: ops whose output sizes depend on the
+data (``nonzero``, routing), or tensors the program keeps from step to step.
+On a GPU with the memscale allocator the untracked step's peak is measured
+(the allocator's watermark, through an engine that only reads it): a step
+that went over the budget is logged, counted (``untracked_over_budget``), and
+its signature is tracked from then on. On the CPU, where usage is what the
+engine registers, an untracked step is not measured.
+
+``Config(untracked_steps=False)`` or ``MEMSCALE_UNTRACKED_STEPS=0`` tracks
+every step. Unbudgeted steps (a baseline, warmup steps) and steps whose
+arguments are not known (an optimizer closure, Lightning) are always tracked.
+
+Holds no policy about tensors: which tensor to evict is the engine's; this
+module only decides whether a step needs the engine at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable
+from typing import Any, Final
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .config import format_bytes
+from .errors import ConfigError
+
+log = logging.getLogger("memscale")
+
+#: Consecutive tracked steps of one signature that must fit before its steps
+#: run untracked: the second sees what the first step's optimizer update
+#: allocated (its state), which the first could not.
+CONFIRMATIONS: Final[int] = 2
+
+#: The environment variable that turns untracked steps off (``0``) or on (``1``).
+UNTRACKED_ENV: Final[str] = "MEMSCALE_UNTRACKED_STEPS"
+
+_PLAIN: Final[tuple[type, ...]] = (bool, int, float, str, type(None))
+
+
+def untracked_steps_enabled(setting: bool | None) -> bool:
+    """Whether fitting steps may run untracked: ``setting`` when given, else
+    :data:`UNTRACKED_ENV` (default on).
+
+    Raises:
+        ConfigError: the environment variable is not ``0`` or ``1``.
+    """
+    if setting is not None:
+        return setting
+    raw = os.environ.get(UNTRACKED_ENV, "").strip()
+    if raw in ("", "1"):
+        return True
+    if raw == "0":
+        return False
+    raise ConfigError(f"{UNTRACKED_ENV}={raw!r}: expected 1 (fitting steps run untracked, the default) or 0")
+
+
+def signature(module: Any, args: Any) -> Hashable:
+    """What determines a step's memory as far as its start can tell: the module
+    it starts at, the grad mode, and every argument - tensors by shape, dtype,
+    device, layout and ``requires_grad``; plain numbers and strings by value;
+    anything else by type."""
+    leaves, spec = tree_flatten(args)
+    parts: list[Hashable] = [id(module), torch.is_grad_enabled(), str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.layout, leaf.requires_grad))
+        elif isinstance(leaf, _PLAIN):
+            parts.append((type(leaf), leaf))
+        else:
+            parts.append(type(leaf))
+    return tuple(parts)
+
+
+class FitRecord:
+    """Which step signatures fit the budget, and the count of untracked steps.
+
+    Args:
+        enabled: whether any step may run untracked.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._fits: dict[Hashable, int] = {}  # signature -> tracked fits in a row
+        self._refused: set[Hashable] = set()  # went over the budget untracked
+        #: Steps run untracked so far.
+        self.untracked = 0
+        #: Untracked steps whose measured peak went over the budget.
+        self.over_budget = 0
+
+    def runs_untracked(self, sig: Hashable | None) -> bool:
+        """Whether a step of signature ``sig`` (``None``: unknown) runs untracked."""
+        return (
+            self.enabled
+            and sig is not None
+            and sig not in self._refused
+            and self._fits.get(sig, 0) >= CONFIRMATIONS
+        )
+
+    def tracked(self, sig: Hashable | None, last: dict[str, Any], ok: bool) -> None:
+        """A tracked step of ``sig`` ended; ``last`` is its region's
+        :meth:`~memscale.DTRRegion.last_summary`, ``ok`` whether it ended
+        without an error."""
+        if sig is None:
+            return
+        budget = int(last.get("budget", 0) or 0)
+        fitted = (
+            ok
+            and budget > 0
+            and int(last.get("peak_usage", 0)) <= budget
+            and not any(int(last.get(key, 0) or 0) for key in ("evictions", "swaps_out", "rematerializations"))
+        )
+        self._fits[sig] = self._fits.get(sig, 0) + 1 if fitted else 0
+
+    def ran_untracked(self, sig: Hashable, peak: int | None, budget: int) -> None:
+        """An untracked step of ``sig`` ended with measured ``peak`` bytes
+        (``None``: not measured)."""
+        self.untracked += 1
+        if peak is not None and peak > budget:
+            self.over_budget += 1
+            self._refused.add(sig)
+            log.warning(
+                "memscale: an untracked step (its shapes had fitted the budget twice) peaked at %s, over the "
+                "budget of %s; steps of its shapes are tracked from now on (MEMSCALE_UNTRACKED_STEPS=0 tracks "
+                "every step)",
+                format_bytes(peak),
+                format_bytes(budget),
+            )
+
+
+class PeakProbe:
+    """The device's allocated-bytes peak over an untracked step, read from the
+    memscale allocator through an engine that registers nothing (``None``
+    when the allocator is not installed or the device is the CPU)."""
+
+    def __init__(self) -> None:
+        self._engine: Any = None
+        if not torch.cuda.is_available():
+            return
+        try:
+            from .allocator import installed
+
+            if installed() is None:
+                return
+            from ._engine import Engine
+
+            self._engine = Engine(
+                {"defaults": "region", "budget": 0, "usage": "allocator", "device": torch.cuda.current_device()}
+            )
+        except Exception as exc:  # a probe that cannot start measures nothing
+            log.debug("memscale: no peak probe for an untracked step: %s", exc)
+            self._engine = None
+
+    def close(self) -> int | None:
+        """The peak since the probe started, in bytes (``None``: not measured)."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return None
+        try:
+            return int(engine.stats().get("peak_usage", 0))
+        finally:
+            engine.close()

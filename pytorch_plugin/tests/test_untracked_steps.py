@@ -1,0 +1,231 @@
+"""Steps that fit the budget run untracked (memscale._fitting), through the drop-in API.
+
+A step whose signature (module, grad mode, argument shapes) fitted the budget in
+two tracked steps in a row runs as plain PyTorch: its values are bitwise a plain
+run's, and a step with new shapes, or under a budget that forces evictions, is
+tracked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import memscale
+from memscale import Config, MemscaleError
+from memscale._fitting import CONFIRMATIONS, UNTRACKED_ENV, FitRecord, signature, untracked_steps_enabled
+from memscale.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+try:
+    from memscale import _engine
+
+    _engine.dtr_lib()
+except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the library
+    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+
+#: Far above what the small MLP needs: every tracked step fits.
+ROOMY = "1GiB"
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(UNTRACKED_ENV, raising=False)
+    yield
+    from memscale import api
+
+    for obj in list(api._attached):
+        try:
+            memscale.detach(obj)
+        except MemscaleError:
+            pass
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def _train(model: nn.Module, batch_sizes: list[int]) -> tuple[list[float], list[str], dict[str, torch.Tensor]]:
+    """Losses, the type name of each step's output, and the final parameters."""
+    g = torch.Generator().manual_seed(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses, kinds = [], []
+    for n in batch_sizes:
+        x, y = torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+        opt.zero_grad()
+        out = model(x)
+        kinds.append(type(out).__name__)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses, kinds, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_bitwise(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    for step, (x, y) in enumerate(zip(a[0], b[0], strict=True)):
+        assert x == y, f"step {step}: loss {y} != {x}"
+    for name, value in a[2].items():
+        assert torch.equal(value, b[2][name]), f"parameter {name} differs"
+
+
+def test_fitting_steps_run_untracked_and_bitwise() -> None:
+    sizes = [64] * 6
+    plain = _train(_mlp(), sizes)
+    model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
+    got = _train(model, sizes)
+    _assert_bitwise(plain, got)
+    summary = memscale.summary(model)
+    assert summary.steps == 6
+    assert summary.untracked_steps == 6 - CONFIRMATIONS
+    assert got[1][:CONFIRMATIONS] == ["DTRTensor"] * CONFIRMATIONS  # tracked
+    assert got[1][CONFIRMATIONS:] == ["Tensor"] * (6 - CONFIRMATIONS)  # plain PyTorch
+    assert f"({6 - CONFIRMATIONS} untracked" in str(summary)
+
+
+def test_new_shapes_are_tracked_again() -> None:
+    sizes = [64, 64, 64, 32, 32, 32, 64]
+    plain = _train(_mlp(), sizes)
+    model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
+    got = _train(model, sizes)
+    _assert_bitwise(plain, got)
+    assert got[1] == ["DTRTensor", "DTRTensor", "Tensor", "DTRTensor", "DTRTensor", "Tensor", "Tensor"]
+    assert memscale.summary(model).untracked_steps == 3
+
+
+def test_steps_that_evict_stay_tracked() -> None:
+    sizes = [1024] * 4
+    plain = _train(_mlp(), sizes)
+    model = memscale.wrap(_mlp(), Config(mode="conservative"))  # 90 % of the baseline step's peak
+    got = _train(model, sizes)
+    _assert_bitwise(plain, got)
+    summary = memscale.summary(model)
+    assert summary.evictions > 0
+    assert summary.untracked_steps == 0
+    assert "DTRTensor" in got[1][-1]
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [(Config(threshold=ROOMY, untracked_steps=False), None), (Config(threshold=ROOMY), "0")],
+    ids=["config", "env"],
+)
+def test_untracked_steps_can_be_turned_off(
+    config: Config, env: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if env is not None:
+        monkeypatch.setenv(UNTRACKED_ENV, env)
+    model = memscale.wrap(_mlp(), config)
+    _, kinds, _ = _train(model, [64] * 4)
+    assert kinds == ["DTRTensor"] * 4
+    assert memscale.summary(model).untracked_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "env", "expected"),
+    [(None, None, True), (None, "1", True), (None, " 0 ", False), (True, "0", True), (False, "1", False)],
+)
+def test_untracked_steps_setting(
+    setting: bool | None, env: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if env is not None:
+        monkeypatch.setenv(UNTRACKED_ENV, env)
+    assert untracked_steps_enabled(setting) is expected
+
+
+@pytest.mark.parametrize("bad", ["yes", "2", "off", "true"])
+def test_a_malformed_setting_is_refused(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(UNTRACKED_ENV, bad)
+    with pytest.raises(ConfigError, match=rf"{UNTRACKED_ENV}={bad!r}.*expected 1"):
+        untracked_steps_enabled(None)
+    with pytest.raises(ConfigError, match="untracked_steps"):
+        Config(untracked_steps="yes")  # type: ignore[arg-type]
+
+
+FIT = {"budget": 100, "peak_usage": 100, "evictions": 0, "swaps_out": 0, "rematerializations": 0}
+
+
+@pytest.mark.parametrize(
+    ("steps", "untracked"),
+    [
+        ([(FIT, True)] * CONFIRMATIONS, True),
+        ([(FIT, True)] * (CONFIRMATIONS - 1), False),
+        ([(FIT, True), ({**FIT, "evictions": 1}, True), (FIT, True)], False),  # a run must be consecutive
+        ([(FIT, True), (FIT, False)], False),  # the step raised
+        ([(FIT, True), ({**FIT, "peak_usage": 101}, True)], False),  # over the budget
+        ([(FIT, True), ({**FIT, "swaps_out": 2}, True)], False),
+        ([(FIT, True), ({**FIT, "budget": 0}, True)], False),  # unbudgeted
+        ([({}, False), (FIT, True), (FIT, True)], True),
+    ],
+)
+def test_fit_record(steps: list[tuple[dict[str, int], bool]], untracked: bool) -> None:
+    record = FitRecord(enabled=True)
+    for last, ok in steps:
+        record.tracked("sig", last, ok)
+    assert record.runs_untracked("sig") is untracked
+    assert not record.runs_untracked("other")
+    assert not record.runs_untracked(None)
+    assert not FitRecord(enabled=False).runs_untracked("sig")
+
+
+def test_an_untracked_step_over_the_budget_tracks_its_shapes_again(caplog: pytest.LogCaptureFixture) -> None:
+    record = FitRecord(enabled=True)
+    for _ in range(CONFIRMATIONS):
+        record.tracked("sig", FIT, True)
+    record.ran_untracked("sig", None, 100)  # not measured (CPU): nothing to go on
+    record.ran_untracked("sig", 100, 100)
+    assert record.runs_untracked("sig")
+    with caplog.at_level(logging.WARNING, logger="memscale"):
+        record.ran_untracked("sig", 101, 100)
+    assert "over the budget" in caplog.text and "MEMSCALE_UNTRACKED_STEPS=0" in caplog.text
+    assert not record.runs_untracked("sig")
+    record.tracked("sig", FIT, True)
+    record.tracked("sig", FIT, True)
+    assert not record.runs_untracked("sig")  # for good
+    assert (record.untracked, record.over_budget) == (3, 1)
+
+
+def test_signature() -> None:
+    m, other = nn.Linear(2, 2), nn.Linear(2, 2)
+    x = torch.zeros(4, 2)
+    same = signature(m, (torch.ones(4, 2),))
+    assert signature(m, (x,)) == same
+    differing = [
+        signature(other, (x,)),
+        signature(m, (torch.zeros(5, 2),)),
+        signature(m, (x.double(),)),
+        signature(m, (x.requires_grad_(True),)),
+        signature(m, (torch.zeros(4, 2), 3)),
+        signature(m, ({"input": torch.zeros(4, 2)},)),
+    ]
+    assert all(s != same for s in differing)
+    assert signature(m, (torch.zeros(4, 2), 3)) != signature(m, (torch.zeros(4, 2), 4))
+    with torch.no_grad():
+        assert signature(m, (torch.zeros(4, 2),)) != same
+
+
+def test_the_peak_probe_reads_the_allocators_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the simulated device 0, standing for a GPU with the memscale allocator."""
+    from memscale import _lib, allocator
+    from memscale._fitting import PeakProbe
+
+    assert PeakProbe().close() is None  # the CPU: nothing to read
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(allocator, "installed", lambda: object())
+    lib = _lib.lib()
+    before = lib.memscale_allocated(0)
+    probe = PeakProbe()
+    nbytes = 6 << 20
+    ptr = lib.memscale_malloc(nbytes, 0, None)
+    assert ptr, _lib.last_error()
+    lib.memscale_free(ptr, nbytes, 0, None)
+    peak = probe.close()
+    assert peak is not None and peak >= before + nbytes
+    assert probe.close() is None  # closed once
