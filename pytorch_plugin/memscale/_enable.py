@@ -86,16 +86,11 @@ class Enabled:
         assert steps is not None
         with_kwargs = self._with_kwargs
 
-        def opens_a_step(module: torch.nn.Module) -> bool:
-            return (
-                not steps.is_open
-                and torch.is_grad_enabled()
-                and not torch.is_inference_mode_enabled()
-                and not opens_no_step(module)
-            )
+        def in_a_step(module: torch.nn.Module) -> bool:
+            return torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not opens_no_step(module)
 
         def forward_pre_hook_with_kwargs(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if opens_a_step(module):
+            if in_a_step(module):  # opens a step, or is another forward of the open one
                 steps.begin(module, (args, kwargs))
 
         def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -103,7 +98,7 @@ class Enabled:
             # signature needs them (memscale._fitting): a module that opened a
             # step gets a pre-hook of its own that sees them and opens its
             # later steps. This step's arguments are not known: it is tracked.
-            if module in with_kwargs or not opens_a_step(module):
+            if module in with_kwargs or steps.is_open or not in_a_step(module):
                 return
             steps.begin(module)
             with_kwargs[module] = module.register_forward_pre_hook(forward_pre_hook_with_kwargs, with_kwargs=True)

@@ -11,6 +11,13 @@ budget with no eviction, swap or error. An untracked step is the program run
 by PyTorch alone, so its values are bitwise those of a plain run; a step with
 new shapes (another sequence length, the last short batch) is tracked again.
 
+A step may run several forwards of its module (gradient accumulation): the
+tracked steps that fitted record the signatures of all of them, and an
+untracked step whose later forward is not the one they had (a short last
+micro-batch, an extra forward) enters its region there and is tracked from
+that forward on (tensors made before it are plain, as any tensor from outside
+a region); its shapes need two fitting steps again.
+
 What can make an untracked step differ from the tracked ones of its signature
 is memory the shapes do not determine: ops whose output sizes depend on the
 data (``nonzero``, routing), or tensors the program keeps from step to step.
@@ -98,11 +105,15 @@ class FitRecord:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._fits: dict[Hashable, int] = {}  # signature -> tracked fits in a row
+        self._forwards: dict[Hashable, tuple[Hashable, ...]] = {}  # signature -> its fits' forwards
         self._refused: set[Hashable] = set()  # went over the budget untracked
         #: Steps run untracked so far.
         self.untracked = 0
         #: Untracked steps whose measured peak went over the budget.
         self.over_budget = 0
+        #: Untracked steps that met a forward their fits did not have and
+        #: were tracked from there on.
+        self.promoted = 0
 
     def runs_untracked(self, sig: Hashable | None) -> bool:
         """Whether a step of signature ``sig`` (``None``: unknown) runs untracked."""
@@ -113,12 +124,28 @@ class FitRecord:
             and self._fits.get(sig, 0) >= CONFIRMATIONS
         )
 
-    def tracked(self, sig: Hashable | None, last: dict[str, Any], ok: bool) -> None:
+    def follows(self, sig: Hashable, forwards: list[Hashable]) -> bool:
+        """Whether ``forwards`` (the signatures of an untracked step's forwards
+        so far, its first being ``sig``) are how the fits of ``sig`` began."""
+        expected = self._forwards.get(sig, ())
+        return tuple(forwards) == expected[: len(forwards)]
+
+    def promote(self, sig: Hashable) -> None:
+        """An untracked step of ``sig`` met a forward its fits did not have: it
+        is tracked from there, and ``sig`` needs :data:`CONFIRMATIONS` fits again."""
+        self.promoted += 1
+        self._fits[sig] = 0
+
+    def tracked(
+        self, sig: Hashable | None, last: dict[str, Any], ok: bool, forwards: list[Hashable] | None = None
+    ) -> None:
         """A tracked step of ``sig`` ended; ``last`` is its region's
         :meth:`~memscale.DTRRegion.last_summary`, ``ok`` whether it ended
-        without an error."""
+        without an error, ``forwards`` the signatures of its forwards (``[sig]``
+        when not given)."""
         if sig is None:
             return
+        seen = tuple(forwards) if forwards else (sig,)
         budget = int(last.get("budget", 0) or 0)
         fitted = (
             ok
@@ -126,7 +153,13 @@ class FitRecord:
             and int(last.get("peak_usage", 0)) <= budget
             and not any(int(last.get(key, 0) or 0) for key in ("evictions", "swaps_out", "rematerializations"))
         )
-        self._fits[sig] = self._fits.get(sig, 0) + 1 if fitted else 0
+        if not fitted:
+            self._fits[sig] = 0
+        elif self._forwards.get(sig) != seen:
+            self._fits[sig] = 1  # a run of fits has the same forwards
+        else:
+            self._fits[sig] = self._fits.get(sig, 0) + 1
+        self._forwards[sig] = seen
 
     def ran_untracked(self, sig: Hashable, peak: int | None, budget: int) -> None:
         """An untracked step of ``sig`` ended with measured ``peak`` bytes

@@ -59,6 +59,10 @@ class Summary:
         untracked_over_budget: untracked steps whose measured peak (GPU,
             memscale allocator) went over the budget; their shapes are
             tracked from then on.
+        untracked_promoted: steps that began untracked and met a forward the
+            fits of their shapes did not have (gradient accumulation over
+            another micro-batch shape): tracked from that forward on; not in
+            ``untracked_steps``.
     """
 
     steps: int = 0
@@ -76,6 +80,7 @@ class Summary:
     budget_source: str | None = None
     untracked_steps: int = 0
     untracked_over_budget: int = 0
+    untracked_promoted: int = 0
 
     @property
     def overhead(self) -> float:
@@ -97,9 +102,11 @@ class Summary:
         return out
 
     def _untracked_text(self) -> str:
-        if not self.untracked_steps:
+        if not self.untracked_steps and not self.untracked_promoted:
             return ""
         over = f", {self.untracked_over_budget} over budget" if self.untracked_over_budget else ""
+        if self.untracked_promoted:
+            over += f", {self.untracked_promoted} more tracked from a forward their shapes had not had"
         return f" ({self.untracked_steps} untracked: they fitted the budget{over})"
 
     def __str__(self) -> str:

@@ -134,6 +134,7 @@ class _Steps:
         #: Which step signatures fit the budget (they then run untracked).
         self.fits = FitRecord(untracked_steps_enabled(config.untracked_steps))
         self._signature: Any = None  # the open step's (None: not known)
+        self._forwards: list[Any] = []  # the signatures of the open step's forwards
         self._probe: PeakProbe | None = None  # set while an untracked step is open
         self._untracked_peak = 0
 
@@ -195,6 +196,7 @@ class _Steps:
         if self._open:
             if self._thread != threading.get_ident():
                 raise MemscaleError("a memscale step was opened on another thread and is still open")
+            self._another_forward(module, args)
             return False
         if self._region is None:
             if self._steps < self.config.warmup_steps:
@@ -208,16 +210,36 @@ class _Steps:
         if self.fits.enabled and args is not None and region.budget > 0 and not self._warmup:
             if region is not self._baseline_region:
                 self._signature = signature(module if module is not None else self.module, args)
-        if self.fits.runs_untracked(self._signature):
-            self._probe = PeakProbe()
-            self._open = True
-            self._thread = threading.get_ident()
-            return True
-        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
-        self._region.__enter__()
+        self._forwards = [self._signature]
         self._open = True
         self._thread = threading.get_ident()
+        if self.fits.runs_untracked(self._signature):
+            self._probe = PeakProbe()
+        else:
+            self._enter()
         return True
+
+    def _enter(self) -> None:
+        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
+        assert self._region is not None
+        try:
+            self._region.__enter__()
+        except BaseException:
+            self._open = False
+            raise
+
+    def _another_forward(self, module: torch.nn.Module | None, args: Any) -> None:
+        """A forward of the open step after its first (gradient accumulation):
+        an untracked step meeting one its fits did not have is tracked from here."""
+        if self._signature is None or args is None:
+            return
+        self._forwards.append(signature(module if module is not None else self.module, args))
+        if self._probe is not None and not self.fits.follows(self._signature, self._forwards):
+            self._probe.close()
+            self._probe = None
+            self.fits.promote(self._signature)
+            self._signature = None  # the step's fit is not known: it is not recorded
+            self._enter()
 
     def materialize(self, tensor: Any) -> Any:
         """Return ``tensor`` as an ordinary tensor (the region's ``unwrap``)."""
@@ -247,7 +269,7 @@ class _Steps:
         except BaseException:
             self.fits.tracked(self._signature, {}, ok=False)
             raise
-        self.fits.tracked(self._signature, region.last_summary(), ok=exc is None)
+        self.fits.tracked(self._signature, region.last_summary(), ok=exc is None, forwards=self._forwards)
         self._steps += 1
         if self._warmup and self._steps >= self.config.warmup_steps:
             self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step
@@ -319,6 +341,7 @@ class _Steps:
             steps=self._steps,
             untracked_steps=self.fits.untracked,
             untracked_over_budget=self.fits.over_budget,
+            untracked_promoted=self.fits.promoted,
             peak_usage=self._untracked_peak,
         )
         summaries = list(self._finished)

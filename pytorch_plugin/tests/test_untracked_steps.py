@@ -229,3 +229,58 @@ def test_the_peak_probe_reads_the_allocators_watermark(monkeypatch: pytest.Monke
     peak = probe.close()
     assert peak is not None and peak >= before + nbytes
     assert probe.close() is None  # closed once
+
+
+def _train_accumulating(model: nn.Module, steps: list[list[int]]) -> tuple[list[float], list[list[str]], dict[str, torch.Tensor]]:
+    """Each step accumulates gradients over micro-batches of the given sizes."""
+    g = torch.Generator().manual_seed(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, kinds = [], []
+    for sizes in steps:
+        opt.zero_grad()
+        step_kinds = []
+        for n in sizes:
+            x, y = torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+            out = model(x)
+            step_kinds.append(type(out).__name__)
+            loss = nn.functional.cross_entropy(out, y) / len(sizes)
+            loss.backward()
+            losses.append(loss.item())
+        kinds.append(step_kinds)
+        opt.step()
+    return losses, kinds, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_accumulation_meeting_other_shapes_is_tracked_from_that_forward() -> None:
+    steps = [[64, 64], [64, 64], [64, 64], [64, 32], [64, 64], [64, 64], [64, 64], [64, 64, 64]]
+    plain = _train_accumulating(_mlp(), steps)
+    model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
+    got = _train_accumulating(model, steps)
+    _assert_bitwise(plain, got)
+    tracked, untracked = ["DTRTensor"] * 2, ["Tensor"] * 2
+    assert got[1] == [
+        tracked,
+        tracked,
+        untracked,
+        ["Tensor", "DTRTensor"],  # the 32-row micro-batch: tracked from there
+        tracked,  # the shapes fit twice again before running untracked
+        tracked,
+        untracked,
+        ["Tensor", "Tensor", "DTRTensor"],  # a third forward the fits did not have
+    ]
+    summary = memscale.summary(model)
+    assert (summary.untracked_steps, summary.untracked_promoted) == (2, 2)
+    assert "2 more tracked from a forward" in str(summary)
+
+
+def test_a_run_of_fits_has_the_same_forwards() -> None:
+    record = FitRecord(enabled=True)
+    record.tracked("s", FIT, True, forwards=["s", "a"])
+    record.tracked("s", FIT, True, forwards=["s", "b"])
+    assert not record.runs_untracked("s")  # the second fit's forwards were not the first's
+    record.tracked("s", FIT, True, forwards=["s", "b"])
+    assert record.runs_untracked("s")
+    assert record.follows("s", ["s"]) and record.follows("s", ["s", "b"])
+    assert not record.follows("s", ["s", "a"]) and not record.follows("s", ["s", "b", "b"])
+    record.promote("s")
+    assert not record.runs_untracked("s") and record.promoted == 1
