@@ -37,13 +37,13 @@ module only decides whether a step needs the engine at all.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any, Final
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from .config import format_bytes
 from .errors import ConfigError
@@ -58,7 +58,11 @@ CONFIRMATIONS: Final[int] = 2
 #: The environment variable that turns untracked steps off (``0``) or on (``1``).
 UNTRACKED_ENV: Final[str] = "MEMSCALE_UNTRACKED_STEPS"
 
-_PLAIN: Final[tuple[type, ...]] = (bool, int, float, str, type(None))
+#: Argument types that are part of a signature by value.
+_BY_VALUE: Final[tuple[type, ...]] = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, enum.Enum)
+
+#: How deep a signature follows nested containers (deeper: opaque).
+_MAX_DEPTH: Final[int] = 8
 
 
 def untracked_steps_enabled(setting: bool | None) -> bool:
@@ -78,21 +82,34 @@ def untracked_steps_enabled(setting: bool | None) -> bool:
     raise ConfigError(f"{UNTRACKED_ENV}={raw!r}: expected 1 (fitting steps run untracked, the default) or 0")
 
 
-def signature(module: Any, args: Any) -> Hashable:
+class _Opaque(Exception):
+    """An argument whose tensors, if any, cannot be seen."""
+
+
+def _part(x: Any, depth: int) -> Hashable:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, x.device, x.layout, x.requires_grad)
+    if isinstance(x, _BY_VALUE):
+        return (type(x), x)
+    if depth < _MAX_DEPTH:
+        if isinstance(x, Mapping):  # dicts, Hugging Face's BatchEncoding and ModelOutput
+            return (type(x), tuple((k, _part(v, depth + 1)) for k, v in x.items()))
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(_part(v, depth + 1) for v in x))
+    raise _Opaque
+
+
+def signature(module: Any, args: Any) -> Hashable | None:
     """What determines a step's memory as far as its start can tell: the module
     it starts at, the grad mode, and every argument - tensors by shape, dtype,
-    device, layout and ``requires_grad``; plain numbers and strings by value;
-    anything else by type."""
-    leaves, spec = tree_flatten(args)
-    parts: list[Hashable] = [id(module), torch.is_grad_enabled(), str(spec)]
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            parts.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.layout, leaf.requires_grad))
-        elif isinstance(leaf, _PLAIN):
-            parts.append((type(leaf), leaf))
-        else:
-            parts.append(type(leaf))
-    return tuple(parts)
+    device, layout and ``requires_grad``; numbers, strings, dtypes, devices and
+    enums by value; mappings, lists and tuples by their items. ``None`` when an
+    argument is anything else (an object that may hold tensors unseen): such a
+    step is always tracked."""
+    try:
+        return (id(module), torch.is_grad_enabled(), _part(args, 0))
+    except (_Opaque, TypeError):  # TypeError: an unhashable mapping key
+        return None
 
 
 class FitRecord:
@@ -128,7 +145,7 @@ class FitRecord:
         """Whether ``forwards`` (the signatures of an untracked step's forwards
         so far, its first being ``sig``) are how the fits of ``sig`` began."""
         expected = self._forwards.get(sig, ())
-        return tuple(forwards) == expected[: len(forwards)]
+        return None not in forwards and tuple(forwards) == expected[: len(forwards)]
 
     def promote(self, sig: Hashable) -> None:
         """An untracked step of ``sig`` met a forward its fits did not have: it
@@ -149,6 +166,7 @@ class FitRecord:
         budget = int(last.get("budget", 0) or 0)
         fitted = (
             ok
+            and None not in seen  # a forward whose arguments could not be seen
             and budget > 0
             and int(last.get("peak_usage", 0)) <= budget
             and not any(int(last.get(key, 0) or 0) for key in ("evictions", "swaps_out", "rematerializations"))
@@ -161,10 +179,14 @@ class FitRecord:
             self._fits[sig] = self._fits.get(sig, 0) + 1
         self._forwards[sig] = seen
 
-    def ran_untracked(self, sig: Hashable, peak: int | None, budget: int) -> None:
+    def ran_untracked(self, sig: Hashable, peak: int | None, budget: int, ok: bool = True) -> None:
         """An untracked step of ``sig`` ended with measured ``peak`` bytes
-        (``None``: not measured)."""
+        (``None``: not measured); ``ok``: without an error (a step that raised,
+        an out-of-memory error among others, is followed by tracked ones
+        until its shapes fit twice again)."""
         self.untracked += 1
+        if not ok:
+            self._fits[sig] = 0
         if peak is not None and peak > budget:
             self.over_budget += 1
             self._refused.add(sig)

@@ -259,7 +259,7 @@ class _Steps:
             peak = self._probe.close()
             self._probe = None
             self._untracked_peak = max(self._untracked_peak, peak or 0)
-            self.fits.ran_untracked(self._signature, peak, region.budget)
+            self.fits.ran_untracked(self._signature, peak, region.budget, ok=exc is None)
             self._steps += 1
             return
         # The region's exit makes escaping tensors resident and plain, and gives

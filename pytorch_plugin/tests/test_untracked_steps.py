@@ -191,6 +191,17 @@ def test_an_untracked_step_over_the_budget_tracks_its_shapes_again(caplog: pytes
     assert (record.untracked, record.over_budget) == (3, 1)
 
 
+def test_an_untracked_step_that_raised_is_followed_by_tracked_ones() -> None:
+    record = FitRecord(enabled=True)
+    for _ in range(CONFIRMATIONS):
+        record.tracked("sig", FIT, True)
+    record.ran_untracked("sig", None, 100, ok=False)  # e.g. torch.OutOfMemoryError
+    assert not record.runs_untracked("sig")
+    for _ in range(CONFIRMATIONS):
+        record.tracked("sig", FIT, True)
+    assert record.runs_untracked("sig")
+
+
 def test_signature() -> None:
     m, other = nn.Linear(2, 2), nn.Linear(2, 2)
     x = torch.zeros(4, 2)
@@ -208,6 +219,29 @@ def test_signature() -> None:
     assert signature(m, (torch.zeros(4, 2), 3)) != signature(m, (torch.zeros(4, 2), 4))
     with torch.no_grad():
         assert signature(m, (torch.zeros(4, 2),)) != same
+
+
+def test_signature_sees_into_mappings_and_refuses_what_it_cannot_see() -> None:
+    from collections import UserDict
+
+    m = nn.Linear(2, 2)
+
+    def batch(n: int) -> Any:  # as Hugging Face's BatchEncoding, a Mapping that is no dict
+        return UserDict({"input_ids": torch.zeros(4, n), "flags": [True, {"p": 0.1}]})
+
+    assert signature(m, ((), batch(8))) == signature(m, ((), batch(8)))
+    assert signature(m, ((), batch(8))) != signature(m, ((), batch(9)))
+    assert signature(m, ((torch.float16, torch.device("cpu")), {})) is not None
+
+    class Batch:
+        def __init__(self) -> None:
+            self.x = torch.zeros(4, 2)
+
+    assert signature(m, ((Batch(),), {})) is None  # its tensors cannot be seen: always tracked
+    assert signature(m, (({(1, 2): torch.zeros(1)}),)) is not None
+    nested: list[Any] = []
+    nested.append(nested)
+    assert signature(m, (nested,)) is None
 
 
 def test_the_peak_probe_reads_the_allocators_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,5 +316,9 @@ def test_a_run_of_fits_has_the_same_forwards() -> None:
     assert record.runs_untracked("s")
     assert record.follows("s", ["s"]) and record.follows("s", ["s", "b"])
     assert not record.follows("s", ["s", "a"]) and not record.follows("s", ["s", "b", "b"])
+    assert not record.follows("s", ["s", None])
     record.promote("s")
     assert not record.runs_untracked("s") and record.promoted == 1
+    for _ in range(CONFIRMATIONS):
+        record.tracked("s", FIT, True, forwards=["s", None])  # an opaque later forward
+    assert not record.runs_untracked("s")
