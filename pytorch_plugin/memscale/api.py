@@ -482,7 +482,9 @@ def _wrap_trainer(trainer: Any, config: Config) -> Any:
     instance_patch = vars(trainer).get("training_step")  # restored by detach()
 
     def training_step(model: torch.nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        with steps.step(model, (inputs, args, kwargs)):
+        # The batch's shapes key the step; the rest (num_items_in_batch, a count
+        # of tokens that changes every step) leaves its memory as it is.
+        with steps.step(model, inputs):
             loss = original(model, inputs, *args, **kwargs)
         return steps.materialize(loss)
 

@@ -137,3 +137,18 @@ def test_callback_can_be_silenced(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         trainer.train()
     assert not [r for r in caplog.records if r.name == "memscale" and "train_end" in r.getMessage()]
     memscale.detach(trainer)
+
+
+def test_a_wrapped_trainer_runs_fitting_steps_untracked(tmp_path: Path) -> None:
+    """A threshold far above the step: after two tracked steps of the batch's
+    shapes, the Trainer's steps run as plain PyTorch (memscale._fitting)."""
+    transformers = _needs_trainer_stack()
+    plain = _trainer(transformers, tmp_path / "plain")
+    plain.train()
+    trainer = _trainer(transformers, tmp_path / "memscale")
+    memscale.wrap(trainer, Config(threshold="1GiB"))
+    trainer.train()
+    assert _losses(trainer) == _losses(plain)
+    summary = memscale.summary(trainer)
+    assert (summary.steps, summary.untracked_steps, summary.evictions) == (STEPS, STEPS - 2, 0), summary
+    memscale.detach(trainer)
