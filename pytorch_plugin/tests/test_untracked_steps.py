@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import require_engine
 
 import memscale
 from memscale import Config, MemscaleError
@@ -22,12 +23,7 @@ from memscale.errors import ConfigError
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-try:
-    from memscale import _engine
-
-    _engine.dtr_lib()
-except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the library
-    pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
+require_engine()
 
 #: Far above what the small MLP needs: every tracked step fits.
 ROOMY = "1GiB"
