@@ -312,9 +312,42 @@ def dtr_swap(torch: Any, dev: str, ms: Any) -> str:
     return _dtr(torch, dev, ms, swap=True)
 
 
+def untracked_steps(torch: Any, dev: str, ms: Any) -> str:
+    """The drop-in API with a threshold far above the step: steps 3-5 run
+    untracked, their peak read from the allocator's watermark (CUDA), values
+    bitwise a plain run's."""
+    def train(wrapped: bool) -> tuple[list[Any], Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to(dev)
+        if wrapped:
+            ms.wrap(model, ms.Config(threshold="90%" if dev == "cuda" else "1GiB", log_summary=False))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2048, 256, generator=torch.Generator().manual_seed(1)).to(dev)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().cpu())
+        summary = ms.summary(model) if wrapped else None
+        if wrapped:
+            ms.detach(model)
+        return losses, summary
+
+    plain, _ = train(False)
+    got, s = train(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, got)), "losses differ from the plain run"
+    assert s.untracked_steps == 3 and s.untracked_over_budget == 0, s
+    if dev == "cuda":
+        assert s.peak_usage > 0, f"no peak measured: {s}"
+    return f"{s.untracked_steps} of {s.steps} steps untracked, peak {_common.fmt_bytes(s.peak_usage)}, losses bitwise equal"
+
+
 CHECKS: list[Callable[[Any, str, Any], str]] = [
     oom_raises, sizes_alignment, threads_streams, half_free_tensor, matmul_backward, conv_cudnn_benchmark,
     side_stream_record_stream, granules_across_streams, graph_capture_refused, dtr_recompute, dtr_swap,
+    untracked_steps,
 ]
 
 
