@@ -7,7 +7,9 @@ the Hugging Face Trainer) runs a step *untracked* when the same step has
 already fitted: its *signature* (the module, the grad mode, and the shapes,
 dtypes and devices of its tensor arguments, with its plain-number arguments)
 ran :data:`CONFIRMATIONS` tracked steps in a row that finished within the
-budget with no eviction, swap or error. An untracked step is the program run
+budget with no eviction, swap or error (on a GPU also at least
+:data:`DEVICE_HEADROOM` of its memory below the card's size: an untracked step
+cannot evict when an allocation would fail). An untracked step is the program run
 by PyTorch alone, so its values are bitwise those of a plain run; a step with
 new shapes (another sequence length, the last short batch) is tracked again.
 
@@ -54,6 +56,12 @@ log = logging.getLogger("memscale")
 #: run untracked: the second sees what the first step's optimizer update
 #: allocated (its state), which the first could not.
 CONFIRMATIONS: Final[int] = 2
+
+#: The share of a GPU's memory a step must leave free to run untracked: an
+#: untracked step cannot evict, so one near the card's size (no threshold
+#: set, or a threshold near 100 %) keeps a margin for what shapes do not
+#: determine (allocator rounding, data-dependent sizes).
+DEVICE_HEADROOM: Final[float] = 0.05
 
 #: The environment variable that turns untracked steps off (``0``) or on (``1``).
 UNTRACKED_ENV: Final[str] = "MEMSCALE_UNTRACKED_STEPS"
@@ -154,16 +162,24 @@ class FitRecord:
         self._fits[sig] = 0
 
     def tracked(
-        self, sig: Hashable | None, last: dict[str, Any], ok: bool, forwards: list[Hashable] | None = None
+        self,
+        sig: Hashable | None,
+        last: dict[str, Any],
+        ok: bool,
+        forwards: list[Hashable] | None = None,
+        device_bytes: int | None = None,
     ) -> None:
         """A tracked step of ``sig`` ended; ``last`` is its region's
         :meth:`~memscale.DTRRegion.last_summary`, ``ok`` whether it ended
         without an error, ``forwards`` the signatures of its forwards (``[sig]``
-        when not given)."""
+        when not given), ``device_bytes`` the memory of the GPU it ran on
+        (``None``: the CPU)."""
         if sig is None:
             return
         seen = tuple(forwards) if forwards else (sig,)
         budget = int(last.get("budget", 0) or 0)
+        if device_bytes:
+            budget = min(budget, int(device_bytes * (1 - DEVICE_HEADROOM)))
         fitted = (
             ok
             and None not in seen  # a forward whose arguments could not be seen

@@ -135,6 +135,7 @@ class _Steps:
         self.fits = FitRecord(untracked_steps_enabled(config.untracked_steps))
         self._signature: Any = None  # the open step's (None: not known)
         self._forwards: list[Any] = []  # the signatures of the open step's forwards
+        self._device_bytes: int | None = None  # the GPU's memory, where the model is on one
         self._probe: PeakProbe | None = None  # set while an untracked step is open
         self._untracked_peak = 0
 
@@ -211,6 +212,8 @@ class _Steps:
             if region is not self._baseline_region:
                 self._signature = signature(module if module is not None else self.module, args)
         self._forwards = [self._signature]
+        if self._signature is not None and self._device_bytes is None:
+            self._device_bytes = _module_device_bytes(module if module is not None else self.module)
         self._open = True
         self._thread = threading.get_ident()
         if self.fits.runs_untracked(self._signature):
@@ -269,7 +272,13 @@ class _Steps:
         except BaseException:
             self.fits.tracked(self._signature, {}, ok=False)
             raise
-        self.fits.tracked(self._signature, region.last_summary(), ok=exc is None, forwards=self._forwards)
+        self.fits.tracked(
+            self._signature,
+            region.last_summary(),
+            ok=exc is None,
+            forwards=self._forwards,
+            device_bytes=self._device_bytes,
+        )
         self._steps += 1
         if self._warmup and self._steps >= self.config.warmup_steps:
             self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step

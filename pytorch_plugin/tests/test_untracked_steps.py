@@ -170,6 +170,17 @@ def test_fit_record(steps: list[tuple[dict[str, int], bool]], untracked: bool) -
     assert not FitRecord(enabled=False).runs_untracked("sig")
 
 
+@pytest.mark.parametrize(
+    ("peak", "device_bytes", "untracked"),
+    [(100, None, True), (100, 1000, True), (95, 100, True), (96, 100, False), (100, 100, False)],
+)
+def test_on_a_gpu_a_fit_leaves_headroom_below_the_cards_size(peak: int, device_bytes: int | None, untracked: bool) -> None:
+    record = FitRecord(enabled=True)
+    for _ in range(CONFIRMATIONS):
+        record.tracked("sig", {**FIT, "peak_usage": peak}, True, device_bytes=device_bytes)
+    assert record.runs_untracked("sig") is untracked
+
+
 def test_an_untracked_step_over_the_budget_tracks_its_shapes_again(caplog: pytest.LogCaptureFixture) -> None:
     record = FitRecord(enabled=True)
     for _ in range(CONFIRMATIONS):
