@@ -58,8 +58,10 @@ class Enabled:
         self.allocator_installed = allocator_installed
         self._steps = steps
         self._handles: list[Any] = []
-        #: Modules that opened a step -> their own pre-hook, which sees keyword arguments.
-        self._with_kwargs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        #: id of a module that opened a step -> (the module, weakly; its own
+        #: pre-hook, which sees keyword arguments). Keyed by id: a module may
+        #: define ``__eq__``.
+        self._with_kwargs: dict[int, tuple[weakref.ref[Any], Any]] = {}
 
     @property
     def active(self) -> bool:
@@ -98,10 +100,18 @@ class Enabled:
             # signature needs them (memscale._fitting): a module that opened a
             # step gets a pre-hook of its own that sees them and opens its
             # later steps. This step's arguments are not known: it is tracked.
-            if module in with_kwargs or steps.is_open or not in_a_step(module):
+            if steps.is_open or not in_a_step(module):
+                return
+            known = with_kwargs.get(id(module))
+            if known is not None and known[0]() is module:
                 return
             steps.begin(module)
-            with_kwargs[module] = module.register_forward_pre_hook(forward_pre_hook_with_kwargs, with_kwargs=True)
+            if known is not None:  # a module that had this id died
+                known[1].remove()
+            with_kwargs[id(module)] = (
+                weakref.ref(module),
+                module.register_forward_pre_hook(forward_pre_hook_with_kwargs, with_kwargs=True),
+            )
 
         def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if output is None and steps.is_open:
@@ -129,7 +139,7 @@ class Enabled:
             if self._steps is not None:
                 self._steps.end()
         finally:
-            for handle in [*self._handles, *self._with_kwargs.values()]:
+            for handle in [*self._handles, *(h for _, h in self._with_kwargs.values())]:
                 handle.remove()
             self._handles.clear()
             self._with_kwargs.clear()
