@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import weakref
 from collections.abc import Hashable, Mapping
 from typing import Any, Final
 
@@ -115,9 +116,11 @@ def signature(module: Any, args: Any) -> Hashable | None:
     argument is anything else (an object that may hold tensors unseen): such a
     step is always tracked."""
     try:
-        return (id(module), torch.is_grad_enabled(), _part(args, 0))
-    except (_Opaque, TypeError):  # TypeError: an unhashable mapping key
+        sig = (id(module), torch.is_grad_enabled(), _part(args, 0))
+        hash(sig)
+    except (_Opaque, TypeError):  # TypeError: something unhashable inside
         return None
+    return sig
 
 
 class FitRecord:
@@ -131,6 +134,7 @@ class FitRecord:
         self.enabled = enabled
         self._fits: dict[Hashable, int] = {}  # signature -> tracked fits in a row
         self._forwards: dict[Hashable, tuple[Hashable, ...]] = {}  # signature -> its fits' forwards
+        self._watched: set[int] = set()  # ids of the modules whose death forgets their signatures
         self._refused: set[Hashable] = set()  # went over the budget untracked
         #: Steps run untracked so far.
         self.untracked = 0
@@ -139,6 +143,22 @@ class FitRecord:
         #: Untracked steps that met a forward their fits did not have and
         #: were tracked from there on.
         self.promoted = 0
+
+    def watch(self, module: Any) -> None:
+        """Forget the signatures of ``module`` (keyed by its id) when it dies:
+        a module made later at the same address is another model."""
+        key = id(module)
+        if key in self._watched:
+            return
+        self._watched.add(key)
+        weakref.finalize(module, self._forget, key).atexit = False
+
+    def _forget(self, key: int) -> None:
+        self._watched.discard(key)
+        for table in (self._fits, self._forwards):
+            for sig in [s for s in table if s[0] == key]:  # type: ignore[index]
+                del table[sig]
+        self._refused = {s for s in self._refused if s[0] != key}  # type: ignore[index]
 
     def runs_untracked(self, sig: Hashable | None) -> bool:
         """Whether a step of signature ``sig`` (``None``: unknown) runs untracked."""

@@ -210,7 +210,10 @@ class _Steps:
         self._signature = None
         if self.fits.enabled and args is not None and region.budget > 0 and not self._warmup:
             if region is not self._baseline_region:
-                self._signature = signature(module if module is not None else self.module, args)
+                keyed = module if module is not None else self.module
+                self._signature = signature(keyed, args)
+                if self._signature is not None:
+                    self.fits.watch(keyed)
         self._forwards = [self._signature]
         if self._signature is not None and self._device_bytes is None:
             self._device_bytes = _module_device_bytes(module if module is not None else self.module)

@@ -369,3 +369,19 @@ def test_every_zoo_family_runs_its_fitting_steps_untracked_and_bitwise(name: str
     if summary.steps == 0:  # the step calls submodules, never the wrapped module (the GAN)
         return
     assert (summary.steps, summary.untracked_steps, summary.untracked_promoted) == (steps, steps - CONFIRMATIONS, 0)
+
+
+def test_a_dead_modules_signatures_are_forgotten() -> None:
+    import gc
+
+    record = FitRecord(enabled=True)
+    m = nn.Linear(2, 2)
+    sig = signature(m, (torch.zeros(1, 2),))
+    record.watch(m)
+    record.watch(m)  # once
+    for _ in range(CONFIRMATIONS):
+        record.tracked(sig, FIT, True)
+    assert record.runs_untracked(sig)
+    del m
+    gc.collect()
+    assert not record.runs_untracked(sig)  # a new module at the same address is another model
