@@ -37,7 +37,8 @@ from typing import Any
 from ._budget import default_budget
 from ._distributed import opens_no_step
 from ._region.steps import wrap_closure
-from .api import Summary, _Steps
+from ._stats import Summary
+from ._steps import Steps
 from .config import Config
 from .errors import MemscaleError
 
@@ -53,7 +54,7 @@ class Enabled:
             allocator (a GPU was present and CUDA not yet initialized).
     """
 
-    def __init__(self, config: Config, steps: _Steps | None, allocator_installed: bool) -> None:
+    def __init__(self, config: Config, steps: Steps | None, allocator_installed: bool) -> None:
         self.config = config
         self.allocator_installed = allocator_installed
         self._steps = steps
@@ -148,7 +149,7 @@ class Enabled:
                     _enabled = None
 
 
-def _closure_in_its_own_step(steps: _Steps, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+def _closure_in_its_own_step(steps: Steps, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
     """An optimizer step's closure (its forward and backward) wrapped to run in
     a region that closes when it returns, before the update."""
 
@@ -207,7 +208,7 @@ def enable(config: Config | None = None) -> Enabled:
             )
             _enabled = Enabled(config, None, installed)
             return _enabled
-        enabled = Enabled(config, _Steps(config, None, on_demand=True), installed)
+        enabled = Enabled(config, Steps(config, None, on_demand=True), installed)
         enabled._hook()
         _enabled = enabled
     atexit.register(_at_exit, enabled)

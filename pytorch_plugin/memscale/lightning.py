@@ -48,7 +48,7 @@ def wrap_trainer(trainer: Any, config: Config) -> Any:
     """Hook ``trainer`` (see the module doc); returns the hook's handle."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from .api import _Steps
+    from ._steps import Steps
 
-    steps = _Steps(config, None)
+    steps = Steps(config, None)
     return steps, register_optimizer_step_pre_hook(step_hook(trainer, steps))

@@ -1,0 +1,347 @@
+"""One DTR region per training step: what the drop-in API's hooks open and close.
+
+:class:`Steps` is the state behind :func:`memscale.wrap`, :func:`memscale.optimize`,
+:func:`memscale.enable` and the Trainer integrations (:mod:`memscale.api` says
+where a step begins and ends): the step's budget (the eviction threshold, the
+config's mode or threshold, a baseline step's peak on the CPU), the region the
+steps run in, warmup and baseline steps, and whether a step needs a region at
+all (steps whose shapes fitted the budget run untracked, :mod:`memscale._fitting`).
+Its totals are the :class:`~memscale.Summary` users read.
+
+Not thread-safe by design: a step is opened and closed on the training thread.
+Holds no policy: the budget is converted to bytes here, evictions are the engine's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import _stats
+from ._budget import Budget, default_budget, threshold_budget
+from ._distributed import patch_fsdp
+from ._fitting import FitRecord, PeakProbe, signature, untracked_steps_enabled
+from ._stats import Summary
+from .config import Config, is_percentage, parse_size
+from .errors import MemscaleError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._region import DTRRegion
+
+log = logging.getLogger("memscale")
+
+
+def _dtr() -> Any:
+    try:
+        from ._region import dtr
+    except ImportError as exc:
+        raise MemscaleError(f"the DTR region (memscale.dtr) is unavailable: {exc}") from exc
+    return dtr
+
+
+def _module_device_index(module: torch.nn.Module | None) -> int | None:
+    """The CUDA device holding ``module``'s first parameter (None: CPU or unknown)."""
+    if module is None:
+        return None
+    tensor = next(module.parameters(), None)
+    if tensor is None:
+        tensor = next(module.buffers(), None)
+    if tensor is None or tensor.device.type != "cuda":
+        return None
+    return tensor.device.index or 0
+
+
+def _module_device_bytes(module: torch.nn.Module) -> int | None:
+    """Total memory of the GPU holding ``module``'s first parameter (None on CPU)."""
+    import torch
+
+    index = _module_device_index(module)
+    if index is None:
+        return None
+    from .allocator import device_total_memory
+
+    if torch.cuda.is_initialized():
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return device_total_memory(index)
+
+
+class Steps:
+    """Opens one region per training step and keeps the totals.
+
+    Not thread-safe by design: a step is opened and closed on the training
+    thread (the region is a thread-local dispatch mode).
+    """
+
+    def __init__(self, config: Config, module: torch.nn.Module | None, on_demand: bool = False) -> None:
+        self.config = config
+        # With neither Config.threshold nor Config.mode nor an eviction
+        # threshold: True evicts only when an allocation would fail (on a GPU
+        # with the memscale allocator; memscale.enable), False uses DEFAULT_MODE.
+        self._on_demand = on_demand
+        self._module_ref = weakref.ref(module) if module is not None else None
+        self._region: DTRRegion | None = None
+        self._baseline_region: DTRRegion | None = None
+        self._finished: list[dict[str, Any]] = []  # summaries of regions replaced
+        self._open = False
+        self._opened_by_forward = False
+        self._steps = 0
+        self._thread: int | None = None
+        self._warmup = False  # the open region is a warmup step's (Config.warmup_steps)
+        #: The step's peak measured on wrap()'s sample input (CPU, no device size).
+        self.sample_peak: int | None = None
+        #: Which step signatures fit the budget (they then run untracked).
+        self.fits = FitRecord(untracked_steps_enabled(config.untracked_steps))
+        self._signature: Any = None  # the open step's (None: not known)
+        self._forwards: list[Any] = []  # the signatures of the open step's forwards
+        self._device_bytes: int | None = None  # the GPU's memory, where the model is on one
+        self._probe: PeakProbe | None = None  # set while an untracked step is open
+        self._untracked_peak = 0
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The hooked model, if still alive."""
+        return self._module_ref() if self._module_ref is not None else None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a step's region is open now."""
+        return self._open
+
+    def _make_region(self, module: torch.nn.Module | None) -> DTRRegion:
+        budget = self._budget(module)
+        if budget is None:
+            # CPU, no explicit size: this step is the unbudgeted baseline.
+            region = self._new_region(Budget(0, "unbudgeted baseline step (no device memory size on the CPU)"))
+            self._baseline_region = region
+            return region
+        return self._new_region(budget)
+
+    def _new_region(self, budget: Budget) -> DTRRegion:
+        region: DTRRegion = _dtr()(budget, **self.config.region_kwargs())
+        region.step_boundaries = False  # this object's hooks close the region at each step
+        return region
+
+    def _budget(self, module: torch.nn.Module | None) -> Budget | None:
+        """The step's budget; ``None``: run an unbudgeted baseline step first
+        (its peak is then the "device memory" the mode takes a fraction of)."""
+        config = self.config
+        device = _module_device_index(module)
+        if config.threshold is None and config.mode is None:
+            default = default_budget(device) if self._on_demand else threshold_budget(device)
+            if default is not None:
+                return default
+        if config.threshold is not None and not is_percentage(config.threshold):
+            # Bytes need no device size: no baseline step to measure one.
+            return Budget(parse_size(config.threshold, name="Config.threshold"), config.describe_budget(0))
+        device_bytes = config.device_bytes()
+        if device_bytes is None and module is not None:
+            device_bytes = _module_device_bytes(module)
+        if device_bytes is None and self.sample_peak:
+            return Budget(
+                config.budget_for(self.sample_peak),
+                config.describe_budget(self.sample_peak, of="the sample input's step peak"),
+            )
+        if device_bytes is None:
+            return None
+        return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
+
+    def begin(self, module: torch.nn.Module | None = None, args: Any = None) -> bool:
+        """Open the step's region unless one is open; return whether it opened.
+
+        ``args``: the step's arguments (``None``: not known), whose signature
+        lets a step that fitted the budget before run untracked
+        (:mod:`memscale._fitting`).
+        """
+        if self._open:
+            if self._thread != threading.get_ident():
+                raise MemscaleError("a memscale step was opened on another thread and is still open")
+            self._another_forward(module, args)
+            return False
+        if self._region is None:
+            if self._steps < self.config.warmup_steps:
+                self._warmup = True
+                source = f"warmup step {self._steps + 1} of Config.warmup_steps={self.config.warmup_steps}"
+                self._region = self._new_region(Budget(0, source))
+            else:
+                self._region = self._make_region(module if module is not None else self.module)
+        region = self._region
+        self._signature = None
+        if self.fits.enabled and args is not None and region.budget > 0 and not self._warmup:
+            if region is not self._baseline_region:
+                keyed = module if module is not None else self.module
+                self._signature = signature(keyed, args)
+                if self._signature is not None:
+                    self.fits.watch(keyed)
+        self._forwards = [self._signature]
+        if self._signature is not None and self._device_bytes is None:
+            self._device_bytes = _module_device_bytes(module if module is not None else self.module)
+        self._open = True
+        self._thread = threading.get_ident()
+        if self.fits.runs_untracked(self._signature):
+            self._probe = PeakProbe()
+        else:
+            self._enter()
+        return True
+
+    def _enter(self) -> None:
+        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
+        assert self._region is not None
+        try:
+            self._region.__enter__()
+        except BaseException:
+            self._open = False
+            raise
+
+    def _another_forward(self, module: torch.nn.Module | None, args: Any) -> None:
+        """A forward of the open step after its first (gradient accumulation):
+        an untracked step meeting one its fits did not have is tracked from here."""
+        if self._signature is None or args is None:
+            return
+        self._forwards.append(signature(module if module is not None else self.module, args))
+        if self._probe is not None and not self.fits.follows(self._signature, self._forwards):
+            self._probe.close()
+            self._probe = None
+            self.fits.promote(self._signature)
+            self._signature = None  # the step's fit is not known: it is not recorded
+            self._enter()
+
+    def materialize(self, tensor: Any) -> Any:
+        """Return ``tensor`` as an ordinary tensor (the region's ``unwrap``)."""
+        if self._region is None:
+            return tensor
+        return self._region.unwrap(tensor)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """Close the open region (no-op when none is open)."""
+        if not self._open:
+            return
+        region = self._region
+        assert region is not None
+        self._open = False
+        self._opened_by_forward = False
+        if self._probe is not None:  # an untracked step
+            peak = self._probe.close()
+            self._probe = None
+            self._untracked_peak = max(self._untracked_peak, peak or 0)
+            self.fits.ran_untracked(self._signature, peak, region.budget, ok=exc is None)
+            self._steps += 1
+            return
+        # The region's exit makes escaping tensors resident and plain, and gives
+        # the parameters plain .grad tensors: the optimizer step sees those.
+        try:
+            region.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc else None)
+        except BaseException:
+            self.fits.tracked(self._signature, {}, ok=False)
+            raise
+        self.fits.tracked(
+            self._signature,
+            region.last_summary(),
+            ok=exc is None,
+            forwards=self._forwards,
+            device_bytes=self._device_bytes,
+        )
+        self._steps += 1
+        if self._warmup and self._steps >= self.config.warmup_steps:
+            self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step
+            self._region = None
+            self._warmup = False
+        elif region is self._baseline_region and exc is None:
+            baseline = dict(region.summary())
+            peak = int(baseline.get("peak_usage", 0))
+            if peak > 0:  # later steps run under budget_for(peak) in a region of their own
+                self._finished.append({**baseline, "baseline": True})
+                budget = Budget(
+                    self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak")
+                )
+                self._region = self._new_region(budget)
+
+    @contextlib.contextmanager
+    def step(self, module: torch.nn.Module | None = None, args: Any = None) -> Iterator[None]:
+        """``with steps.step(): ...``: one whole step in a region (``args``: see :meth:`begin`)."""
+        opened = self.begin(module, args)
+        try:
+            yield
+        except BaseException as exc:
+            if opened:
+                self.end(exc)
+            raise
+        if opened:
+            self.end()
+
+    # Hooks -------------------------------------------------------------
+
+    def forward_pre_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """Forward pre-hook (with keyword arguments): open the step's region."""
+        if self.begin(module, (args, kwargs)):
+            self._opened_by_forward = True
+
+    def forward_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """Forward hook (always called, also when forward raised).
+
+        Closes the step's region when forward raised (the step is abandoned;
+        PyTorch calls ``always_call`` hooks from its ``except`` block with
+        ``output=None``), and closes a region opened for a no-grad forward.
+        """
+        import torch
+
+        raised = sys.exc_info()[1] if output is None else None
+        if raised is not None:
+            self.end(raised)
+        elif self._opened_by_forward and not torch.is_grad_enabled():
+            self.end()
+        self._opened_by_forward = False
+
+    def optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Optimizer step pre-hook: close the region before parameters change."""
+        self.end()
+
+    def updates(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` updates a parameter of the hooked model."""
+        module = self.module
+        if module is None:
+            return False
+        ids = {id(p) for p in module.parameters()}
+        return any(id(p) in ids for group in optimizer.param_groups for p in group["params"])
+
+    # Totals ------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        """Totals over every region used so far."""
+        out = Summary(
+            steps=self._steps,
+            untracked_steps=self.fits.untracked,
+            untracked_over_budget=self.fits.over_budget,
+            untracked_promoted=self.fits.promoted,
+            peak_usage=self._untracked_peak,
+        )
+        summaries = list(self._finished)
+        if self._region is not None:
+            current = dict(self._region.summary())
+            current["baseline"] = self._region is self._baseline_region
+            current["warmup"] = self._warmup
+            summaries.append(current)
+        unbudgeted = [int(c.get("peak_usage", 0) or 0) for c in summaries if c.get("baseline") or c.get("warmup")]
+        if unbudgeted:
+            out.baseline_peak = max(unbudgeted)
+        for current in summaries:
+            for key in _stats.SUMMED_KEYS:
+                setattr(out, key, getattr(out, key) + int(current.get(key, 0) or 0))
+            if not (current.get("baseline") or current.get("warmup")):
+                out.peak_usage = max(out.peak_usage, int(current.get("peak_usage", 0) or 0))
+            budget = current.get("budget")
+            out.budget = int(budget) if budget else None
+            out.budget_source = current.get("budget_source") or out.budget_source
+            out.tuning = current.get("tuning") or out.tuning
+        return out
+
+    def log_summary(self, what: str) -> None:
+        """Log the totals if the config asks for it."""
+        if self.config.log_summary:
+            log.info("memscale %s: %s", what, self.summary())
