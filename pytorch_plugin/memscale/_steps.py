@@ -90,7 +90,7 @@ class Steps:
         self._baseline_region: DTRRegion | None = None
         self._finished: list[dict[str, Any]] = []  # summaries of regions replaced
         self._open = False
-        self._opened_by_forward = False
+        self._opened_by: Any = None  # the hooked module whose forward opened the open step
         self._steps = 0
         self._thread: int | None = None
         self._warmup = False  # the open region is a warmup step's (Config.warmup_steps)
@@ -225,7 +225,7 @@ class Steps:
         region = self._region
         assert region is not None
         self._open = False
-        self._opened_by_forward = False
+        self._opened_by = None
         if self._probe is not None:  # an untracked step
             peak = self._probe.close()
             self._probe = None
@@ -278,25 +278,29 @@ class Steps:
     # Hooks -------------------------------------------------------------
 
     def forward_pre_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        """Forward pre-hook (with keyword arguments): open the step's region."""
+        """Forward pre-hook (with keyword arguments) of a hooked module: open
+        the step's region, or note another forward of the open step."""
         if self.begin(module, (args, kwargs)):
-            self._opened_by_forward = True
+            self._opened_by = module
 
     def forward_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        """Forward hook (always called, also when forward raised).
+        """Forward hook of a hooked module (always called, also when forward raised).
 
-        Closes the step's region when forward raised (the step is abandoned;
+        Closes the step's region when a forward raised (the step is abandoned;
         PyTorch calls ``always_call`` hooks from its ``except`` block with
-        ``output=None``), and closes a region opened for a no-grad forward.
+        ``output=None``), and closes a region that the no-grad forward of this
+        module opened.
         """
         import torch
 
+        opener = self._opened_by is module
+        if opener:
+            self._opened_by = None
         raised = sys.exc_info()[1] if output is None else None
         if raised is not None:
             self.end(raised)
-        elif self._opened_by_forward and not torch.is_grad_enabled():
+        elif opener and not torch.is_grad_enabled():
             self.end()
-        self._opened_by_forward = False
 
     def optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Optimizer step pre-hook: close the region before parameters change."""

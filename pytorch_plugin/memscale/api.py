@@ -8,8 +8,10 @@ before the optimizer updates the parameters so the update sees materialized,
 ordinary tensors. memscale therefore does not wrap the model in another object;
 it hooks the model you already have:
 
-* a forward pre-hook opens the step's region (if one is not already open, so
-  gradient accumulation over several forwards stays in one region);
+* a forward pre-hook on the model and on each of its direct children opens the
+  step's region (if one is not already open, so gradient accumulation over
+  several forwards stays in one region; a loop that calls the model's parts,
+  as a GAN's generator and discriminator, opens it at the first part);
 * an optimizer step pre-hook closes it, just before ``optimizer.step()`` runs;
   the gradients of the model's parameters are materialized first;
 * a forward that runs with gradients disabled (evaluation) closes the region it
@@ -97,9 +99,14 @@ def _on_any_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: 
 
 
 def _hook_module(module: torch.nn.Module, steps: Steps, hooks: _Hooks) -> None:
+    """Hook ``module`` and its direct children: a step opens at the first of
+    their forwards, so a loop that calls the parts of a model (a GAN's
+    generator and discriminator, a VAE's encoder and decoder) instead of the
+    model itself is stepped too."""
     module = step_module(module)  # DDP: its wrapped module (see memscale._distributed)
-    hooks.handles.append(module.register_forward_pre_hook(steps.forward_pre_hook, with_kwargs=True))
-    hooks.handles.append(module.register_forward_hook(steps.forward_hook, always_call=True))
+    for part in (module, *module.children()):
+        hooks.handles.append(part.register_forward_pre_hook(steps.forward_pre_hook, with_kwargs=True))
+        hooks.handles.append(part.register_forward_hook(steps.forward_hook, always_call=True))
 
 
 def _is_trainer(obj: Any) -> bool:

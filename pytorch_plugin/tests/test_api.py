@@ -132,11 +132,67 @@ def test_no_grad_forward_closes_its_region() -> None:
     memscale.detach(model)
 
 
+class _EncoderDecoder(nn.Module):
+    """A model trained through its parts (as a VAE's encode/decode or a GAN's
+    generator and discriminator): ``forward`` is never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = _mlp(8)
+        self.decoder = nn.Sequential(nn.Linear(10, 128), nn.Tanh(), nn.Linear(128, 10))
+
+
+def _train_parts(model: _EncoderDecoder, batches: list) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model.decoder(model.encoder(x)), y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses
+
+
+def test_a_loop_that_calls_the_models_parts_is_stepped() -> None:
+    batches = _batches()
+    torch.manual_seed(0)
+    reference = _EncoderDecoder()
+    ref_losses = _train_parts(reference, batches)
+    torch.manual_seed(0)
+    model = memscale.wrap(_EncoderDecoder(), Config(mode=MODE, log_summary=False))
+    losses = _train_parts(model, batches)
+    assert losses == ref_losses
+    for a, b in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    _check_summary(memscale.summary(model), STEPS)
+    memscale.detach(model)
+
+
+def test_a_childs_no_grad_forward_inside_a_step_leaves_it_open() -> None:
+    model = memscale.wrap(_EncoderDecoder(), Config(threshold="1GiB", log_summary=False))
+    x, _ = _batches(1)[0]
+    with torch.no_grad():
+        model.decoder(model.encoder(x))  # the encoder opens and closes a no-grad step, then the decoder
+    assert memscale.summary(model).steps == 2
+    out = model.encoder(x)  # a step with gradients: open until the optimizer step
+    with torch.no_grad():
+        model.decoder(torch.zeros(4, 10))  # a no-grad forward of another part: the step stays open
+    from memscale import api
+
+    assert api._attached[model].steps.is_open
+    out.sum().backward()
+    memscale.end_step(model)
+    assert memscale.summary(model).steps == 3
+    memscale.detach(model)
+
+
 def test_detach_restores_the_model() -> None:
     model = _mlp()
     pre, post = len(model._forward_pre_hooks), len(model._forward_hooks)
     memscale.wrap(model, Config(mode=MODE, log_summary=False))
     assert len(model._forward_pre_hooks) == pre + 1
+    assert all(len(child._forward_pre_hooks) == 1 for child in model.children())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _train(model, opt, _batches(2))
     assert memscale.detach(model) is model
