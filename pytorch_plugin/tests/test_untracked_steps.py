@@ -385,3 +385,26 @@ def test_a_dead_modules_signatures_are_forgotten() -> None:
     del m
     gc.collect()
     assert not record.runs_untracked(sig)  # a new module at the same address is another model
+
+
+def test_an_untracked_step_measured_over_the_budget_is_tracked_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through wrap's steps: a probe (a GPU's watermark, faked) reporting more
+    than the budget makes the next steps of those shapes tracked, for good."""
+    from memscale import _steps
+
+    class OverBudget:
+        def close(self) -> int:
+            return 2 << 30  # above the 1 GiB threshold
+
+    monkeypatch.setattr(_steps, "PeakProbe", OverBudget)
+    model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
+    with caplog.at_level(logging.WARNING, logger="memscale"):
+        _, kinds, _ = _train(model, [64] * 6)
+    assert kinds == ["DTRTensor", "DTRTensor", "Tensor", "DTRTensor", "DTRTensor", "DTRTensor"]
+    summary = memscale.summary(model)
+    assert (summary.untracked_steps, summary.untracked_over_budget) == (1, 1)
+    assert summary.peak_usage == 2 << 30
+    assert "over the budget" in caplog.text
+    assert "1 over budget" in str(summary)
