@@ -37,8 +37,8 @@ class Summary:
     """What memscale did over the wrapped run.
 
     Attributes:
-        steps: training steps completed under a region (the baseline step
-            included).
+        steps: training steps completed, tracked under a region (the
+            baseline step included) or untracked (``untracked_steps``).
         evictions / rematerializations / swaps_out / swaps_in: engine counts.
         bytes_evicted: bytes freed by evictions (drop or swap), in total.
         base_cost_ns: measured run time of the ops the engine recorded.
