@@ -375,6 +375,14 @@ int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, in
 	return memscale_go_dtr_plan(h, t, kinds, ids, cap);
 }
 
+int memscale_dtr_abandon_plans(int64_t h) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_abandon_plans(h);
+}
+
 int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns) {
 	if (in_child()) {
 		child_error();

@@ -214,6 +214,26 @@ func TestDTRPlanCountsLikeSnprintf(t *testing.T) {
 	}
 	assert.Zero(t, engineOf(h).PlanHolds())
 
+	// A committed plan abandoned half way: its holds go, and a report of
+	// its next step afterwards matches nothing.
+	require.Equal(t, 0, abiDTRSetBudget(h, 250))
+	n, _ = abiDTREvict(h, 0, 8)
+	require.Positive(t, n, lastError())
+	require.NotZero(t, abiDTRPlanCount(h, ts[1]), "ts[1] is evicted again")
+	got, _, steps = abiDTRPlan(h, ts[1], 8)
+	require.Positive(t, got, lastError())
+	assert.Equal(t, 1, engineOf(h).PlanHolds())
+	require.Equal(t, 1, abiDTRAbandonPlans(h), lastError())
+	assert.Zero(t, engineOf(h).PlanHolds(), "abandoned")
+	require.Equal(t, 0, abiDTRAbandonPlans(h), "nothing open: fine")
+	require.Equal(t, 0, abiDTRSetBudget(h, 0))
+	for _, op := range steps {
+		require.Equal(t, 0, abiDTRRematerialized(h, op, 5), lastError())
+	}
+	assert.Zero(t, engineOf(h).PlanHolds())
+	assert.Equal(t, -1, abiDTRAbandonPlans(987654))
+	assert.Contains(t, lastError(), "memscale_dtr_abandon_plans: unknown engine handle 987654")
+
 	assert.Equal(t, int32(0), abiDTRPlanCount(h, ts[0]), "resident: no steps")
 	for _, tc := range []struct {
 		name     string

@@ -754,6 +754,26 @@ func memscale_go_dtr_plan(h C.int64_t, t C.int64_t, kinds *C.int32_t, ids *C.int
 	return C.int32_t(n)
 }
 
+// memscale_go_dtr_abandon_plans forgets every plan memscale_dtr_plan
+// committed and not run to the end (evict.Engine.AbandonPlans): their locks
+// and soft holds go, as for a caller that stops running them (a rebuild
+// failed and will be tried again from the start, or the step's error goes to
+// the program). It returns how many there were.
+//
+//export memscale_go_dtr_abandon_plans
+func memscale_go_dtr_abandon_plans(h C.int64_t) C.int {
+	n := C.int(-1)
+	withEngine("memscale_dtr_abandon_plans", h, func(d *dtrHandle) error {
+		open := d.eng.PlanHolds()
+		if err := d.eng.AbandonPlans(); err != nil {
+			return err
+		}
+		n = C.int(open)
+		return nil
+	})
+	return n
+}
+
 //export memscale_go_dtr_rematerialized
 func memscale_go_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.int {
 	if withEngine("memscale_dtr_rematerialized", h, func(d *dtrHandle) error {

@@ -357,6 +357,14 @@ int32_t memscale_dtr_reclaim(int64_t h, int64_t need, int64_t* ids, int32_t* act
  * not resident with a plan of its own (plans nest; a report advances the
  * innermost plan whose current step it is). */
 int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
+
+/* Forgets every committed plan not run to the end, innermost first: the
+ * locks they hold on the inputs of their next step and their holds on the
+ * inputs of later steps go, as if those steps had been reported (nothing is
+ * evicted or rebuilt). For a caller that stops running its plans: a rebuild
+ * that failed for room and starts over, or an error that goes to the
+ * program. Returns the number of plans forgotten, or -1 (unknown handle). */
+int memscale_dtr_abandon_plans(int64_t h);
 /* Op op was re-run (its inputs were resident), taking cost_ns. Its outputs are
  * resident again, except outputs whose storage the program released for good
  * (a dropped output of a multi-output op): the re-run's copies of those are

@@ -293,6 +293,9 @@ func abiDTRPlan(h, t int64, capacity int32) (int32, []int32, []int64) {
 	return n, ks, is
 }
 
+// abiDTRAbandonPlans calls memscale_dtr_abandon_plans's Go export.
+func abiDTRAbandonPlans(h int64) int { return int(memscale_go_dtr_abandon_plans(C.int64_t(h))) }
+
 // abiDTRPlanCount calls memscale_dtr_plan's Go export with cap 0 and NULL
 // arrays (asking for the number of steps).
 func abiDTRPlanCount(h, t int64) int32 {

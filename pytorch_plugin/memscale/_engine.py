@@ -62,6 +62,7 @@ from ._dtr_abi import (  # noqa: F401  (re-exported: the names callers import fr
 )
 from ._dtr_abi import fail as _fail
 from ._dtr_abi import json_object as _json_object
+from .errors import MemscaleError
 
 #: ``memscale_dtr_op``'s frame: header fields, and the storages handed out per call.
 _FRAME_HEADER: Final[int] = 6
@@ -82,6 +83,18 @@ class _Buffers:
         self.aliases = (_i32 * capacity)()
         self.outputs = (_i64 * capacity)()
         self.mutated = (_i32 * capacity)()
+
+
+#: The text of the engine's error when nothing more can be evicted (Go's
+#: ``evict.ErrNoEvictable``).
+_NOTHING_EVICTABLE: Final[str] = "nothing evictable"
+
+
+class NoRoomError(MemscaleError):
+    """The budget loop found nothing (more) to evict for what was asked: every
+    resident storage is pinned, locked or too small. Raised by
+    :meth:`Engine.evict`; a rebuild whose plans nested may start over after it
+    (:func:`~memscale._region.rebuild.make_resident`)."""
 
 
 class Engine:
@@ -129,6 +142,7 @@ class Engine:
         self._evict = lib.memscale_dtr_evict
         self._reclaim = lib.memscale_dtr_reclaim
         self._plan = lib.memscale_dtr_plan
+        self._abandon_plans = lib.memscale_dtr_abandon_plans
         self._rematerialized = lib.memscale_dtr_rematerialized
         self._swapped_in = lib.memscale_dtr_swapped_in
         self._stats_json = lib.memscale_dtr_stats_json
@@ -444,9 +458,10 @@ class Engine:
         again (what ``"usage": "allocator"`` needs). Exhaust the iterator.
 
         Raises:
-            MemscaleError: usage + ``extra`` is over the budget and nothing
-                (more) can be evicted, or ``extra`` alone is larger than the
-                budget; ``why`` is added to the engine's message. Victims
+            NoRoomError: usage + ``extra`` is over the budget and nothing
+                (more) can be evicted.
+            MemscaleError: ``extra`` alone is larger than the budget, or
+                another failure; ``why`` is added to the engine's message. Victims
                 yielded before the error are gone in the engine's count.
         """
         if self.released or self.queued:
@@ -458,7 +473,10 @@ class Engine:
             n = self._evict(self.handle, extra, ids, actions, cap)
             if n <= 0:
                 if n < 0:
-                    raise _fail(f"memscale_dtr_evict{' ' + why if why else ''}")
+                    error = _fail(f"memscale_dtr_evict{' ' + why if why else ''}")
+                    if _NOTHING_EVICTABLE in str(error):
+                        raise NoRoomError(str(error))
+                    raise error
                 return
             for j in range(n):
                 yield ids[j], actions[j]
@@ -507,6 +525,15 @@ class Engine:
             # As snprintf: n steps do not fit; nothing was committed.
             self._plan_kinds = (_i32 * n)()
             self._plan_ids = (_i64 * n)()
+
+    def abandon_plans(self) -> int:
+        """Forget every plan :meth:`plan` committed and not run to the end:
+        their locks and holds go (nothing is evicted or rebuilt). Returns
+        how many there were."""
+        n = int(self._abandon_plans(self.handle))
+        if n < 0:
+            raise _fail("memscale_dtr_abandon_plans")
+        return n
 
     def rematerialized(self, op: int, cost_ns: int) -> None:
         """Op ``op`` was re-run; its outputs are resident, except those the program

@@ -418,6 +418,68 @@ def test_rng_ops_replay_bitwise() -> None:
     assert region.summary()["rematerializations"] > 0
 
 
+def test_like_factories_read_only_the_metadata_of_their_template() -> None:
+    """``empty_like(a)``, ``zeros_like``, ``new_ones``... take ``a`` for its size,
+    strides, dtype and device only: rebuilding their result (a dropout mask
+    made by ``empty_like(a).bernoulli_()``) must not rebuild ``a`` and its
+    lineage first."""
+    x = _x()
+    torch.manual_seed(3)
+    ref_a = x * 3
+    ref_mask = torch.empty_like(ref_a).bernoulli_(0.5)
+    ref_rand = torch.rand_like(ref_a.t())
+    ref_zeros = torch.zeros_like(ref_a.t())
+    ref_full = torch.full_like(ref_a, 2.0, dtype=torch.float64)
+    ref_ones = ref_a.new_ones((256, 512))
+    region = _region(5.5)
+    torch.manual_seed(3)
+    with region:
+        a = x * 3
+        mask = torch.empty_like(a).bernoulli_(0.5)
+        rand = torch.rand_like(a.t())
+        zeros = torch.zeros_like(a.t())
+        full = torch.full_like(a, 2.0, dtype=torch.float64)
+        ones = a.new_ones((256, 512))
+        keep = _fill(x, 8)
+        made = [mask, rand, zeros, full, ones]
+        assert not _resident(a) and not any(_resident(t) for t in made)
+        for got, ref in zip(made, [ref_mask, ref_rand, ref_zeros, ref_full, ref_ones]):
+            assert _eq(got, ref)
+            assert got.stride() == ref.stride() and got.dtype == ref.dtype
+        assert not _resident(a), "rebuilding a *_like result rebuilt its template"
+        assert _eq(a, ref_a)
+        del keep, made, mask, rand, zeros, full, ones  # nothing escapes the budget at exit
+    assert region.summary()["rematerializations"] > 0
+    _check_peak(region)
+
+
+def test_like_factories_of_conjugate_views_keep_their_input() -> None:
+    """A template with the conjugate bit is no plain strided tensor: it stays
+    an input (the stand-in path does not take it), and the result is right."""
+    z = torch.randn(64, 64, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    ref = torch.ones_like(z.conj())
+    with dtr(None):
+        got = torch.ones_like(z.conj())
+        assert _eq(got, ref) and unwrap(got).is_conj() == ref.is_conj()
+
+
+def test_shape_only_ops_cover_pytorchs_own_list() -> None:
+    """PyTorch's fake tensors keep the list of ``*_like`` / ``new_*``
+    constructors; each of their non-mutating overloads takes the stand-in
+    path here."""
+    fake_impls = pytest.importorskip("torch._subclasses.fake_impls")
+    ours = pytest.importorskip("memscale._region.schema")
+    theirs = getattr(fake_impls, "_like_tensor_constructors", None)
+    if theirs is None:
+        pytest.skip("this torch keeps no list of like-constructors")
+    missing = [
+        str(op)
+        for op in theirs
+        if not op._schema.is_mutable and ours.OpInfo(op, True).shape_only is None
+    ]
+    assert not missing, f"not treated as reading only their template's metadata: {missing}"
+
+
 def test_batch_norm_replay_does_not_update_running_stats_twice() -> None:
     x = _x()
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """make_resident's free rounds: an op with two inputs where rebuilding the
 cheap one takes back the costly one, whose plan then needs the room the cheap
-one holds (:func:`memscale._region.rebuild.make_resident`).
+one holds (:func:`memscale._region.rebuild.make_resident`); and the
+outermost rebuild starting over bottom-up when nested plans ran out of room.
 
 On bench/gpu/correctness.py's model (an MLP with layer norm beside a chain of
 matrix products) at half the peak, layer norm's backward needs its input
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from memscale import MemscaleError
+from memscale._engine import NoRoomError
 from memscale._region import rebuild
 from memscale._region.cells import HeldCells
 
@@ -25,6 +27,13 @@ from memscale._region.cells import HeldCells
 class _Engine:
     def __init__(self) -> None:
         self.locks: Counter[int] = Counter()
+        self.open_plans = 0
+        self.abandoned = 0
+
+    def abandon_plans(self) -> int:
+        n, self.open_plans = self.open_plans, 0
+        self.abandoned += n
+        return n
 
     def lock(self, t: int) -> None:
         self.locks[t] += 1
@@ -44,6 +53,8 @@ class _Session:
     def __init__(self) -> None:
         self.engine = _Engine()
         self.rebuilt_bytes = 0
+        self.room_failed_for: list[Any] = []
+        self.nested_restarts = 0
 
 
 def _plans(s: _Session, cheap: _Cell, costly: _Cell) -> Any:
@@ -74,7 +85,7 @@ def test_the_costly_input_is_rebuilt_without_the_cheap_one_held(monkeypatch: pyt
     s = _Session()
     cheap, costly, other = _Cell(1, resident=False), _Cell(2, resident=True), _Cell(3, resident=True)
     materialize, calls = _plans(s, cheap, costly)
-    monkeypatch.setattr(rebuild, "materialize", materialize)
+    monkeypatch.setattr(rebuild, "_materialize", materialize)
     held = HeldCells(s.engine)  # type: ignore[arg-type]
     rebuild.make_resident(s, [cheap, costly, other], held)  # type: ignore[arg-type]
     assert calls == [1, 2, 1], "cheap, then costly with nothing held, then cheap again with costly held"
@@ -103,9 +114,87 @@ def test_rounds_end_holding_their_locks(monkeypatch: pytest.MonkeyPatch) -> None
         cell.tensor = object()
         s.engine.lock(cell.tensor_id)
 
-    monkeypatch.setattr(rebuild, "materialize", materialize)
+    monkeypatch.setattr(rebuild, "_materialize", materialize)
     held = HeldCells(s.engine)  # type: ignore[arg-type]
     with pytest.raises(MemscaleError, match="nothing evictable"):
         rebuild.make_resident(s, [a, b], held)  # type: ignore[arg-type]
     held.release_quietly()
     assert len(calls) <= rebuild.FREE_ROUNDS + 2
+
+
+def _nesting(s: _Session, chain: list[_Cell], max_open: int, hopeless: bool = False) -> Any:
+    """``_materialize_once`` for ``chain`` (innermost first): each cell's
+    plan needs the one before it; a plan whose input is evicted rebuilds it
+    with a nested plan, holding a lock of its own meanwhile, and a rebuild
+    under more than ``max_open`` open plans finds no room. Every rebuild of a
+    cell takes the cell before it back (as a tight budget does): after using
+    it, or, ``hopeless``, before (so its input is always rebuilt nested)."""
+    calls: list[int] = []
+
+    def once(s_: Any, cell: _Cell) -> None:
+        calls.append(cell.tensor_id)
+        if s.engine.open_plans > max_open:
+            raise NoRoomError("nothing evictable: the nested plans hold the room")
+        i = chain.index(cell)
+        s.engine.open_plans += 1
+        hold = 1000 + cell.tensor_id
+        s.engine.lock(hold)
+        try:
+            if i > 0 and hopeless:
+                chain[i - 1].tensor = None
+            if i > 0 and chain[i - 1].tensor is None:
+                rebuild._materialize(s_, chain[i - 1])
+                s.engine.unlock(chain[i - 1].tensor_id)
+            if i > 0:
+                chain[i - 1].tensor = None
+            cell.tensor = object()
+        finally:
+            s.engine.unlock(hold)
+        s.engine.open_plans -= 1
+        s.engine.lock(cell.tensor_id)
+
+    return once, calls
+
+
+def test_nested_plans_out_of_room_start_over_from_the_innermost(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _Session()
+    chain = [_Cell(i, resident=False) for i in range(1, 5)]
+    once, calls = _nesting(s, chain, max_open=1)
+    monkeypatch.setattr(rebuild, "_materialize_once", once)
+    held = HeldCells(s.engine)  # type: ignore[arg-type]
+    rebuild.make_resident(s, [chain[-1]], held)  # type: ignore[arg-type]
+    assert chain[-1].tensor is not None and held.cells == [chain[-1]]
+    assert s.nested_restarts == 1 and s.engine.abandoned > 0
+    assert calls[:3] == [4, 3, 2], "top-down first: the third nested rebuild has no room"
+    assert calls[3:] == [2, 1, 4, 3], "then 2 alone (rebuilding 1 nested), and 4 again (rebuilding 3)"
+    held.release()
+    assert not +s.engine.locks, "nothing leaked"
+    assert s.room_failed_for == []
+
+
+def test_nested_restarts_end_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bottom-up cannot help when even one plan has no room: after
+    NESTED_RESTARTS restarts the error goes to the caller, nothing held."""
+    s = _Session()
+    chain = [_Cell(i, resident=False) for i in range(1, 4)]
+    once, calls = _nesting(s, chain, max_open=0, hopeless=True)
+    monkeypatch.setattr(rebuild, "_materialize_once", once)
+    with pytest.raises(NoRoomError):
+        rebuild.materialize(s, chain[-1])  # type: ignore[arg-type]
+    assert s.nested_restarts == rebuild.NESTED_RESTARTS
+    assert not +s.engine.locks and s.engine.open_plans == 0
+
+
+def test_no_room_without_nested_plans_is_raised_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _Session()
+    cell = _Cell(1, resident=False)
+    calls: list[int] = []
+
+    def once(s_: Any, c: _Cell) -> None:
+        calls.append(c.tensor_id)
+        raise NoRoomError("nothing evictable")
+
+    monkeypatch.setattr(rebuild, "_materialize_once", once)
+    with pytest.raises(NoRoomError):
+        rebuild.materialize(s, cell)  # type: ignore[arg-type]
+    assert calls == [1] and s.nested_restarts == 0

@@ -141,6 +141,31 @@ def collect(session: Session, info: OpInfo, args: Any, kwargs: dict[str, Any]) -
     return Arguments(cells, real_args, real_kwargs, template_args, template_kwargs, keys, missing)
 
 
+def shape_stand_in(args: Any, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
+    """The arguments of an op of :data:`~.schema.SHAPE_ONLY_SELF` with ``self``
+    replaced by a ``meta`` tensor of its size, strides and dtype, and the
+    device made explicit; ``None`` where ``self`` is not a plain strided tensor
+    (a conjugate or negative view, a sparse one: it stays an input).
+
+    The op runs on the stand-in, first and on every re-run alike, so its
+    result depends on nothing the region holds: it is registered with no
+    input for ``self``, and rebuilding it never rebuilds ``self``.
+    """
+    x = args[0] if args else None
+    if (
+        not isinstance(x, _Tensor)
+        or x.layout is not torch.strided
+        or x.is_conj()
+        or x.is_neg()
+        or x.device.type == "meta"
+    ):
+        return None
+    stand_in = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+    if kwargs.get("device") is None:
+        kwargs = {**kwargs, "device": x.device}
+    return [stand_in, *args[1:]], kwargs
+
+
 def refill(template_args: list[Any], template_kwargs: dict[str, Any], info: OpInfo) -> tuple[list[Any], dict[str, Any]]:
     """Real arguments from a template (cells -> their current tensors)."""
     args = list(template_args)

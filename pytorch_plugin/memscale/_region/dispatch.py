@@ -44,7 +44,7 @@ import torch
 
 from .._engine import NO_RECOMPUTE
 from ..errors import MemscaleError
-from .arguments import OUTPUT_SIZES, Arguments, collect, flatten_tensors, rebuild_result
+from .arguments import OUTPUT_SIZES, Arguments, collect, flatten_tensors, rebuild_result, shape_stand_in
 from .cells import (
     RERUN_CALL,
     RERUN_MUTATION,
@@ -87,6 +87,11 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         info = s.infos[func] = OpInfo(func, s.recording)
     if info.mutable:
         return _dispatch_mutating(s, func, info, args, kwargs)
+    if info.shape_only is not None:
+        stand_in = shape_stand_in(args, kwargs)
+        if stand_in is not None:
+            args, kwargs = stand_in
+            info = info.shape_only
     registered = s.externals_registered
     a = collect(s, info, args, kwargs)
     if registered != s.externals_registered and not a.missing:

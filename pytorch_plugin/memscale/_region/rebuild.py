@@ -16,6 +16,15 @@ A plan of zero steps for a cell without data means the engine holds the
 storage resident but this view of it was not re-derived yet: its producing op
 is re-run locally, without telling the engine.
 
+When plans nest (an input a step needs was evicted while an earlier step ran,
+and is rebuilt by a plan of its own), each open plan holds the inputs of its
+next step, and a tight budget may have no room left for the innermost one.
+The outermost rebuild then starts over (at most :data:`NESTED_RESTARTS`
+times): the plans are abandoned, their locks released, the innermost cell
+that found no room is rebuilt first with nothing else held, and new plans are
+made from what is resident now (every step the failed attempt ran was
+reported, so nothing is lost or counted twice in the engine).
+
 Every function returns with the cells it was asked for locked once (the
 caller unlocks them, normally through a :class:`~.cells.HeldCells`). Holds no
 state; decides nothing (the engine plans, the session evicts).
@@ -23,11 +32,11 @@ state; decides nothing (the engine plans, the session evicts).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
-from .._engine import STEP_SWAP_IN
+from .._engine import STEP_SWAP_IN, NoRoomError
 from ..errors import MemscaleError
 from .cells import Cell, HeldCells, RecordedOp
 from .device import copy_to_device
@@ -47,8 +56,68 @@ MAX_PLANS_PER_CELL: Final[int] = 64
 FREE_ROUNDS: Final[int] = 4
 
 
+#: Times the outermost rebuild starts over when the budget had no room left
+#: while its plans nested (see the module's docstring).
+NESTED_RESTARTS: Final[int] = 4
+
+
 def materialize(s: Session, cell: Cell) -> None:
-    """Make ``cell`` resident; returns with ``cell`` locked once (caller unlocks)."""
+    """Make ``cell`` resident; returns with ``cell`` locked once (caller unlocks).
+
+    The outermost rebuild: starts over when nested plans ran out of room.
+    """
+    _restarting(s, lambda: _materialize(s, cell), _NOTHING_TO_UNDO)
+
+
+def _restarting(s: Session, rebuild: Callable[[], None], undo: Callable[[], None]) -> None:
+    """Run the outermost ``rebuild``; start over when nested plans ran out of room.
+
+    On a :class:`NoRoomError` raised while plans were open: ``undo`` unlocks
+    what ``rebuild`` locked itself (every nested rebuild released its own
+    locks on the way out), the plans are abandoned, and the next attempt
+    first rebuilds the innermost cell whose rebuild failed, with nothing else
+    held, then runs ``rebuild`` again: the deepest part of the work is done
+    while nothing above it holds room. A failure with no plan open, or after
+    :data:`NESTED_RESTARTS` restarts, is raised.
+    """
+    first: Cell | None = None
+    for restart in range(NESTED_RESTARTS + 1):
+        s.room_failed_for = []
+        try:
+            if first is not None and first.tensor is None:
+                with HeldCells(s.engine) as alone:
+                    _materialize(s, first)
+                    alone.adopt(first)
+            rebuild()
+            return
+        except NoRoomError:
+            undo()
+            first = s.room_failed_for[0] if s.room_failed_for else None
+            if s.engine.abandon_plans() == 0 or restart == NESTED_RESTARTS:
+                raise
+            s.nested_restarts += 1
+        finally:
+            s.room_failed_for = []
+
+
+def _nothing_to_undo() -> None:
+    """``undo`` of a rebuild that holds nothing when it fails."""
+
+
+_NOTHING_TO_UNDO: Final = _nothing_to_undo
+
+
+def _materialize(s: Session, cell: Cell) -> None:
+    """:func:`materialize` without starting over (a rebuild inside a rebuild);
+    notes the cells whose rebuilds failed for room, innermost first."""
+    try:
+        _materialize_once(s, cell)
+    except NoRoomError:
+        s.room_failed_for.append(cell)
+        raise
+
+
+def _materialize_once(s: Session, cell: Cell) -> None:
     s.sync()
     plans = 0
     while cell.tensor is None:
@@ -79,7 +148,21 @@ def materialize(s: Session, cell: Cell) -> None:
 
 def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
     """Rebuild the evicted ``cells``, then lock the resident ones; all end up
-    in ``held``.
+    in ``held``. The outermost rebuild: starts over when nested plans ran out
+    of room (the cells it locked so far are unlocked first).
+    """
+    base = len(held.cells)
+
+    def undo() -> None:
+        mine, held.cells = held.cells[base:], held.cells[:base]
+        for cell in mine:
+            s.engine.unlock(cell.tensor_id)
+
+    _restarting(s, lambda: _make_resident(s, cells, held), undo)
+
+
+def _make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
+    """:func:`make_resident` without starting over.
 
     Rebuilding first keeps the resident inputs evictable while a rebuild
     needs room (locking them first made nested rebuilds hold them all); the
@@ -110,7 +193,7 @@ def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
         for cell in missing:
             if cell.tensor is None:
                 before = s.rebuilt_bytes
-                materialize(s, cell)
+                _materialize(s, cell)
                 room[id(cell)] = s.rebuilt_bytes - before
                 held.adopt(cell)
                 locked.add(cell)
@@ -169,7 +252,7 @@ def run_step(
     with HeldCells(s.engine) as inputs:
         for cell in op.inputs:
             if cell.tensor is None:
-                materialize(s, cell)  # evicted since the plan was made
+                _materialize(s, cell)  # evicted since the plan was made
                 inputs.adopt(cell)
             else:
                 inputs.lock(cell)

@@ -196,6 +196,7 @@ class DTRRegion:
         self.verify_where: Where | None = None
         self._totals: dict[str, int] = dict.fromkeys(SUMMED_KEYS, 0)
         self._syncs = 0
+        self._restarts = 0
         self._peak = 0
         self._graph_size: dict[str, int] | None = None  # the last entry's ops, tensors, storages
         self._floor: dict[str, Any] = _NO_FLOOR
@@ -395,6 +396,8 @@ class DTRRegion:
         last: dict[str, Any] = {key: int(stats.get(key, 0)) for key in SUMMED_KEYS}
         last["synchronizations"] = session.synchronizations()
         self._syncs += last["synchronizations"]
+        last["nested_restarts"] = session.nested_restarts
+        self._restarts += session.nested_restarts
         for key in SUMMED_KEYS:
             self._totals[key] += last[key]
         last["peak_usage"] = int(stats.get("peak_usage", 0))
@@ -436,7 +439,9 @@ class DTRRegion:
         ``{"error": message}`` when tuning failed; ``synchronizations``: how
         many times the region's own code waited for the device (measuring
         the host bandwidth once per process, the fingerprints of verified
-        rebuilds); no op adds any.
+        rebuilds); no op adds any. ``nested_restarts``: how many times a
+        rebuild whose plans nested found no room and started over bottom-up
+        (see :mod:`.rebuild`).
         """
         totals = dict(self._totals)
         peak = self._peak
@@ -458,6 +463,7 @@ class DTRRegion:
         out["entries"] = self._entries + (1 if session is not None else 0)
         out["tuning"] = None if self._tuning is None else dict(self._tuning)
         out["synchronizations"] = self._syncs + (session.synchronizations() if session is not None else 0)
+        out["nested_restarts"] = self._restarts + (session.nested_restarts if session is not None else 0)
         return out
 
     def last_summary(self) -> dict[str, Any]:
@@ -469,6 +475,7 @@ class DTRRegion:
         """Forget the counters of past entries."""
         self._totals = dict.fromkeys(SUMMED_KEYS, 0)
         self._syncs = 0
+        self._restarts = 0
         self._peak = 0
         self._floor = _NO_FLOOR
         self._entries = 0

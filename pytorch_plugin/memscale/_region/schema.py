@@ -13,6 +13,7 @@ Holds no tensors and no per-call state; knows nothing of cells or the engine.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Final
 
 import torch
@@ -28,6 +29,31 @@ UNDECLARED_STATE_WRITES: Final[dict[str, tuple[int, ...]]] = {
     "miopen_batch_norm": (3, 4),
     "_batch_norm_impl_index": (3, 4),
 }
+
+#: Ops whose first argument ``self`` is read for its metadata only (size,
+#: strides, dtype, device): PyTorch's ``*_like`` factories and ``new_*``
+#: methods (PyTorch keeps the same list for fake tensors,
+#: ``torch._subclasses.fake_impls._like_tensor_constructors``; a test checks
+#: this one covers it). The region does not make ``self`` an input of such an
+#: op (:attr:`OpInfo.shape_only`): a dropout mask made by ``empty_like(x)``
+#: would otherwise depend on ``x``, and rebuilding the mask would rebuild
+#: ``x`` and its whole lineage first.
+SHAPE_ONLY_SELF: Final[frozenset[str]] = frozenset(
+    {
+        "empty_like",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "new_empty",
+        "new_empty_strided",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+    }
+)
 
 #: Namespaces whose ops are never re-run (collectives and other side effects).
 UNREPLAYABLE_NAMESPACES: Final[frozenset[str]] = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
@@ -64,6 +90,9 @@ class OpInfo:
             (:data:`UNDECLARED_STATE_WRITES`).
         flags: the engine flags of its registrations (``NO_RECOMPUTE`` for an
             op that must never be re-run).
+        shape_only: for an op of :data:`SHAPE_ONLY_SELF`, the facts to
+            collect its arguments by when ``self`` is replaced by a stand-in
+            without data (``self`` is then no tensor argument); else ``None``.
     """
 
     __slots__ = (
@@ -83,6 +112,7 @@ class OpInfo:
         "inplace_view",
         "state_writes",
         "flags",
+        "shape_only",
     )
 
     def __init__(self, func: Any, recompute: bool) -> None:
@@ -147,6 +177,17 @@ class OpInfo:
         self.state_writes: tuple[int, ...] = UNDECLARED_STATE_WRITES.get(base, ())
         unreplayable = func.namespace in UNREPLAYABLE_NAMESPACES
         self.flags: int = NO_RECOMPUTE if (unreplayable or not recompute) else 0
+        self.shape_only: OpInfo | None = None
+        if (
+            base in SHAPE_ONLY_SELF
+            and not self.mutable
+            and self.factory
+            and self.tensor_args[:1] == ((0, False),)
+            and schema.arguments[0].name == "self"
+        ):
+            stand_in = copy.copy(self)
+            stand_in.tensor_args = self.tensor_args[1:]
+            self.shape_only = stand_in
 
     def label(self) -> str:
         """The op's name for messages (``aten::add.Tensor`` style without the

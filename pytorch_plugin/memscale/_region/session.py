@@ -138,6 +138,12 @@ class Session:
         #: Bytes of the outputs of re-runs so far (the room a rebuild needed,
         #: at most; as a difference).
         self.rebuilt_bytes = 0
+        #: Rebuilds started over after nested plans ran out of room
+        #: (:data:`.rebuild.NESTED_RESTARTS`).
+        self.nested_restarts = 0
+        #: The cells whose nested rebuilds just failed for room, innermost
+        #: first (appended on the way out, read by the outermost rebuild).
+        self.room_failed_for: list[Cell] = []
         #: The device whose allocation failures this session evicts for.
         self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
