@@ -84,6 +84,86 @@ def test_an_op_whose_rerun_differs_is_named_with_its_module() -> None:
     assert "NOT safe" in str(report) and "impure_scale" in str(report)
 
 
+class _DrawsFromNumpyAndRandom(torch.nn.Module):
+    """Drops features by masks drawn from NumPy's and Python's global
+    generators (as wav2vec2's time masks are): not torch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: Any) -> Any:
+        import random
+
+        np = pytest.importorskip("numpy")
+        keep = torch.from_numpy(np.random.rand(16) > 0.3).to(x.dtype)
+        return (self.lin(x) * keep * random.random()).relu()
+
+
+def test_models_drawing_from_numpy_and_python_random_are_seeded_alike() -> None:
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    model = _DrawsFromNumpyAndRandom()
+    np_before, py_before = np.random.get_state()[1].copy(), random.getstate()
+    report = check(model, torch.randn(8, 16))
+    assert report.safe and not report.unstable, str(report)
+    assert (np.random.get_state()[1] == np_before).all() and random.getstate() == py_before, "generators put back"
+
+
+class _SeedsItselfFromTheOS(torch.nn.Module):
+    """Reformer-style: a fresh seed from the operating system's entropy every
+    forward (``torch.seed()``), so no two runs agree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: Any) -> Any:
+        g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        noise = torch.rand(16, generator=g)
+        return torch.tanh(self.lin(x) * noise) * 2
+
+
+def test_a_step_that_differs_from_itself_is_judged_by_its_verified_rebuilds() -> None:
+    torch.manual_seed(0)
+    report = check(_SeedsItselfFromTheOS(), torch.randn(8, 16))
+    assert report.safe, str(report)
+    assert "loss" in report.unstable and not report.differences
+    assert report.rematerializations > 0
+    assert "not deterministic by itself" in str(report) and "as far as rebuilds tell" in str(report)
+
+
+def test_an_impure_op_in_a_step_that_differs_from_itself_is_still_caught() -> None:
+    """Unstable results do not hide a rebuild that differed."""
+
+    class Both(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.noisy = _SeedsItselfFromTheOS()
+            self.body = _model(impure=True)
+
+        def forward(self, x: Any) -> Any:
+            return self.body(x) + self.noisy(x.flatten(1)[:, :16]).sum()
+
+    report = check(Both(), torch.randn(8, 4, 16, 16))
+    assert not report.safe and report.error is not None and "impure_scale" in report.error
+
+
+def test_the_module_tracker_cannot_break_the_checked_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch's module tracker raises where it cannot hook a module's
+    tensors for backward (Reformer's reversible layers); the check runs on."""
+    import torch.utils.module_tracker as tracker
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Expected gradient function to be set")
+
+    monkeypatch.setattr(tracker, "register_multi_grad_hook", refuse)
+    report = check(_model(), torch.randn(8, 4, 16, 16))
+    assert report.safe, str(report)
+
+
 def test_the_stress_setting_evicts_everything_and_stays_bitwise() -> None:
     model = _model()
     x = torch.randn(8, 4, 16, 16)
