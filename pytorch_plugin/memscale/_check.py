@@ -134,6 +134,7 @@ def check(
     *inputs: Any,
     params: dict[str, torch.Tensor] | None = None,
     seed: int = 0,
+    buffers: dict[str, torch.Tensor] | None = None,
 ) -> CheckReport:
     """Run one step plainly and under DTR's stress setting, and compare.
 
@@ -146,13 +147,22 @@ def check(
             the module's named parameters; for a function, none - its loss
             is still compared, and every rebuild is verified).
         seed: the seed both runs start from.
+        buffers: the tensors the step updates in place (batch-norm running
+            statistics, spectral norm's vectors), by name: put back before
+            each run and compared (default: the module's named buffers; for
+            a function, none - pass them, or each run starts from what the
+            one before left, and the step looks as if it differed from
+            itself).
 
     Returns:
         A :class:`CheckReport`; ``str(report)`` is a readable summary.
     """
     module = step if isinstance(step, torch.nn.Module) else None
     named = dict(params) if params is not None else (dict(module.named_parameters()) if module is not None else {})
-    buffers = dict(module.named_buffers()) if module is not None else {}
+    if buffers is not None:
+        buffers = dict(buffers)
+    else:
+        buffers = dict(module.named_buffers()) if module is not None else {}
 
     def run() -> Any:
         out = step(*inputs)
