@@ -424,31 +424,32 @@ def test_like_factories_read_only_the_metadata_of_their_template() -> None:
     made by ``empty_like(a).bernoulli_()``) must not rebuild ``a`` and its
     lineage first."""
     x = _x()
+
+    def made_from(a: Any) -> list[Any]:
+        return [
+            torch.empty_like(a).bernoulli_(0.5),  # a dropout mask
+            torch.rand_like(a.t()),
+            torch.zeros_like(a.t()),
+            torch.full_like(a, 2.0, dtype=torch.float64),
+            a.new_ones((256, 512)),
+        ]
+
     torch.manual_seed(3)
     ref_a = x * 3
-    ref_mask = torch.empty_like(ref_a).bernoulli_(0.5)
-    ref_rand = torch.rand_like(ref_a.t())
-    ref_zeros = torch.zeros_like(ref_a.t())
-    ref_full = torch.full_like(ref_a, 2.0, dtype=torch.float64)
-    ref_ones = ref_a.new_ones((256, 512))
+    refs = made_from(ref_a)
     region = _region(5.5)
     torch.manual_seed(3)
     with region:
         a = x * 3
-        mask = torch.empty_like(a).bernoulli_(0.5)
-        rand = torch.rand_like(a.t())
-        zeros = torch.zeros_like(a.t())
-        full = torch.full_like(a, 2.0, dtype=torch.float64)
-        ones = a.new_ones((256, 512))
+        made = made_from(a)
         keep = _fill(x, 8)
-        made = [mask, rand, zeros, full, ones]
         assert not _resident(a) and not any(_resident(t) for t in made)
-        for got, ref in zip(made, [ref_mask, ref_rand, ref_zeros, ref_full, ref_ones]):
+        for got, ref in zip(made, refs):
             assert _eq(got, ref)
             assert got.stride() == ref.stride() and got.dtype == ref.dtype
         assert not _resident(a), "rebuilding a *_like result rebuilt its template"
         assert _eq(a, ref_a)
-        del keep, made, mask, rand, zeros, full, ones  # nothing escapes the budget at exit
+        del keep, made, got  # nothing escapes the budget at exit
     assert region.summary()["rematerializations"] > 0
     _check_peak(region)
 
