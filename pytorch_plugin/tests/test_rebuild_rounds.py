@@ -198,3 +198,36 @@ def test_no_room_without_nested_plans_is_raised_at_once(monkeypatch: pytest.Monk
     with pytest.raises(NoRoomError):
         rebuild.materialize(s, cell)  # type: ignore[arg-type]
     assert calls == [1] and s.nested_restarts == 0
+
+
+def test_later_restarts_rebuild_more_of_the_failing_chain_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The top cell's plan takes back the innermost cell A before it needs B,
+    whose plan needs A: rebuilding A alone first (restart 0) meets the same
+    failure; rebuilding A then B first (restart 1) leaves the top's plan
+    nothing to nest."""
+    s = _Session()
+    a, b, top = _Cell(1, resident=False), _Cell(2, resident=False), _Cell(3, resident=False)
+    needs = {id(top): b, id(b): a}
+    calls: list[int] = []
+
+    def once(s_: Any, cell: _Cell) -> None:
+        calls.append(cell.tensor_id)
+        if s.engine.open_plans > 1:
+            raise NoRoomError("nothing evictable: the nested plans hold the room")
+        s.engine.open_plans += 1
+        if cell is top:
+            a.tensor = None  # the top's plan takes A back first
+        need = needs.get(id(cell))
+        if need is not None and need.tensor is None:
+            rebuild._materialize(s_, need)
+            s.engine.unlock(need.tensor_id)
+        cell.tensor = object()
+        s.engine.open_plans -= 1
+        s.engine.lock(cell.tensor_id)
+
+    monkeypatch.setattr(rebuild, "_materialize_once", once)
+    rebuild.materialize(s, top)  # type: ignore[arg-type]
+    assert top.tensor is not None and s.nested_restarts == 2
+    assert calls == [3, 2, 1, 1, 3, 2, 1, 1, 2, 3], "top-down fails; A alone then top fails again; A, B, then top"
+    s.engine.unlock(top.tensor_id)
+    assert not +s.engine.locks

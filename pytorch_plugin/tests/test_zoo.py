@@ -57,8 +57,8 @@ def _steady(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
     """No test may hang: three steps of these models take seconds (the
-    batch-first GRU at 30 %, thrashing at the edge of what fits, about 45 s
-    here: 177,000 evictions, 12 nested restarts); a region that thrashes
+    time-first GRU at 30 %, thrashing at the edge of what fits, about 20 s
+    here: 98,000 evictions, 6 nested restarts); a region that thrashes
     harder (millions of evictions) fails here instead."""
     with deadline(150):
         yield
@@ -96,7 +96,7 @@ def test_zoo_unbudgeted(name: str) -> None:
 #: budgets, above the reported ``min_budget``, rebuilds nest (an input evicted
 #: while a plan runs is rebuilt by a plan of its own) and the nested plans'
 #: locked inputs no longer fit, even after the outermost rebuild starts over
-#: from the innermost cell that found no room (``rebuild.NESTED_RESTARTS``
+#: from the innermost cells that found no room (``rebuild.NESTED_RESTARTS``
 #: times). ``min_budget`` measured without evictions cannot see a rebuild's
 #: working set. Strict: a row that starts passing must
 #: leave this list. The GPT-2 row also guards the exit: its step fails inside
