@@ -298,7 +298,7 @@ class Trainer:
         self.losses.append(float(loss))
         if self.region is not None:
             last = self.region.last_summary()
-            self.step_stats.append({k: last.get(k) for k in ("evictions", "rematerializations", "overhead", "peak_usage")})
+            self.step_stats.append({k: last.get(k) for k in ("evictions", "rematerializations", "overhead", "peak_usage", "nested_restarts")})
         return dt
 
 
