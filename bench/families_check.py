@@ -12,12 +12,17 @@ and the wall time.
 
     MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 \\
         .venv/bin/python bench/families_check.py --markdown bench/results/families-check.md
+
+``--device cuda`` runs the same on the GPU (bench/gpu/run_all.sh does, for a
+subset, with deterministic algorithms on); without a CUDA device it writes a
+"skipped" JSON and exits 0. ``--json PATH`` writes the rows as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shlex
 import sys
 import time
@@ -33,11 +38,13 @@ import torch
 import memscale
 
 
-def run_family(name: str) -> dict[str, Any]:
-    """Check one family; the row of the table."""
+def run_family(name: str, device: str = "cpu") -> dict[str, Any]:
+    """Check one family on ``device``; the row of the table."""
     t0 = time.perf_counter()
     try:
         model, batch = families.build(name)
+        model.to(device)
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         report = memscale.check(families.step_of(model, batch), params=dict(model.named_parameters()))
     except Exception as exc:  # a family that cannot even be built or run plainly
         return {"name": name, "safe": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
@@ -53,12 +60,16 @@ def run_family(name: str) -> dict[str, Any]:
     }
 
 
+#: How the device is named in the table's header (set by main).
+DEVICE_NOTE = ["CPU"]
+
+
 def markdown(rows: list[dict[str, Any]], cmd: str, wall: float) -> str:
     safe = sum(r["safe"] for r in rows)
     lines = [
         "# `memscale.check` across model families",
         "",
-        f"Date: {datetime.date.today()}. CPU, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
+        f"Date: {datetime.date.today()}. {DEVICE_NOTE[0]}, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
         f"transformers {__import__('transformers').__version__}. Families from "
         "`pytorch_plugin/tests/families.py` (tiny random-weight models from configs); each: one plain step and "
         "one under the stress setting (`memscale.dtr(stress=True)`: every evictable tensor evicted as soon as no "
@@ -87,12 +98,24 @@ def main() -> int:
     p.add_argument("--families", nargs="*", default=list(families.FAMILIES), choices=list(families.FAMILIES))
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--markdown", type=Path)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--json", type=Path, help="write the rows (and the status) as JSON")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("families_check: skipped: no CUDA device", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps({"status": "skipped", "reason": "no CUDA device"}))
+            return 0
+        # Nondeterministic CUDA kernels (atomic adds in embedding backward)
+        # would make a verified rebuild differ from its first run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        DEVICE_NOTE[0] = torch.cuda.get_device_name()
     t0 = time.perf_counter()
     rows = []
     for name in args.families:
-        row = run_family(name)
+        row = run_family(name, args.device)
         rows.append(row)
         print(f"{name}: {'safe' if row['safe'] else 'NOT SAFE'} {row.get('evictions', '-')} evictions "
               f"{row['error'][:120]} ({row['seconds']:.1f} s)", flush=True)
@@ -100,6 +123,9 @@ def main() -> int:
         shlex.quote(a) for a in sys.argv[1:]
     )
     text = markdown(rows, cmd.strip(), time.perf_counter() - t0)
+    if args.json:
+        safe = all(r["safe"] for r in rows)
+        args.json.write_text(json.dumps({"status": "ok" if safe else "failed", "device": DEVICE_NOTE[0], "rows": rows}))
     if args.markdown:
         args.markdown.write_text(text)
     else:

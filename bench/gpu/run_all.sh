@@ -183,6 +183,10 @@ main() {
 		skip_step correctness_compare "no native run saved (GPU steps skipped or failed)" \
 			"$PY" bench/gpu/correctness.py --compare ...
 	fi
+	# memscale.check (plain step vs the stress setting, every rebuild verified)
+	# on a dozen Hugging Face families on the device (tests/families.py).
+	step families_cuda 90 "$PY" bench/families_check.py --device cuda --json "$STEPS/families_cuda.json" \
+		--families bert deberta_v2 mistral gemma gpt_neox mamba big_bird whisper wav2vec2 clip swin mobilenet_v2
 
 	# 3. Where a GPT-2 step under a region spends its time (one process, about
 	#    a minute), then GPT-2: native baseline, DTR at 50% of its peak, largest

@@ -58,7 +58,11 @@ else
 	expect skip-smoke-json '"skipped"' "$T/s0.json"
 	expect skip-correctness-json '"skipped"' "$T/cm.json"
 	expect skip-gpt2-json '"skipped"' "$T/g0/gpt2_dtr.json"
+	check skip-families "$PY" bench/families_check.py --device cuda --families bert --json "$T/f0.json"
+	expect skip-families-json '"skipped"' "$T/f0.json"
 fi
+check cpu-families "$PY" bench/families_check.py --families bert vit --json "$T/f1.json"
+expect cpu-families-safe '"status": "ok"' "$T/f1.json"
 
 # CPU test modes: the real code paths, tiny sizes.
 check cpu-alloc-sim "$PY" $G/alloc_latency.py --backend sim --no-cuda-baseline --row-seconds 0.2 --out "$T/sim.json"

@@ -193,6 +193,17 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
         L.append(f"Comparison: {cmp_.get('status')} {cmp_.get('reason') or cmp_.get('error') or ''}")
         L.append("")
 
+    # 2b. model families under memscale.check on the device
+    L.append("## 2b. Model families under memscale.check on the device (families_check.py)")
+    L.append("")
+    fam = results.get("families_cuda") or {}
+    table = md_table_lines(steps, "families_cuda")
+    if table:
+        L.extend(table)
+    else:
+        L.append(f"families_cuda: {fam.get('status', 'not run')} {fam.get('reason') or ''}")
+    L.append("")
+
     # 3. GPT-2
     L.append("## 3. GPT-2 training: native vs memscale + DTR")
     L.append("")
