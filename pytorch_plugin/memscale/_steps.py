@@ -126,6 +126,7 @@ class Steps:
     def _new_region(self, budget: Budget) -> DTRRegion:
         region: DTRRegion = _dtr()(budget, **self.config.region_kwargs())
         region.step_boundaries = False  # this object's hooks close the region at each step
+        region.ends_on_failed_backward = True  # a backward that raised ends the step (begin, end)
         return region
 
     def _budget(self, module: torch.nn.Module | None) -> Budget | None:
@@ -162,8 +163,13 @@ class Steps:
         if self._open:
             if self._thread != threading.get_ident():
                 raise MemscaleError("a memscale step was opened on another thread and is still open")
-            self._another_forward(module, args)
-            return False
+            failed = self._region.failed_backward if self._region is not None else None
+            if failed is None:
+                self._another_forward(module, args)
+                return False
+            # The open step's backward raised and the program caught it: that
+            # step is over (closed as failed), and this forward starts the next.
+            self.end(failed)
         if self._region is None:
             if self._steps < self.config.warmup_steps:
                 self._warmup = True
@@ -224,6 +230,8 @@ class Steps:
             return
         region = self._region
         assert region is not None
+        if exc is None:
+            exc = region.failed_backward  # its backward raised: the step failed
         self._open = False
         self._opened_by = None
         if self._probe is not None:  # an untracked step

@@ -7,6 +7,7 @@ and recompute, but the parameters after each optimizer step must be the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -183,6 +184,71 @@ def test_a_childs_no_grad_forward_inside_a_step_leaves_it_open() -> None:
     assert api._attached[model].steps.is_open
     out.sum().backward()
     memscale.end_step(model)
+    assert memscale.summary(model).steps == 3
+    memscale.detach(model)
+
+
+class _FailsInBackward(torch.autograd.Function):
+    """Identity whose backward raises while ``armed`` (an out-of-memory error
+    in backward, say, that the training loop catches)."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if _FailsInBackward.armed:
+            raise RuntimeError("out of memory (simulated) in backward")
+        return grad
+
+
+class _Fragile(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FailsInBackward.apply(self.body(x * 2.0))
+
+
+@pytest.mark.parametrize("mode", ["conservative", None])
+def test_a_step_whose_backward_raised_is_over_when_the_loop_goes_on(mode: str | None) -> None:
+    """The loop catches the error of a failed backward, makes plain tensors,
+    and trains on: nothing after the error runs inside the failed step (plain
+    tensors stay plain, whatever the budget), and the next forward starts a
+    new step, bitwise the plain loop's."""
+    batches = _batches(3)
+
+    def loop(model: nn.Module) -> list[Any]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        seen = []
+        for i, (x, y) in enumerate(batches):
+            opt.zero_grad()
+            _FailsInBackward.armed = i == 1
+            try:
+                nn.functional.cross_entropy(model(x), y).backward()
+            except RuntimeError as exc:
+                assert "simulated" in str(exc)
+                made = torch.ones(4096, 64) * 3.0  # after the error: the program's own work
+                seen.append((type(made), made.sum().item()))
+                continue
+            finally:
+                _FailsInBackward.armed = False
+            opt.step()
+        return seen
+
+    torch.manual_seed(0)
+    reference = _Fragile()
+    ref_seen = loop(reference)
+    torch.manual_seed(0)
+    config = Config(mode=mode, log_summary=False) if mode else Config(threshold="1TiB", log_summary=False)
+    model = memscale.wrap(_Fragile(), config)
+    seen = loop(model)
+    assert seen == ref_seen == [(torch.Tensor, 4096 * 64 * 3.0)]
+    _assert_same_params(reference, model)
     assert memscale.summary(model).steps == 3
     memscale.detach(model)
 

@@ -31,7 +31,7 @@ from .dispatch import dispatch
 from . import entry, steps
 from .schema import OpInfo
 from .session import Session
-from .tensor import DTRTensor, dispatch_outside, unwrap
+from .tensor import DTRTensor, dispatch_outside, unwrap, unwrap_tree
 from .verify import Where
 
 log = logging.getLogger("memscale")
@@ -59,6 +59,10 @@ _TUNING_KEYS: Final[tuple[str, ...]] = (
 )
 
 
+_graph_task_id = torch._C._current_graph_task_id
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+
 class RegionMode(TorchDispatchMode):
     """The dispatch mode of one entry: every ATen op goes to its session."""
 
@@ -74,11 +78,28 @@ class RegionMode(TorchDispatchMode):
         #: While set (an optimizer updating parameters, see :mod:`.steps`), ops
         #: run as they would outside the region.
         self.suspended = False
+        #: Whether a backward pass that raised ends the entry's tracking (a
+        #: region that drop-in steps enter and leave around the program's own
+        #: code: see :attr:`DTRRegion.ends_on_failed_backward`).
+        self.watch_backward = False
+        #: Autograd graph tasks (backward passes) seen running ops in this
+        #: entry and not finished yet: each queues a callback that autograd
+        #: runs when the pass completes, which it never does for a pass that
+        #: raised.
+        self._backwards: set[int] = set()
+        #: Set once an op runs outside backward while a backward pass never
+        #: finished (it raised, and the program caught the error): ops outside
+        #: backward then run as plain PyTorch on plain tensors (region tensors
+        #: read back), so the program goes on while the step waits to be closed.
+        self.failed: BaseException | None = None
         self._async_wrap = _async_collective_wrap()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.suspended:
             return dispatch_outside(func, args, kwargs or {})
+        if self.watch_backward and self._watch():
+            with _disable_current_modes():
+                return func(*unwrap_tree(list(args)), **unwrap_tree(kwargs or {}))
         if func is self._async_wrap:
             # A functional collective's result is waited for now, as PyTorch does
             # when tracing: a region holds plain tensors, not AsyncCollectiveTensors.
@@ -86,6 +107,25 @@ class RegionMode(TorchDispatchMode):
         session = self.session
         with session.lock:
             return dispatch(session, func, args, kwargs or {})
+
+    def _watch(self) -> bool:
+        """Follow the backward passes; whether this op is to run plainly
+        because one raised (see :attr:`failed`)."""
+        task = _graph_task_id()
+        if task != -1:
+            if task not in self._backwards:
+                self._backwards.add(task)
+                _queue_callback(lambda: self._backwards.discard(task))
+            return False
+        if self._backwards and self.failed is None:
+            self._backwards.clear()
+            self.failed = MemscaleError("the step's backward pass raised (the error went to the program)")
+            try:  # the step is over: its budget no longer binds, its plans go
+                self.session.engine.abandon_plans()
+                self.session.engine.finish()
+            except MemscaleError:
+                pass
+        return self.failed is not None
 
 
 def _async_collective_wrap() -> Any:
@@ -161,6 +201,12 @@ class DTRRegion:
                 "whatever the budget; give no budget"
             )
         self._stress = stress
+        #: Set by the drop-in steps (:mod:`memscale._steps`), which enter and
+        #: leave the region around the program's own code: a backward pass
+        #: that raised ends the entry's tracking (:attr:`failed_backward`), so
+        #: the code that caught the error does not run inside a step that is
+        #: over, and the next forward starts a new step.
+        self.ends_on_failed_backward = False
         resolved = Budget(0, "dtr(stress=True)") if stress else self._resolve_budget(budget, f"dtr(budget={budget!r})")
         self._budget = resolved.nbytes
         self._budget_source = resolved.source
@@ -301,6 +347,7 @@ class DTRRegion:
             self._sink.start(session)
         self._session = session
         self._mode = RegionMode(session)
+        self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
         self._mode.__enter__()
         steps.entered(self)
@@ -335,6 +382,18 @@ class DTRRegion:
     def is_entered(self) -> bool:
         """Whether the region is entered now."""
         return self._session is not None
+
+    @property
+    def failed_backward(self) -> BaseException | None:
+        """When :attr:`ends_on_failed_backward` is set: an error saying that a
+        backward pass of the open entry raised (noticed at the first op after
+        it, or here); else ``None``."""
+        mode = self._mode
+        if mode is None:
+            return None
+        if mode.failed is None and mode._backwards and _graph_task_id() == -1:
+            mode._watch()
+        return mode.failed
 
     def end_step(self) -> None:
         """End a training step inside this entry, before the parameters are updated.

@@ -107,13 +107,15 @@ def unwrap(x: Any) -> Any:
     return x
 
 
-def _unwrap_tree(x: Any) -> Any:
+def unwrap_tree(x: Any) -> Any:
+    """``x`` with every :class:`DTRTensor` in it (lists, tuples, dicts) replaced
+    by its plain tensor (rebuilt if needed)."""
     if type(x) is DTRTensor:
         return plain_of(x)
     if type(x) in (list, tuple):
-        return type(x)(_unwrap_tree(y) for y in x)
+        return type(x)(unwrap_tree(y) for y in x)
     if type(x) is dict:
-        return {k: _unwrap_tree(v) for k, v in x.items()}
+        return {k: unwrap_tree(v) for k, v in x.items()}
     return x
 
 
@@ -137,4 +139,4 @@ def dispatch_outside(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         if session is not None:  # e.g. an autograd worker thread without the mode
             return session.dispatch(func, args, kwargs)
     with _disable_current_modes():
-        return func(*_unwrap_tree(list(args)), **_unwrap_tree(kwargs))
+        return func(*unwrap_tree(list(args)), **unwrap_tree(kwargs))
