@@ -233,7 +233,9 @@ def test_a_step_whose_backward_raised_is_over_when_the_loop_goes_on(mode: str | 
             except RuntimeError as exc:
                 assert "simulated" in str(exc)
                 made = torch.ones(4096, 64) * 3.0  # after the error: the program's own work
-                seen.append((type(made), made.sum().item()))
+                w = torch.ones(8, requires_grad=True)
+                (w * 2.0).sum().backward()  # a backward of its own, too
+                seen.append((type(made), made.sum().item(), type(w.grad)))
                 continue
             finally:
                 _FailsInBackward.armed = False
@@ -247,7 +249,7 @@ def test_a_step_whose_backward_raised_is_over_when_the_loop_goes_on(mode: str | 
     config = Config(mode=mode, log_summary=False) if mode else Config(threshold="1TiB", log_summary=False)
     model = memscale.wrap(_Fragile(), config)
     seen = loop(model)
-    assert seen == ref_seen == [(torch.Tensor, 4096 * 64 * 3.0)]
+    assert seen == ref_seen == [(torch.Tensor, 4096 * 64 * 3.0, torch.Tensor)]
     _assert_same_params(reference, model)
     assert memscale.summary(model).steps == 3
     memscale.detach(model)

@@ -88,9 +88,9 @@ class RegionMode(TorchDispatchMode):
         #: raised.
         self._backwards: set[int] = set()
         #: Set once an op runs outside backward while a backward pass never
-        #: finished (it raised, and the program caught the error): ops outside
-        #: backward then run as plain PyTorch on plain tensors (region tensors
-        #: read back), so the program goes on while the step waits to be closed.
+        #: finished (it raised, and the program caught the error): every op
+        #: then runs as plain PyTorch on plain tensors (region tensors read
+        #: back), so the program goes on while the step waits to be closed.
         self.failed: BaseException | None = None
         self._async_wrap = _async_collective_wrap()
 
@@ -110,22 +110,26 @@ class RegionMode(TorchDispatchMode):
 
     def _watch(self) -> bool:
         """Follow the backward passes; whether this op is to run plainly
-        because one raised (see :attr:`failed`)."""
+        because one raised (see :attr:`failed`): every op after that does,
+        a later backward pass's included."""
+        if self.failed is not None:
+            return True
         task = _graph_task_id()
         if task != -1:
             if task not in self._backwards:
                 self._backwards.add(task)
                 _queue_callback(lambda: self._backwards.discard(task))
             return False
-        if self._backwards and self.failed is None:
-            self._backwards.clear()
-            self.failed = MemscaleError("the step's backward pass raised (the error went to the program)")
-            try:  # the step is over: its budget no longer binds, its plans go
-                self.session.engine.abandon_plans()
-                self.session.engine.finish()
-            except MemscaleError:
-                pass
-        return self.failed is not None
+        if not self._backwards:
+            return False
+        self._backwards.clear()
+        self.failed = MemscaleError("the step's backward pass raised (the error went to the program)")
+        try:  # the step is over: its budget no longer binds, its plans go
+            self.session.engine.abandon_plans()
+            self.session.engine.finish()
+        except MemscaleError:
+            pass
+        return True
 
 
 def _async_collective_wrap() -> Any:
