@@ -60,16 +60,12 @@ def run_family(name: str, device: str = "cpu") -> dict[str, Any]:
     }
 
 
-#: How the device is named in the table's header (set by main).
-DEVICE_NOTE = ["CPU"]
-
-
-def markdown(rows: list[dict[str, Any]], cmd: str, wall: float) -> str:
+def markdown(rows: list[dict[str, Any]], cmd: str, wall: float, device: str) -> str:
     safe = sum(r["safe"] for r in rows)
     lines = [
         "# `memscale.check` across model families",
         "",
-        f"Date: {datetime.date.today()}. {DEVICE_NOTE[0]}, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
+        f"Date: {datetime.date.today()}. {device}, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
         f"transformers {__import__('transformers').__version__}. Families from "
         "`pytorch_plugin/tests/families.py` (tiny random-weight models from configs); each: one plain step and "
         "one under the stress setting (`memscale.dtr(stress=True)`: every evictable tensor evicted as soon as no "
@@ -111,7 +107,7 @@ def main() -> int:
         # Nondeterministic CUDA kernels (atomic adds in embedding backward)
         # would make a verified rebuild differ from its first run.
         torch.use_deterministic_algorithms(True, warn_only=True)
-        DEVICE_NOTE[0] = torch.cuda.get_device_name()
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     t0 = time.perf_counter()
     rows = []
     for name in args.families:
@@ -122,10 +118,10 @@ def main() -> int:
     cmd = "MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 .venv/bin/python bench/families_check.py " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]
     )
-    text = markdown(rows, cmd.strip(), time.perf_counter() - t0)
+    text = markdown(rows, cmd.strip(), time.perf_counter() - t0, device)
     if args.json:
         safe = all(r["safe"] for r in rows)
-        args.json.write_text(json.dumps({"status": "ok" if safe else "failed", "device": DEVICE_NOTE[0], "rows": rows}))
+        args.json.write_text(json.dumps({"status": "ok" if safe else "failed", "device": device, "rows": rows}))
     if args.markdown:
         args.markdown.write_text(text)
     else:

@@ -122,7 +122,7 @@ def _suspended(method: Any) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
     from ._region import volatile
-    from ._region.region import RegionMode
+    from ._region.mode import RegionMode
 
     @functools.wraps(method)
     def run_plain(self: Any, *args: Any, **kwargs: Any) -> Any:

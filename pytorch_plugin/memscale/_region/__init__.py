@@ -87,7 +87,8 @@ verify        fingerprints checking that every rebuild is bitwise its first run
 steps         optimizer steps inside a region end a training step
 entry         what an entry changes around the program (compiler stance,
               frozen collector heap, autograd queue drained on an error)
-region        :class:`DTRRegion`, :func:`dtr`, the dispatch mode
+mode          the dispatch mode of an entry (suspended ops, failed backwards)
+region        :class:`DTRRegion`, :func:`dtr`
 ============  ===============================================================
 
 The drop-in API (:mod:`memscale.api`) opens one region per training step; the

@@ -68,7 +68,7 @@ def materialize(s: Session, cell: Cell) -> None:
 
     The outermost rebuild: starts over when nested plans ran out of room.
     """
-    _restarting(s, lambda: _materialize(s, cell), _NOTHING_TO_UNDO)
+    _restarting(s, lambda: _materialize(s, cell), _nothing_to_undo)
 
 
 def _restarting(s: Session, rebuild: Callable[[], None], undo: Callable[[], None]) -> None:
@@ -108,9 +108,6 @@ def _restarting(s: Session, rebuild: Callable[[], None], undo: Callable[[], None
 
 def _nothing_to_undo() -> None:
     """``undo`` of a rebuild that holds nothing when it fails."""
-
-
-_NOTHING_TO_UNDO: Final = _nothing_to_undo
 
 
 def _materialize(s: Session, cell: Cell) -> None:

@@ -1,10 +1,10 @@
-"""The region object and its dispatch mode: ``with memscale.dtr(budget): ...``.
+"""The region object: ``with memscale.dtr(budget): ...``.
 
 :class:`DTRRegion` is what the user holds: its settings, the table of op facts
 shared by its entries, the counters accumulated over entries, and the engine's
 tuning carried from one entry to the next. Each ``with region:`` creates a
 :class:`~.session.Session` (an engine instance) and pushes a
-:class:`RegionMode` that hands every ATen op to it; ``__exit__`` closes the
+:class:`~.mode.RegionMode` that hands every ATen op to it; ``__exit__`` closes the
 session and folds its counters into :meth:`DTRRegion.summary`.
 
 Holds no per-op logic (see :mod:`.dispatch`) and no policy: defaults of a
@@ -16,22 +16,22 @@ the engine's tuning choice forward.
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any, Final
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .._budget import THRESHOLD, Budget, default_budget
 from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import host_bandwidth, sync_count
-from .dispatch import dispatch
 from . import entry, steps
+from .dispatch import dispatch
+from .mode import RegionMode
 from .schema import OpInfo
 from .session import Session
-from .tensor import DTRTensor, dispatch_outside, unwrap, unwrap_tree
+from .tensor import DTRTensor, unwrap
 from .verify import Where
 
 log = logging.getLogger("memscale")
@@ -57,89 +57,6 @@ _TUNING_KEYS: Final[tuple[str, ...]] = (
     "instructions",
     "config",
 )
-
-
-_graph_task_id = torch._C._current_graph_task_id
-_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-
-
-class RegionMode(TorchDispatchMode):
-    """The dispatch mode of one entry: every ATen op goes to its session."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
-        # (about 2 us per op); a DTR region is not compiled through anyway.
-        return False
-
-    def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.session = session
-        #: While set (an optimizer updating parameters, see :mod:`.steps`), ops
-        #: run as they would outside the region.
-        self.suspended = False
-        #: Whether a backward pass that raised ends the entry's tracking (a
-        #: region that drop-in steps enter and leave around the program's own
-        #: code: see :attr:`DTRRegion.ends_on_failed_backward`).
-        self.watch_backward = False
-        #: Autograd graph tasks (backward passes) seen running ops in this
-        #: entry and not finished yet: each queues a callback that autograd
-        #: runs when the pass completes, which it never does for a pass that
-        #: raised.
-        self._backwards: set[int] = set()
-        #: Set once an op runs outside backward while a backward pass never
-        #: finished (it raised, and the program caught the error): every op
-        #: then runs as plain PyTorch on plain tensors (region tensors read
-        #: back), so the program goes on while the step waits to be closed.
-        self.failed: BaseException | None = None
-        self._async_wrap = _async_collective_wrap()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.suspended:
-            return dispatch_outside(func, args, kwargs or {})
-        if self.watch_backward and self._watch():
-            with _disable_current_modes():
-                return func(*unwrap_tree(list(args)), **unwrap_tree(kwargs or {}))
-        if func is self._async_wrap:
-            # A functional collective's result is waited for now, as PyTorch does
-            # when tracing: a region holds plain tensors, not AsyncCollectiveTensors.
-            func = torch.ops._c10d_functional.wait_tensor.default
-        session = self.session
-        with session.lock:
-            return dispatch(session, func, args, kwargs or {})
-
-    def _watch(self) -> bool:
-        """Follow the backward passes; whether this op is to run plainly
-        because one raised (see :attr:`failed`): every op after that does,
-        a later backward pass's included."""
-        if self.failed is not None:
-            return True
-        task = _graph_task_id()
-        if task != -1:
-            if task not in self._backwards:
-                self._backwards.add(task)
-                _queue_callback(lambda: self._backwards.discard(task))
-            return False
-        if not self._backwards:
-            return False
-        self._backwards.clear()
-        self.failed = MemscaleError("the step's backward pass raised (the error went to the program)")
-        try:  # the step is over: its budget no longer binds, its plans go
-            self.session.engine.abandon_plans()
-            self.session.engine.finish()
-        except MemscaleError:
-            pass
-        return True
-
-
-def _async_collective_wrap() -> Any:
-    """``_c10d_functional._wrap_tensor_autograd`` (the op that wraps a functional
-    collective's result in an ``AsyncCollectiveTensor``), or ``None`` while
-    functional collectives are not loaded."""
-    if "torch.distributed._functional_collectives" not in sys.modules:
-        return None
-    packet = getattr(torch.ops._c10d_functional, "_wrap_tensor_autograd", None)
-    return packet.default if packet is not None else None
 
 
 #: The lower bound of a feasible budget before any op ran.
@@ -393,11 +310,7 @@ class DTRRegion:
         backward pass of the open entry raised (noticed at the first op after
         it, or here); else ``None``."""
         mode = self._mode
-        if mode is None:
-            return None
-        if mode.failed is None and mode._backwards and _graph_task_id() == -1:
-            mode._watch()
-        return mode.failed
+        return mode.backward_failure() if mode is not None else None
 
     def end_step(self) -> None:
         """End a training step inside this entry, before the parameters are updated.
