@@ -108,7 +108,7 @@ def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[lis
     try:
         zoo.train(z, probe, steps)
     except Exception as exc:  # noqa: BLE001
-        rows.append([name, "none", "-", "-", "-", "-", "-", "-", "-", "no", _cell(zoo.first_line(exc))])
+        rows.append([name, "none", "-", "-", "-", "-", "-", "-", "-", "-", "no", _cell(zoo.first_line(exc))])
         info["wall_s"] = time.perf_counter() - t0
         return rows, info
     ps = probe.summary()
@@ -156,6 +156,7 @@ def bench_model(name: str, fractions: list[float], steps: int) -> tuple[list[lis
                 bitwise,
                 str(s["evictions"]),
                 str(s["rematerializations"]),
+                f"{s.get('parked', 0)} / {s.get('swaps_out', 0)}",
                 over,
                 mb_text,
                 ratio + (f" ({r['region_ms']:.0f} / {r['plain_ms']:.0f} ms)" if ratio != "-" else ""),
@@ -213,6 +214,7 @@ def main() -> int:
         "bitwise",
         "evictions",
         "remats",
+        "parked / swaps out",
         "peak / budget",
         "min_budget (dtr(None) / this run)",
         "step time, region / plain (median)",
@@ -241,14 +243,15 @@ def main() -> int:
         + f"; {info['wall_s']:.1f} s"
         for name, info in infos.items()
     )
-    passed = sum(r[9] == "yes" for r in rows)
+    passed = sum(r[10] == "yes" for r in rows)
     text = f"""# The model-family zoo under DTR budgets
 
 Date: {datetime.date.today().isoformat()}. {os.cpu_count()} CPU cores, {args.threads} torch thread(s), no GPU;
 torch {torch.__version__}; memscale at {_revision()}. Models from `pytorch_plugin/tests/zoo.py` (random weights from configs). Each row: a
 plain copy and a region copy of the model train {args.steps} steps interleaved (SGD after each step, the same
 seeds, dropout on); "bitwise": every loss, gradient and buffer equal (`torch.equal`) to the plain run; "pass":
-bitwise, no error and, under a budget, peak usage <= budget and evictions > 0. Budgets: "none" is
+bitwise, no error and, under a budget, peak usage <= budget and evictions > 0; "parked": tensors a rebuild
+parked in host memory (`dtr(park=True)`, the default). Budgets: "none" is
 `memscale.dtr(None)` (the peak), then {', '.join(f'{f:.0%}' for f in args.fractions)} of that peak, or
 1.1 x the engine's `min_budget` where that is higher. The step-time ratio compares the medians of the
 {args.steps} steps (the region's first step under a budget also records and tunes). Wall time {wall:.0f} s.

@@ -383,6 +383,14 @@ int memscale_dtr_abandon_plans(int64_t h) {
 	return memscale_go_dtr_abandon_plans(h);
 }
 
+int memscale_dtr_park(int64_t h, int64_t t) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_dtr_park(h, t);
+}
+
 int memscale_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns) {
 	if (in_child()) {
 		child_error();

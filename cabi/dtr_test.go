@@ -470,3 +470,23 @@ func benchChain(b *testing.B, config string) {
 		prev = next
 	}
 }
+
+func TestDTRParkSwapsOutALockedStorage(t *testing.T) {
+	h := newTestEngine(t, `{"budget": 1000, "heuristic": "lru", "park_bandwidth": 1e9}`)
+	ts := dtrChain(t, h, 3, 200) // the root (pinned) and three outputs
+	require.Equal(t, 0, abiDTRLock(h, ts[1]), lastError())
+	assert.Equal(t, 1, abiDTRPark(h, ts[1]), lastError())
+	_, st := abiDTRStatus(h)
+	assert.Equal(t, int64(700-200), st.Usage, "parked: out of the usage (100 pinned + 3 x 200)")
+	assert.Equal(t, 0, abiDTRPark(h, ts[1]), "already out: not parked again")
+	assert.EqualValues(t, 1, statsOf(t, h)["parked"])
+	require.Equal(t, int32(1), abiDTRPlanCount(h, ts[1]), "one swap-in step")
+
+	off := newTestEngine(t, `{"budget": 1000, "heuristic": "lru"}`)
+	ts = dtrChain(t, off, 2, 200)
+	assert.Equal(t, 0, abiDTRPark(off, ts[1]), "parking off")
+	assert.Equal(t, -1, abiDTRPark(off, 12345))
+	assert.Contains(t, lastError(), "memscale_dtr_park")
+	assert.Equal(t, -1, abiDTRPark(987654, 1))
+	assert.Contains(t, lastError(), "unknown engine handle 987654")
+}

@@ -774,6 +774,26 @@ func memscale_go_dtr_abandon_plans(h C.int64_t) C.int {
 	return n
 }
 
+// memscale_go_dtr_park parks the storage of t in host memory although it
+// may be locked (evict.Engine.Park): 1 parked, 0 not, -1 on error.
+//
+//export memscale_go_dtr_park
+func memscale_go_dtr_park(h C.int64_t, t C.int64_t) C.int {
+	n := C.int(-1)
+	withEngine("memscale_dtr_park", h, func(d *dtrHandle) error {
+		parked, err := d.eng.Park(rc.TensorID(t))
+		if err != nil {
+			return err
+		}
+		n = 0
+		if parked {
+			n = 1
+		}
+		return nil
+	})
+	return n
+}
+
 //export memscale_go_dtr_rematerialized
 func memscale_go_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t) C.int {
 	if withEngine("memscale_dtr_rematerialized", h, func(d *dtrHandle) error {

@@ -365,6 +365,18 @@ int32_t memscale_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, in
  * that failed for room and starts over, or an error that goes to the
  * program. Returns the number of plans forgotten, or -1 (unknown handle). */
 int memscale_dtr_abandon_plans(int64_t h);
+/* Parks the storage of tensor t: copies it to host memory although it may be
+ * locked (the caller copies it out when this returns 1, as for a swap victim
+ * of memscale_dtr_evict). For a nested rebuild that found nothing evictable:
+ * what the outer levels of the rebuild hold (the running op's resident
+ * inputs, the inputs of outer plans' held steps) is not read until the inner
+ * rebuild is done. Locks stay; the holder checks residency before reading the
+ * storage and swaps it back in (memscale_dtr_plan gives a swap-in step).
+ * Parking is on when the configuration's "park_bandwidth" is non-zero.
+ * Returns 1 (parked), 0 (not parked: parking off, or the storage is not
+ * resident, pinned, empty, or over the offload limit) or -1 (unknown handle
+ * or tensor). */
+int memscale_dtr_park(int64_t h, int64_t t);
 /* Op op was re-run (its inputs were resident), taking cost_ns. Its outputs are
  * resident again, except outputs whose storage the program released for good
  * (a dropped output of a multi-output op): the re-run's copies of those are

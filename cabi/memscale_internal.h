@@ -70,6 +70,7 @@ extern int32_t memscale_go_dtr_reclaim(int64_t h, int64_t need, int64_t* ids, in
                                        int32_t cap);
 extern int32_t memscale_go_dtr_plan(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
 extern int memscale_go_dtr_abandon_plans(int64_t h);
+extern int memscale_go_dtr_park(int64_t h, int64_t t);
 extern int memscale_go_dtr_rematerialized(int64_t h, int64_t op, int64_t cost_ns);
 extern int memscale_go_dtr_swapped_in(int64_t h, int64_t t);
 extern int memscale_go_dtr_finish(int64_t h);

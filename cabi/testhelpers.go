@@ -293,6 +293,9 @@ func abiDTRPlan(h, t int64, capacity int32) (int32, []int32, []int64) {
 	return n, ks, is
 }
 
+// abiDTRPark calls memscale_dtr_park's Go export.
+func abiDTRPark(h, t int64) int { return int(memscale_go_dtr_park(C.int64_t(h), C.int64_t(t))) }
+
 // abiDTRAbandonPlans calls memscale_dtr_abandon_plans's Go export.
 func abiDTRAbandonPlans(h int64) int { return int(memscale_go_dtr_abandon_plans(C.int64_t(h))) }
 

@@ -260,9 +260,17 @@ func (e *Engine) unpark() {
 	}
 }
 
-// transferNS is the modelled one-way copy time of n bytes.
+// transferNS is the modelled one-way copy time of n bytes (0 when no
+// bandwidth is configured).
 func (e *Engine) transferNS(n uint64) int64 {
-	return int64(float64(n) / e.cfg.SwapBandwidth * 1e9)
+	bw := e.cfg.SwapBandwidth
+	if bw == 0 {
+		bw = e.cfg.ParkBandwidth
+	}
+	if bw == 0 {
+		return 0
+	}
+	return int64(float64(n) / bw * 1e9)
 }
 
 // evictStorage takes the victim s out of memory and says how.
@@ -272,8 +280,12 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	e.stats.BytesEvicted += st.Size
 	if e.softHeld(s) {
 		e.stats.ReserveEvictions++
+		if e.cfg.ParkBandwidth > 0 && e.swapFits(st.Size) {
+			v.Action = Swap // parked: an open plan reads it again
+			e.stats.Parked++
+		}
 	}
-	if e.cfg.SwapBandwidth > 0 {
+	if v.Action == Drop && e.cfg.SwapBandwidth > 0 {
 		// swap when copying out and back is cheaper than recomputing
 		if (st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s)) && e.swapFits(st.Size) {
 			v.Action = Swap

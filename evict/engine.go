@@ -136,6 +136,10 @@ type Stats struct {
 	// an open plan still read, taken because no ordinary candidate was
 	// left (also counted in Evictions or SwapsOut).
 	ReserveEvictions int64 `json:"reserve_evictions"`
+	// Parked counts the storages parked in host memory (Config.ParkBandwidth):
+	// reserve victims swapped instead of dropped, and locked storages Park
+	// swapped out (also counted in SwapsOut).
+	Parked int64 `json:"parked"`
 	// Auto reports that the engine runs the tuning policy (heuristic
 	// "auto"): it records its step for package autotune.
 	Auto bool `json:"auto"`

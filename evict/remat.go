@@ -110,11 +110,9 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 	e.markRebuilt(x.Storage)
 	e.grow(st.Size)
 	e.stats.SwapsIn++
-	if e.cfg.SwapBandwidth > 0 {
-		d := e.transferNS(st.Size)
-		e.stats.SwapCostNS += d
-		e.clock += d
-	}
+	d := e.transferNS(st.Size)
+	e.stats.SwapCostNS += d
+	e.clock += d
 	e.refresh(x.Storage)
 	if len(e.plans) > 0 {
 		if err := e.planStepDone(rc.Step{Kind: rc.StepSwapIn, Tensor: st.Root}); err != nil {

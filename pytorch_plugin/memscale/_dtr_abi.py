@@ -82,6 +82,7 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_dtr_reclaim": (_i32, [_i64, _i64, _P64, _P32, _i32]),
     "memscale_dtr_plan": (_i32, [_i64, _i64, _P32, _P64, _i32]),
     "memscale_dtr_abandon_plans": (ctypes.c_int, [_i64]),
+    "memscale_dtr_park": (ctypes.c_int, [_i64, _i64]),
     "memscale_dtr_rematerialized": (ctypes.c_int, [_i64, _i64, _i64]),
     "memscale_dtr_swapped_in": (ctypes.c_int, [_i64, _i64]),
     # char*: declared c_void_p so the pointer survives for memscale_string_free.

@@ -143,6 +143,7 @@ class Engine:
         self._reclaim = lib.memscale_dtr_reclaim
         self._plan = lib.memscale_dtr_plan
         self._abandon_plans = lib.memscale_dtr_abandon_plans
+        self._park = lib.memscale_dtr_park
         self._rematerialized = lib.memscale_dtr_rematerialized
         self._swapped_in = lib.memscale_dtr_swapped_in
         self._stats_json = lib.memscale_dtr_stats_json
@@ -534,6 +535,18 @@ class Engine:
         if n < 0:
             raise _fail("memscale_dtr_abandon_plans")
         return n
+
+    def park(self, t: int) -> bool:
+        """Park the storage of ``t`` in host memory although it may be locked
+        (``memscale_dtr_park``): ``True`` when the engine took it out, and the
+        caller then copies it to host memory. ``False``: parking is off, or the
+        storage is not resident, pinned, or over the offload limit."""
+        if self.released or self.queued:
+            self.flush_releases()
+        n = int(self._park(self.handle, t))
+        if n < 0:
+            raise _fail(f"memscale_dtr_park({t})")
+        return n == 1
 
     def rematerialized(self, op: int, cost_ns: int) -> None:
         """Op ``op`` was re-run; its outputs are resident, except those the program

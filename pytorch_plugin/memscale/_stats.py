@@ -20,6 +20,7 @@ SUMMED_KEYS: Final[tuple[str, ...]] = (
     "rematerializations",
     "swaps_out",
     "swaps_in",
+    "parked",
     "bytes_evicted",
     "base_cost_ns",
     "remat_cost_ns",
@@ -40,6 +41,9 @@ class Summary:
         steps: training steps completed, tracked under a region (the
             baseline step included) or untracked (``untracked_steps``).
         evictions / rematerializations / swaps_out / swaps_in: engine counts.
+        parked: swaps out (counted in ``swaps_out``) that parked, in host
+            memory, what a rebuild's outer levels hold or what an open plan
+            reads later, because a tight budget had nothing else to take.
         bytes_evicted: bytes freed by evictions (drop or swap), in total.
         base_cost_ns: measured run time of the ops the engine recorded.
         remat_cost_ns: measured time spent recomputing evicted tensors;
@@ -70,6 +74,7 @@ class Summary:
     rematerializations: int = 0
     swaps_out: int = 0
     swaps_in: int = 0
+    parked: int = 0
     bytes_evicted: int = 0
     base_cost_ns: int = 0
     remat_cost_ns: int = 0
@@ -117,7 +122,8 @@ class Summary:
             f"{self.steps} steps{self._untracked_text()}, {budget}, peak {format_bytes(self.peak_usage)}, "
             f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
             f"{self.rematerializations} rematerializations, {self.swaps_out} swaps out / "
-            f"{self.swaps_in} in, compute overhead x{self.overhead:.3f}"
+            f"{self.swaps_in} in{f' ({self.parked} parked)' if self.parked else ''}, "
+            f"compute overhead x{self.overhead:.3f}"
         )
         if self.bytes_saved is not None:
             text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"

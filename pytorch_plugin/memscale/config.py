@@ -202,6 +202,9 @@ class Config:
         threshold: overrides ``mode``: bytes, ``"12GiB"`` or ``"60%"``.
         recompute: allow evicting by dropping a tensor and recomputing it.
         swap: allow evicting by copying a tensor to host memory.
+        park: when a rebuild at a tight budget finds nothing to evict, park
+            in host memory what it holds for later instead of failing (see
+            :func:`memscale.dtr`).
         evictee_min_size: tensors smaller than this many bytes are never evicted.
         recomp_time_factor: weight of recompute time in the engine's score.
         recomp_memory_factor: weight of memory in the engine's score.
@@ -215,7 +218,7 @@ class Config:
         device_memory: the "device memory" percentages are taken of. ``None``:
             the GPU's total memory, or on CPU the peak of an unbudgeted
             baseline step.
-        offload_limit: with ``swap``, the most bytes swapped out to host memory
+        offload_limit: with ``swap`` or ``park``, the most bytes swapped out to host memory
             at any time (``None``: no cap); see :func:`memscale.dtr`.
         warmup_steps: the first steps run unbudgeted (recorded, nothing evicted).
         log_file: also write memscale's log (the summaries) to this file.
@@ -239,6 +242,7 @@ class Config:
     threshold: SizeLike | None = None
     recompute: bool = True
     swap: bool = False
+    park: bool = True
     evictee_min_size: SizeLike | None = None
     recomp_time_factor: float | None = None
     recomp_memory_factor: float | None = None
@@ -261,7 +265,7 @@ class Config:
             raise ConfigError(
                 f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"
             )
-        for flag in ("recompute", "swap", "log_summary"):
+        for flag in ("recompute", "swap", "park", "log_summary"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"Config.{flag}={getattr(self, flag)!r}: expected True or False")
         if self.untracked_steps is not None and not isinstance(self.untracked_steps, bool):
@@ -370,7 +374,7 @@ class Config:
 
     def region_kwargs(self) -> dict[str, object]:
         """Keyword arguments for :func:`memscale.dtr` (everything but the budget)."""
-        kwargs: dict[str, object] = {"recompute": self.recompute, "swap": self.swap}
+        kwargs: dict[str, object] = {"recompute": self.recompute, "swap": self.swap, "park": self.park}
         if self.heuristic is not None:
             kwargs["heuristic"] = self.heuristic
         if self.evictee_min_size is not None:

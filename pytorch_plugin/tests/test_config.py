@@ -123,6 +123,7 @@ def test_budget_for_rejects_bad_device_bytes(device_bytes: Any) -> None:
         ({"threshold": -3}, "Config.threshold"),
         ({"recompute": "yes"}, "Config.recompute"),
         ({"swap": 1}, "Config.swap"),
+        ({"park": "yes"}, "Config.park"),
         ({"log_summary": None}, "Config.log_summary"),
         ({"recompute": False, "swap": False}, "Config.recompute"),
         ({"evictee_min_size": -1}, "Config.evictee_min_size"),
@@ -155,12 +156,14 @@ def test_valid_config_and_region_kwargs() -> None:
     assert config.region_kwargs() == {
         "recompute": True,
         "swap": True,
+        "park": True,
         "heuristic": "dtr-eq",
         "evictee_min_size": 1024**2,
         "recomp_time_factor": 1.0,
         "recomp_memory_factor": 0.5,
     }
-    assert Config().region_kwargs() == {"recompute": True, "swap": False}
+    assert Config().region_kwargs() == {"recompute": True, "swap": False, "park": True}
+    assert Config(park=False).region_kwargs()["park"] is False
     assert config.as_dict()["mode"] == "aggressive"
 
 

@@ -1,7 +1,10 @@
 """make_resident's free rounds: an op with two inputs where rebuilding the
 cheap one takes back the costly one, whose plan then needs the room the cheap
 one holds (:func:`memscale._region.rebuild.make_resident`); and the
-outermost rebuild starting over bottom-up when nested plans ran out of room.
+outermost rebuild starting over bottom-up when nested plans ran out of room;
+and parking (a level swaps back what an inner level parked of its inputs;
+``Session.park_outer_levels`` parks the outer levels' storages, outermost
+first).
 
 On bench/gpu/correctness.py's model (an MLP with layer norm beside a chain of
 matrix products) at half the peak, layer norm's backward needs its input
@@ -55,6 +58,7 @@ class _Session:
         self.rebuilt_bytes = 0
         self.room_failed_for: list[Any] = []
         self.nested_restarts = 0
+        self.levels: list[list[Any]] = []
 
 
 def _plans(s: _Session, cheap: _Cell, costly: _Cell) -> Any:
@@ -231,3 +235,101 @@ def test_later_restarts_rebuild_more_of_the_failing_chain_first(monkeypatch: pyt
     assert calls == [3, 2, 1, 1, 3, 2, 1, 1, 2, 3], "top-down fails; A alone then top fails again; A, B, then top"
     s.engine.unlock(top.tensor_id)
     assert not +s.engine.locks
+
+
+def test_a_level_swaps_back_what_an_inner_level_parked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both inputs evicted: ``a`` is rebuilt and locked, then ``b``'s rebuild
+    (an inner level) parks ``a``. Before returning, the level swaps ``a``
+    back; each rebuild's lock is kept (released together)."""
+    s = _Session()
+    a, b = _Cell(1, resident=False), _Cell(2, resident=False)
+    calls: list[int] = []
+    levels_seen: list[int] = []
+
+    def materialize(s_: Any, cell: _Cell) -> None:
+        calls.append(cell.tensor_id)
+        levels_seen.append(len(s.levels))
+        if cell is b:
+            a.tensor = None  # parked by the inner level, lock kept
+        cell.tensor = object()
+        s.engine.lock(cell.tensor_id)
+
+    monkeypatch.setattr(rebuild, "_materialize", materialize)
+    held = HeldCells(s.engine)  # type: ignore[arg-type]
+    rebuild.make_resident(s, [a, b], held)  # type: ignore[arg-type]
+    assert calls == [1, 2, 1], "a, b (which parks a), then a swapped back"
+    assert levels_seen == [1, 1, 1], "the inputs are one level while they are rebuilt"
+    assert not s.levels, "the level is gone once the inputs are resident"
+    assert a.tensor is not None and b.tensor is not None
+    assert dict(s.engine.locks) == {1: 2, 2: 1}
+    held.release()
+    assert not +s.engine.locks
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.copied = False
+
+
+class _ParkingEngine:
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse = refuse
+        self.asked: list[int] = []
+        self.usage = 0
+
+    def park(self, t: int) -> bool:
+        self.asked.append(t)
+        if t in self.refuse:
+            return False
+        self.usage -= 100
+        return True
+
+
+class _Status:
+    budget = 1000
+
+
+class _ParkingSession:
+    """What ``Session.park_outer_levels`` reads of a session."""
+
+    def __init__(self, levels: list[list[Any]], refuse: set[int] = frozenset(), usage: int = 1000) -> None:
+        self.parking = True
+        self.levels = levels
+        self.engine = _ParkingEngine(set(refuse))
+        self.engine.usage = usage
+        self.groups = {c.root: _Group() for level in levels for c in level}
+        self.usage_known = True
+        self.status = _Status()
+
+    def usage_now(self) -> int:
+        return self.engine.usage
+
+
+class _Rooted:
+    def __init__(self, root: int, resident: bool = True) -> None:
+        self.root = root
+        self.tensor: Any = object() if resident else None
+
+
+def test_parking_takes_the_outer_levels_outermost_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memscale._region import session as session_module
+    from memscale._region.session import Session
+
+    monkeypatch.setattr(session_module, "copy_to_host", lambda g: setattr(g, "copied", True))
+    outer = [_Rooted(1), _Rooted(2), _Rooted(3, resident=False)]
+    middle = [_Rooted(4), _Rooted(5)]
+    inner = [_Rooted(5), _Rooted(6)]  # shares storage 5 with the middle level
+    s = _ParkingSession([outer, middle, inner], refuse={2}, usage=1150)
+    assert Session.park_outer_levels(s, 50)  # type: ignore[arg-type]
+    assert s.engine.asked == [1, 2, 4], "outermost first, a refusal skipped, stops once 50 more bytes fit"
+    assert [r for r, g in s.groups.items() if g.copied] == [1, 4]
+
+    s = _ParkingSession([outer, middle, inner], usage=5000)
+    assert Session.park_outer_levels(s, 0)  # type: ignore[arg-type]
+    assert s.engine.asked == [1, 2, 4], "never the innermost level's storages (5 is shared), nor an evicted one"
+
+    for levels, parking in (([inner], True), ([outer, inner], False)):
+        s = _ParkingSession(levels)
+        s.parking = parking
+        assert not Session.park_outer_levels(s, 10)  # type: ignore[arg-type]
+        assert s.engine.asked == []

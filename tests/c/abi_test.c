@@ -99,7 +99,7 @@ static const char* dtr_exports[] = {
     "memscale_dtr_plan",     "memscale_dtr_rematerialized",  "memscale_dtr_swapped_in",
     "memscale_dtr_stats_json", "memscale_dtr_tune",          "memscale_dtr_finish",
     "memscale_dtr_status_of", "memscale_dtr_reclaim",       "memscale_dtr_op",
-    "memscale_dtr_name",     "memscale_dtr_ops",             "memscale_dtr_abandon_plans",
+    "memscale_dtr_name",     "memscale_dtr_ops",             "memscale_dtr_abandon_plans", "memscale_dtr_park",
 };
 
 // ---- reporting --------------------------------------------------------------

@@ -112,6 +112,7 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if a.missing or extra:
         with HeldCells(s.engine) as held:
             if a.missing:
+                a.args, a.kwargs = [], {}  # a parked input must not stay referenced here
                 make_resident(s, a.cells, held)
                 a.refill(info)
                 if s.budgeted and not info.all_views:

@@ -19,7 +19,18 @@ is re-run locally, without telling the engine.
 When plans nest (an input a step needs was evicted while an earlier step ran,
 and is rebuilt by a plan of its own), each open plan holds the inputs of its
 next step, and a tight budget may have no room left for the innermost one.
-The outermost rebuild then starts over (at most :data:`NESTED_RESTARTS`
+Each level of a rebuild (the running op's inputs, then each re-run step's) is
+on ``Session.levels``; with parking on (``dtr(park=True)``, the default), the
+innermost level that finds nothing evictable has the storages of the outer
+levels copied to host memory (``Session.park_outer_levels``, outermost first:
+it reads them last), their locks kept. Each level checks, once its inner
+rebuilds are done and before it reads its inputs, that they are all resident,
+and swaps back what was parked (:func:`_unpark`: a plan of one swap-in step,
+which parks nothing of this level). So a rebuild needs room for the working
+set of one level at a time, not for every level's at once. (The engine parks
+too: a later step's input taken as a last resort is swapped, not dropped.)
+Without parking, or when parking cannot make room, the outermost rebuild
+starts over (at most :data:`NESTED_RESTARTS`
 times): the plans are abandoned, their locks released, the cells whose
 nested rebuilds found no room are rebuilt first, innermost first, each with
 nothing else held (one cell at the first restart, one more at each later
@@ -161,7 +172,42 @@ def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
         for cell in mine:
             s.engine.unlock(cell.tensor_id)
 
-    _restarting(s, lambda: _make_resident(s, cells, held), undo)
+    def rebuild() -> None:
+        with _level(s, cells):
+            _make_resident(s, cells, held)
+            _unpark(s, cells, held)
+
+    _restarting(s, rebuild, undo)
+
+
+@contextmanager
+def _level(s: Session, cells: list[Cell]) -> Iterator[None]:
+    """One level of a rebuild: ``cells`` are what it reads (see
+    :meth:`.session.Session.park_outer_levels`)."""
+    s.levels.append(cells)
+    try:
+        yield
+    finally:
+        s.levels.pop()
+
+
+def _unpark(s: Session, cells: list[Cell], held: HeldCells) -> None:
+    """Bring back what an inner level parked of ``cells`` (locked, in ``held``)
+    while it rebuilt the others: each comes back with a swap-in, which parks
+    nothing of this level. Bounded: each round makes one more cell resident
+    or raises."""
+    rounds = 0
+    while missing := [c for c in cells if c.tensor is None]:
+        rounds += 1
+        if rounds > len(cells) * MAX_PLANS_PER_CELL:
+            raise MemscaleError(
+                f"memscale.dtr: the inputs of a rebuild could not be made resident together ({len(cells)} "
+                "tensors; each rebuild took back another): the budget is too small for this step"
+            )
+        for cell in missing:
+            if cell.tensor is None:
+                _materialize(s, cell)
+                held.adopt(cell)
 
 
 def _make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
@@ -252,13 +298,14 @@ def run_step(
     """
     s.sync()
     kept = HeldCells(s.engine)
-    with HeldCells(s.engine) as inputs:
+    with HeldCells(s.engine) as inputs, _level(s, op.inputs):
         for cell in op.inputs:
             if cell.tensor is None:
                 _materialize(s, cell)  # evicted since the plan was made
                 inputs.adopt(cell)
             else:
                 inputs.lock(cell)
+        _unpark(s, op.inputs, inputs)
         if s.budgeted:
             # A resident output is re-made as a throw-away copy: count it too.
             extra = _output_bytes(s, op)

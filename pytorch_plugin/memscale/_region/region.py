@@ -97,6 +97,7 @@ class DTRRegion:
         heuristic: str | None = None,
         recompute: bool = True,
         swap: bool = False,
+        park: bool = True,
         evictee_min_size: int | str | None = None,
         recomp_time_factor: float | None = None,
         recomp_memory_factor: float | None = None,
@@ -106,7 +107,7 @@ class DTRRegion:
         sink: Any = None,
     ) -> None:
         check_heuristic(heuristic, "dtr() heuristic")
-        for flag, value in (("recompute", recompute), ("swap", swap), ("stress", stress)):
+        for flag, value in (("recompute", recompute), ("swap", swap), ("park", park), ("stress", stress)):
             if not isinstance(value, bool):
                 raise ConfigError(f"dtr({flag}={value!r}): expected True or False")
         if not recompute and not swap:
@@ -134,6 +135,7 @@ class DTRRegion:
         self._heuristic = heuristic
         self.recompute = recompute
         self._swap = swap
+        self._park = park
         self._evictee_min_size = (
             None
             if evictee_min_size is None
@@ -243,6 +245,7 @@ class DTRRegion:
             "recomp_memory_factor": self._recomp_memory_factor,
             "evictee_min_size": self._evictee_min_size,
             "swap_bandwidth": host_bandwidth() if self._swap else 0,
+            "park_bandwidth": host_bandwidth() if self._park else 0,
             "offload_limit": self._offload_limit,
             "usage": usage,
         }
@@ -397,6 +400,8 @@ class DTRRegion:
         """Counters over every entry so far (and the running one).
 
         Keys: ``evictions``, ``rematerializations``, ``swaps_out``, ``swaps_in``,
+        ``parked`` (the swaps out that parked what a rebuild's outer levels
+        hold, or what an open plan reads later, see :mod:`.rebuild`),
         ``bytes_evicted``, ``base_cost_ns``, ``remat_cost_ns``, ``overhead``
         (``(base + remat) / base``), ``peak_usage`` (bytes, highest of any entry,
         in the budget's units: with ``usage="allocator"`` the allocator's
@@ -488,6 +493,7 @@ def dtr(
     heuristic: str | None = None,
     recompute: bool = True,
     swap: bool = False,
+    park: bool = True,
     evictee_min_size: int | str | None = None,
     recomp_time_factor: float | None = None,
     recomp_memory_factor: float | None = None,
@@ -517,6 +523,18 @@ def dtr(
             name is used as given, without tuning.
         recompute: allow evicting by dropping and recomputing.
         swap: allow evicting by copying to host memory.
+        park: at a tight budget, let rebuilds park in host memory what they
+            hold for later rather than drop it or fail (default ``True``):
+            a tensor an open rematerialization plan reads again, taken
+            because nothing else was left, is copied out instead of dropped
+            (dropped, it would be rebuilt by a plan nested in the one that
+            reads it), and when a nested rebuild finds nothing evictable,
+            the storages its outer levels hold (the running op's other
+            inputs, the inputs of outer plans' steps) are copied out until
+            it fits, and back when those levels go on. ``summary()["parked"]``
+            counts them (also in ``swaps_out``). ``offload_limit`` caps
+            the bytes out. Off, such a rebuild fails with "nothing
+            evictable" where its working set alone fits.
         evictee_min_size: tensors smaller than this are never evicted
             (``None``: ``MEMSCALE_EVICTEE_MIN_SIZE`` when set, else 1 KiB).
         recomp_time_factor: exponent of the recompute cost in the score.
@@ -531,7 +549,7 @@ def dtr(
             tensor rebuilt once stays until released, so a step re-runs each
             op at most about once more. Outputs and gradients must be bitwise
             those of the plain run; :func:`memscale.check` compares them.
-        offload_limit: with ``swap``, the most bytes swapped out to host
+        offload_limit: with ``swap`` or ``park``, the most bytes swapped out to host
             memory at any time (bytes or ``"4GiB"``; ``None``: no cap). The
             engine drops a recomputable victim instead of swapping it past the
             cap, and leaves one that cannot be recomputed in place.
@@ -547,6 +565,7 @@ def dtr(
         heuristic=heuristic,
         recompute=recompute,
         swap=swap,
+        park=park,
         evictee_min_size=evictee_min_size,
         recomp_time_factor=recomp_time_factor,
         recomp_memory_factor=recomp_memory_factor,

@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _lib
-from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine
+from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine, NoRoomError
 from ..errors import ConfigError, MemscaleError
 from . import rebuild, reclaim, volatile
 from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
@@ -144,6 +144,14 @@ class Session:
         #: The cells whose nested rebuilds just failed for room, innermost
         #: first (appended on the way out, read by the outermost rebuild).
         self.room_failed_for: list[Cell] = []
+        #: The cells each open level of a rebuild reads, outermost first:
+        #: the running op's inputs (:func:`.rebuild.make_resident`), then
+        #: the inputs of each plan step being re-run (:func:`.rebuild.run_step`).
+        #: When the innermost level finds no room, the storages the outer
+        #: levels hold are parked in host memory (:meth:`make_room`).
+        self.levels: list[list[Cell]] = []
+        #: Whether the engine parks (its configuration's ``park_bandwidth``).
+        self.parking = bool(config.get("park_bandwidth"))
         #: The device whose allocation failures this session evicts for.
         self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
@@ -181,10 +189,48 @@ class Session:
         self._set_budgeted(budget)
 
     def make_room(self, extra: int, what: bytes) -> None:
-        """Evict until ``extra`` more bytes fit the budget (before allocating them)."""
+        """Evict until ``extra`` more bytes fit the budget (before allocating them).
+
+        Inside a nested rebuild, when nothing is evictable, the storages the
+        outer levels hold are parked first (:meth:`park_outer_levels`).
+        """
         if self.usage_known and self.usage_now() + extra <= self.status.budget:
             return
-        self.evict(extra, f"making room for {extra} bytes of {what.decode()}")
+        why = f"making room for {extra} bytes of {what.decode()}"
+        try:
+            self.evict(extra, why)
+        except NoRoomError:
+            if not self.park_outer_levels(extra):
+                raise
+            self.evict(extra, why)
+
+    def park_outer_levels(self, extra: int) -> bool:
+        """Park in host memory what the outer levels of a rebuild hold, until
+        ``extra`` more bytes fit; returns whether anything was parked.
+
+        The innermost level (the cells the running step reads) keeps its
+        storages; the outer levels do not read theirs before it is done and
+        re-check residency when they go on (a parked storage comes back as a
+        swap-in step of a plan). Outermost first: it reads its storages last.
+        """
+        if not self.parking or len(self.levels) < 2:
+            return False
+        keep = {c.root for c in self.levels[-1]}
+        parked = False
+        for level in self.levels[:-1]:
+            for cell in level:
+                root = cell.root
+                if root in keep or cell.tensor is None:
+                    continue
+                keep.add(root)
+                group = self.groups.get(root)
+                if group is None or not self.engine.park(root):
+                    continue
+                copy_to_host(group)
+                parked = True
+                if self.usage_known and self.usage_now() + extra <= self.status.budget:
+                    return True
+        return parked
 
     def usage_now(self) -> int:
         """The usage the budget is compared with, as far as it is known

@@ -1,0 +1,46 @@
+// Parking: copying a locked storage to host memory while nested
+// rematerializations need its room. See doc.go for the design.
+
+package evict
+
+import (
+	"fmt"
+
+	rc "github.com/memscale/memscale/recompute"
+)
+
+// Park swaps t's storage out to host memory although it may be locked, for
+// a caller whose nested rebuild found nothing evictable: the storages held
+// by the outer levels of a rebuild (the running op's resident inputs, the
+// inputs of the held steps of outer plans) are not needed until the inner
+// rebuild is done, and parked they leave it their room. The locks stay;
+// whoever holds them checks, before reading the storage, that it is
+// resident and has it swapped back in (a plan of one swap-in step) if not.
+// Parking is on when Config.ParkBandwidth is non-zero. It reports whether
+// t's storage was parked: not when parking is off, or the storage is not
+// resident, pinned, empty, or would pass Config.OffloadLimit.
+func (e *Engine) Park(t rc.TensorID) (bool, error) {
+	x, err := e.tensor(t)
+	if err != nil {
+		return false, fmt.Errorf("evict: park: %w", err)
+	}
+	s := x.Storage
+	st := e.g.Storage(s)
+	if e.cfg.ParkBandwidth == 0 || st.State != rc.Resident || st.Pins > 0 || st.Size == 0 || !e.swapFits(st.Size) {
+		return false, nil
+	}
+	v := Victim{Tensor: st.Root, Action: Swap, Size: st.Size}
+	e.sel.remove(s)
+	e.g.SwapOut(s)
+	e.usage -= st.Size
+	e.stats.SwapsOut++
+	e.stats.Parked++
+	e.stats.BytesEvicted += st.Size
+	d := e.transferNS(st.Size)
+	e.stats.SwapCostNS += d
+	e.clock += d
+	if e.cfg.OnEvict != nil {
+		e.cfg.OnEvict(v, ReasonPark)
+	}
+	return true, nil
+}
