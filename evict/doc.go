@@ -332,6 +332,25 @@
 //     and its LiveChildren counts its children that are not released
 //     (recompute.Graph.AddOp adds them, banish takes them away).
 //
+// # Parking
+//
+// With Config.ParkBandwidth non-zero, two things that would otherwise make
+// rebuilds nest until nothing is evictable copy to host memory instead
+// (counted in Stats.Parked and SwapsOut):
+//
+//   - evictStorage swaps a reserve victim (soft-held: a later step of an
+//     open plan reads it) instead of dropping it, whatever SwapBandwidth
+//     says: dropped, it would be rebuilt by a plan nested in the one that
+//     reads it, which re-runs what it came from;
+//   - Park (park.go) swaps out a storage although it is locked, for a
+//     caller whose innermost rebuild found nothing evictable: the storages
+//     the outer levels of the rebuild hold are not read until it is done.
+//     The locks stay; the holder checks residency before it reads them and
+//     has them swapped back (Plan gives a swap-in step).
+//
+// Both respect OffloadLimit. The caller keeps the levels (which storages
+// each open level reads) and chooses what to park, outermost first.
+//
 // # Files
 //
 //	doc.go        this overview
@@ -350,6 +369,7 @@
 //	reclaim.go    Reclaim, ReclaimShortfall, handing out the pending queue
 //	remat.go      Plan, Rematerialized, SwappedIn
 //	planhold.go   HoldPlan, the plan holds (hard and soft), AbandonPlans
+//	park.go       Park: a locked storage swapped out for a nested rebuild
 //	needed.go     the keep-needed-released rule, and why nothing is evictable
 //	heuristic.go  Heuristic, ParseHeuristic, key, exact score comparison
 //	tracker.go    the tracker interface and localTracker

@@ -57,10 +57,10 @@ def _steady(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
-    """No test may hang: three steps of these models take seconds (the
-    time-first GRU at 30 %, thrashing at the edge of what fits, about 20 s
-    here: 98,000 evictions, 6 nested restarts); a region that thrashes
-    harder (millions of evictions) fails here instead."""
+    """No test may hang: three steps of these models take seconds (GPT-2
+    with checkpointing at 1.1 x ``min_budget``, thrashing at the edge of what
+    fits, about 50 s here: 106,000 evictions, 17,000 tensors parked); a
+    region that thrashes harder (millions of evictions) fails here instead."""
     with deadline(150):
         yield
 
