@@ -64,7 +64,7 @@ func TestDTRMinBudget(t *testing.T) {
 	_, gw := abiDTRCall(h, []int64{a[0], a[0]}, []int64{500, 2000, 0}, []int32{-1, -1, 0}, 10, 0)
 	require.Equal(t, 0, abiDTRPin(h, gw[0]), lastError()) // a gradient
 	// 1000 pinned + 3000 + 500 + 2000 (the view is a's storage)
-	want := map[string]any{"pinned_at_registration": 1000.0, "pinned_later": 0.0, "op_bytes": 5500.0, "op": "fuzz_op"}
+	want := map[string]any{"pinned_at_registration": 1000.0, "pinned_later": 0.0, "under_min_size": 0.0, "op_bytes": 5500.0, "op": "fuzz_op"}
 	m := statsOf(t, h)
 	assert.Equal(t, 6500.0, m["min_budget"])
 	assert.Equal(t, want, m["min_budget_parts"])
@@ -72,7 +72,7 @@ func TestDTRMinBudget(t *testing.T) {
 	_, _ = abiDTRCall(h, []int64{a[0]}, []int64{4000}, []int32{-1}, 10, 0)
 	m = statsOf(t, h)
 	assert.Equal(t, 8500.0, m["min_budget"], "1000 + 500 pinned later + 3000 + 4000")
-	assert.Equal(t, map[string]any{"pinned_at_registration": 1000.0, "pinned_later": 500.0, "op_bytes": 7000.0, "op": "fuzz_op"},
+	assert.Equal(t, map[string]any{"pinned_at_registration": 1000.0, "pinned_later": 500.0, "under_min_size": 0.0, "op_bytes": 7000.0, "op": "fuzz_op"},
 		m["min_budget_parts"])
 
 	// a budget below what this point needs: the error says so first

@@ -131,7 +131,7 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget && !e.finished {
 		f := e.floorNow(extra)
 		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: f.reg + f.later,
-			PinnedAtRegistration: f.reg, PinnedLater: f.later, Locked: f.locked, MinBudget: f.most}
+			PinnedAtRegistration: f.reg, PinnedLater: f.later, UnderMinSize: f.small, Locked: f.locked, MinBudget: f.most}
 	}
 	n := e.handOutPending(out)
 	if e.cfg.Budget == 0 {

@@ -325,7 +325,9 @@
 //   - pending[pendAt:] are the victims not handed out yet, in the order
 //     they left memory (queue, Evict).
 //   - pinnedReg + pinnedLater is the sum of the sizes of the resident
-//     storages with Pins > 0, each in the total flagRegPin says.
+//     storages with Pins > 0, each in the total flagRegPin says; small is
+//     that of the resident storages with Pins == 0 and 0 < Size <
+//     EvicteeMinSize (countPinned / uncountPinned around every change).
 //   - With Config.Stress, every candidate that is not flagRebuilt and not
 //     soft-held is in stressQ[stressAt:] (flagQueued).
 //   - A storage's Refs is the sum of its tensors' Refs (Retain, release),

@@ -53,9 +53,10 @@ type TooLargeError struct {
 	// the bytes of the pinned resident storages, all in bytes.
 	Extra, Budget, Pinned uint64
 	// PinnedAtRegistration and PinnedLater split Pinned by when the
-	// storages were pinned (NewTensor, Pin); Locked is the bytes of the
-	// locked resident storages that are not pinned.
-	PinnedAtRegistration, PinnedLater, Locked uint64
+	// storages were pinned (NewTensor, Pin); UnderMinSize is the bytes of
+	// the resident unpinned storages under the minimum evictee size;
+	// Locked is the bytes of the locked resident storages that are neither.
+	PinnedAtRegistration, PinnedLater, UnderMinSize, Locked uint64
 	// MinBudget is the step's minimum budget so far (Engine.MinBudget).
 	MinBudget MinBudgetParts
 }
@@ -63,7 +64,8 @@ type TooLargeError struct {
 // Error says that the budget is below what the step needs at this point
 // (naming the parts), what is too large, and what budget would do.
 func (e *TooLargeError) Error() string {
-	f := floorNow{reg: e.PinnedAtRegistration, later: e.PinnedLater, locked: e.Locked, extra: e.Extra, most: e.MinBudget}
+	f := floorNow{reg: e.PinnedAtRegistration, later: e.PinnedLater, small: e.UnderMinSize, locked: e.Locked, extra: e.Extra,
+		most: e.MinBudget}
 	return fmt.Sprintf("evict: %san allocation of %d bytes is larger than the whole budget of %d bytes: "+
 		"raise the budget above %d plus the pinned bytes (%d now)", f.below(e.Budget), e.Extra, e.Budget, e.Extra, e.Pinned)
 }
@@ -194,8 +196,10 @@ type Engine struct {
 	// grown only when a bit is set: storages past its end have none.
 	flags []uint8
 	// pinnedReg and pinnedLater are the bytes of the resident pinned
-	// storages, pinned at registration (NewTensor) and later (Pin).
-	pinnedReg, pinnedLater uint64
+	// storages, pinned at registration (NewTensor) and later (Pin); small
+	// those of the resident unpinned storages under Config.EvicteeMinSize
+	// (never evicted: part of what must fit, like the pinned ones).
+	pinnedReg, pinnedLater, small uint64
 	// minBudget is the step's minimum budget so far (MinBudget).
 	minBudget MinBudgetParts
 	// stressQ[stressAt:] are the storages that became candidates, with

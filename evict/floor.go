@@ -34,6 +34,10 @@ type MinBudgetParts struct {
 	// inputs), PinnedLater those pinned later by Pin (gradients).
 	PinnedAtRegistration uint64 `json:"pinned_at_registration"`
 	PinnedLater          uint64 `json:"pinned_later"`
+	// UnderMinSize is the bytes of the resident unpinned storages smaller
+	// than the minimum evictee size (Config.EvicteeMinSize): never evicted,
+	// so they had to fit as well.
+	UnderMinSize uint64 `json:"under_min_size"`
 	// OpBytes is the bytes of the distinct storages among the op's inputs
 	// and outputs that are not pinned (for an in-place op, its inputs: the
 	// new versions live in their memory).
@@ -43,7 +47,9 @@ type MinBudgetParts struct {
 }
 
 // Bytes is the minimum budget: the sum of the parts.
-func (m MinBudgetParts) Bytes() uint64 { return m.PinnedAtRegistration + m.PinnedLater + m.OpBytes }
+func (m MinBudgetParts) Bytes() uint64 {
+	return m.PinnedAtRegistration + m.PinnedLater + m.UnderMinSize + m.OpBytes
+}
 
 // MinBudget returns the step's minimum budget so far and its parts. It is
 // tracked whatever the budget (an engine with no budget measures it).
@@ -74,21 +80,27 @@ func (e *Engine) setFlag(s rc.StorageID, f uint8, on bool) {
 	e.flags[s] |= f
 }
 
-// pinnedTotal returns the pinned total that s's bytes count in, or nil
-// when they count in none (s is not resident, or not pinned).
+// pinnedTotal returns the total of never-evicted bytes that s's bytes count
+// in: pinnedReg or pinnedLater for a pinned storage, small for an unpinned
+// one under the minimum evictee size; nil when they count in none (s is not
+// resident, or is an ordinary unpinned storage).
 func (e *Engine) pinnedTotal(s rc.StorageID, st *rc.Storage) *uint64 {
-	if st.State != rc.Resident || st.Pins <= 0 {
+	switch {
+	case st.State != rc.Resident:
 		return nil
-	}
-	if e.flag(s, flagRegPin) {
+	case st.Pins > 0 && e.flag(s, flagRegPin):
 		return &e.pinnedReg
+	case st.Pins > 0:
+		return &e.pinnedLater
+	case st.Size > 0 && st.Size < e.cfg.EvicteeMinSize:
+		return &e.small
 	}
-	return &e.pinnedLater
+	return nil
 }
 
-// countPinned adds s's bytes to its pinned total, after s became resident
-// or pinned. uncountPinned takes them away, before s stops being resident
-// or pinned. Both do nothing for a storage that is not both.
+// countPinned adds s's bytes to its total (pinnedTotal), after s became
+// resident or pinned. uncountPinned takes them away, before s stops being
+// resident or pinned. Both do nothing for a storage that counts in none.
 func (e *Engine) countPinned(s rc.StorageID, st *rc.Storage) {
 	if p := e.pinnedTotal(s, st); p != nil {
 		*p += st.Size
@@ -102,20 +114,22 @@ func (e *Engine) uncountPinned(s rc.StorageID, st *rc.Storage) {
 }
 
 // noteFloor evaluates the floor at an op that has the storages of ins and
-// outs resident together (name is the op's): the pinned totals plus the
-// bytes of those distinct storages that are not counted in them, and keeps
-// the largest (MinBudget). O(len(ins)+len(outs)), no allocation.
+// outs resident together (name is the op's): the pinned totals and the
+// small storages plus the bytes of those distinct storages that are not
+// counted in them, and keeps the largest (MinBudget).
+// O(len(ins)+len(outs)), no allocation.
 func (e *Engine) noteFloor(name string, ins, outs []rc.TensorID) {
 	m := e.g.Mark()
 	b := e.opBytes(ins, m, 0)
 	b = e.opBytes(outs, m, b)
-	if e.pinnedReg+e.pinnedLater+b > e.minBudget.Bytes() {
-		e.minBudget = MinBudgetParts{PinnedAtRegistration: e.pinnedReg, PinnedLater: e.pinnedLater, OpBytes: b, Op: name}
+	if e.pinnedReg+e.pinnedLater+e.small+b > e.minBudget.Bytes() {
+		e.minBudget = MinBudgetParts{PinnedAtRegistration: e.pinnedReg, PinnedLater: e.pinnedLater,
+			UnderMinSize: e.small, OpBytes: b, Op: name}
 	}
 }
 
 // opBytes adds to b the sizes of the storages of ts not marked m yet, and
-// marks them, less those the pinned totals count.
+// marks them, less those the pinned and small totals count.
 func (e *Engine) opBytes(ts []rc.TensorID, m uint64, b uint64) uint64 {
 	for _, t := range ts {
 		s := e.g.Tensor(t).Storage
@@ -131,11 +145,12 @@ func (e *Engine) opBytes(ts []rc.TensorID, m uint64, b uint64) uint64 {
 }
 
 // lockedBytes returns the bytes of the resident storages that are locked
-// and not pinned (an error path: it scans every storage).
+// and counted in no total (not pinned, not small; an error path: it scans
+// every storage).
 func (e *Engine) lockedBytes() uint64 {
 	var n uint64
 	for s := 0; s < e.g.NumStorages(); s++ {
-		if st := e.g.Storage(rc.StorageID(s)); st.State == rc.Resident && st.Locks > 0 && st.Pins <= 0 {
+		if st := e.g.Storage(rc.StorageID(s)); st.State == rc.Resident && st.Locks > 0 && e.pinnedTotal(rc.StorageID(s), st) == nil {
 			n += st.Size
 		}
 	}
@@ -146,7 +161,7 @@ func (e *Engine) lockedBytes() uint64 {
 // totals, the locked storages (the running op's inputs, a plan's held
 // step) and extra, the bytes about to be allocated.
 type floorNow struct {
-	reg, later, locked, extra uint64
+	reg, later, small, locked, extra uint64
 	// most is the step's minimum budget so far.
 	most MinBudgetParts
 	// plans is the number of unfinished rematerialization plans (HoldPlan)
@@ -155,11 +170,19 @@ type floorNow struct {
 }
 
 func (e *Engine) floorNow(extra uint64) floorNow {
-	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, locked: e.lockedBytes(), extra: extra, most: e.minBudget,
-		plans: len(e.plans)}
+	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, small: e.small, locked: e.lockedBytes(), extra: extra,
+		most: e.minBudget, plans: len(e.plans)}
 }
 
-func (f floorNow) bytes() uint64 { return f.reg + f.later + f.locked + f.extra }
+func (f floorNow) bytes() uint64 { return f.reg + f.later + f.small + f.locked + f.extra }
+
+// smallPart is the floor's part for the small storages ("" when none).
+func (f floorNow) smallPart(h func(uint64) string) string {
+	if f.small == 0 {
+		return ""
+	}
+	return h(f.small) + " under the minimum evictee size (never evicted) + "
+}
 
 // below returns, when budget is below f, a sentence that says so and names
 // the parts and the step's minimum budget so far, followed by "; " (the
@@ -174,16 +197,16 @@ func (f floorNow) below(budget uint64) string {
 		// Not a bound: what the nested plans hold depends on the engine's
 		// choices, so the step's lower bound stays the largest op's.
 		return fmt.Sprintf("budget %s is below what this point of the step holds: %s pinned at registration (parameters, inputs) + "+
-			"%s pinned later (gradients) + %s locked (the running op's inputs and those held for %d unfinished "+
+			"%s pinned later (gradients) + %s%s locked (the running op's inputs and those held for %d unfinished "+
 			"rematerialization plans, which nest at this budget) + %s requested = %s; "+
 			"the step's minimum budget (a lower bound) so far is %s (%s); ",
-			h(budget), h(f.reg), h(f.later), h(f.locked), f.plans, h(f.extra), h(f.bytes()), h(most), where)
+			h(budget), h(f.reg), h(f.later), f.smallPart(h), h(f.locked), f.plans, h(f.extra), h(f.bytes()), h(most), where)
 	}
 	if f.bytes() > most {
 		most, where = f.bytes(), "this point"
 	}
 	return fmt.Sprintf("budget %s is below what this step needs at this point: %s pinned at registration (parameters, inputs) + "+
-		"%s pinned later (gradients) + %s locked by the running op + %s requested; "+
+		"%s pinned later (gradients) + %s%s locked by the running op + %s requested; "+
 		"the step's minimum budget so far is %s (%s); ",
-		h(budget), h(f.reg), h(f.later), h(f.locked), h(f.extra), h(most), where)
+		h(budget), h(f.reg), h(f.later), f.smallPart(h), h(f.locked), h(f.extra), h(most), where)
 }

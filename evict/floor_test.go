@@ -28,18 +28,35 @@ func scanPinned(e *Engine, isReg map[rc.StorageID]bool) (reg, later uint64) {
 	return reg, later
 }
 
+// scanSmall returns the bytes of the resident unpinned storages under the
+// minimum evictee size, by the definition: a scan of every storage.
+func scanSmall(e *Engine) uint64 {
+	g := e.Graph()
+	var n uint64
+	for s := rc.StorageID(0); int(s) < g.NumStorages(); s++ {
+		if st := g.Storage(s); isSmall(e, st) {
+			n += st.Size
+		}
+	}
+	return n
+}
+
+func isSmall(e *Engine, st *rc.Storage) bool {
+	return st.State == rc.Resident && st.Pins == 0 && st.Size > 0 && st.Size < e.Config().EvicteeMinSize
+}
+
 // wantFloor is the floor of an op whose storages of ts are resident
-// together, by the definition: every resident pinned storage, plus the
-// distinct storages of ts that are not resident and pinned.
+// together, by the definition: every resident pinned or small storage, plus
+// the distinct storages of ts that are neither.
 func wantFloor(e *Engine, ts ...[]rc.TensorID) uint64 {
 	g := e.Graph()
 	reg, later := scanPinned(e, nil)
 	seen := map[rc.StorageID]bool{}
-	n := reg + later
+	n := reg + later + scanSmall(e)
 	for _, list := range ts {
 		for _, t := range list {
 			s := g.Tensor(t).Storage
-			if st := g.Storage(s); !seen[s] && (st.State != rc.Resident || st.Pins == 0) {
+			if st := g.Storage(s); !seen[s] && (st.State != rc.Resident || st.Pins == 0) && !isSmall(e, st) {
 				n += st.Size
 			}
 			seen[s] = true
@@ -72,27 +89,27 @@ func TestMinBudget(t *testing.T) {
 		}, MinBudgetParts{}, 100, 0},
 		{"one op", Config{}, func(t *testing.T, e *Engine) {
 			call(t, e, "f", []rc.TensorID{e.NewTensor(100, true)}, fresh(200))
-		}, MinBudgetParts{100, 0, 200, "f"}, 100, 0},
+		}, MinBudgetParts{100, 0, 0, 200, "f"}, 100, 0},
 		{"views and repeated inputs count once", Config{}, func(t *testing.T, e *Engine) {
 			y := call(t, e, "f", []rc.TensorID{e.NewTensor(100, true)}, fresh(300))
 			call(t, e, "g", []rc.TensorID{y[0], y[0]}, Output{Alias: 1}, fresh(50))
-		}, MinBudgetParts{100, 0, 350, "g"}, 100, 0},
+		}, MinBudgetParts{100, 0, 0, 350, "g"}, 100, 0},
 		{"unpinned external inputs are op bytes", Config{}, func(t *testing.T, e *Engine) {
 			call(t, e, "f", []rc.TensorID{e.NewTensor(500, false)}, fresh(100))
-		}, MinBudgetParts{0, 0, 600, "f"}, 0, 0},
+		}, MinBudgetParts{0, 0, 0, 600, "f"}, 0, 0},
 		{"gradients are pinned later", Config{}, func(t *testing.T, e *Engine) {
 			x := e.NewTensor(100, true)
 			a := call(t, e, "f", []rc.TensorID{x}, fresh(200))
 			gw := call(t, e, "g", a, fresh(50))
 			require.NoError(t, e.Pin(gw[0]))
 			call(t, e, "h", a, fresh(10))
-		}, MinBudgetParts{100, 50, 210, "h"}, 100, 50},
+		}, MinBudgetParts{100, 50, 0, 210, "h"}, 100, 50},
 		{"a registered storage pinned again stays registered", Config{}, func(t *testing.T, e *Engine) {
 			x := e.NewTensor(100, true)
 			require.NoError(t, e.Pin(x))
 			require.NoError(t, e.Unpin(x))
 			call(t, e, "f", []rc.TensorID{x}, fresh(1))
-		}, MinBudgetParts{100, 0, 1, "f"}, 100, 0},
+		}, MinBudgetParts{100, 0, 0, 1, "f"}, 100, 0},
 		{"in-place update of a parameter", Config{}, func(t *testing.T, e *Engine) {
 			p := e.NewTensor(100, true)
 			gw := e.NewTensor(100, false)
@@ -100,21 +117,21 @@ func TestMinBudget(t *testing.T) {
 			_, ids, err := e.Mutate("add_", []rc.TensorID{p, gw}, []int{0}, 10, 0)
 			require.NoError(t, err)
 			call(t, e, "f", ids, fresh(50))
-		}, MinBudgetParts{100, 100, 50, "f"}, 100, 100},
+		}, MinBudgetParts{100, 100, 0, 50, "f"}, 100, 100},
 		{"in-place update of an activation", Config{}, func(t *testing.T, e *Engine) {
 			a := call(t, e, "f", []rc.TensorID{e.NewTensor(100, true)}, fresh(200))
 			_, _, err := e.Mutate("relu_", a, []int{0}, 10, 0)
 			require.NoError(t, err)
-		}, MinBudgetParts{100, 0, 200, "f"}, 100, 0},
+		}, MinBudgetParts{100, 0, 0, 200, "f"}, 100, 0},
 		{"unpinned", Config{}, func(t *testing.T, e *Engine) {
 			x := e.NewTensor(100, true)
 			require.NoError(t, e.Unpin(x))
 			call(t, e, "f", []rc.TensorID{x}, fresh(10))
-		}, MinBudgetParts{0, 0, 110, "f"}, 0, 0},
+		}, MinBudgetParts{0, 0, 0, 110, "f"}, 0, 0},
 		{"a released pinned storage leaves the totals", Config{}, func(t *testing.T, e *Engine) {
 			require.NoError(t, e.Release(e.NewTensor(100, true)))
 			call(t, e, "f", []rc.TensorID{e.NewTensor(50, true)}, fresh(10))
-		}, MinBudgetParts{50, 0, 10, "f"}, 50, 0},
+		}, MinBudgetParts{50, 0, 0, 10, "f"}, 50, 0},
 		{"a re-run after gradients were pinned", Config{Heuristic: LRU}, func(t *testing.T, e *Engine) {
 			x := e.NewTensor(100, true)
 			a := call(t, e, "f", []rc.TensorID{x}, fresh(200))
@@ -128,7 +145,29 @@ func TestMinBudget(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, e.HoldPlan(steps))
 			require.NoError(t, e.Rematerialized(steps[0].Op, -1))
-		}, MinBudgetParts{100, 300, 200, "f"}, 100, 300},
+		}, MinBudgetParts{100, 300, 0, 200, "f"}, 100, 300},
+		{"small storages are never evicted: they count while resident", Config{EvicteeMinSize: 64}, func(t *testing.T, e *Engine) {
+			x := e.NewTensor(100, true)
+			m := call(t, e, "mean", []rc.TensorID{x}, fresh(8)) // small
+			small := e.NewTensor(16, false)                     // a small external, released before h
+			call(t, e, "g", []rc.TensorID{x}, fresh(40))        // small
+			y := call(t, e, "f", []rc.TensorID{x, m[0]}, fresh(300))
+			require.NoError(t, e.Release(small))
+			call(t, e, "h", y, fresh(500))
+		}, MinBudgetParts{100, 0, 48, 800, "h"}, 100, 0},
+		{"a small storage pinned counts as pinned, once", Config{EvicteeMinSize: 64}, func(t *testing.T, e *Engine) {
+			x := e.NewTensor(100, true)
+			m := call(t, e, "mean", []rc.TensorID{x}, fresh(8))
+			require.NoError(t, e.Pin(m[0]))
+			call(t, e, "f", []rc.TensorID{x, m[0]}, fresh(300))
+		}, MinBudgetParts{100, 8, 0, 300, "f"}, 100, 8},
+		{"a small storage updated in place counts once", Config{EvicteeMinSize: 64}, func(t *testing.T, e *Engine) {
+			x := e.NewTensor(100, true)
+			m := call(t, e, "mean", []rc.TensorID{x}, fresh(8))
+			_, ids, err := e.Mutate("mul_", []rc.TensorID{m[0], x}, []int{0}, 10, 0)
+			require.NoError(t, err)
+			call(t, e, "f", []rc.TensorID{x, ids[0]}, fresh(300))
+		}, MinBudgetParts{100, 0, 8, 300, "f"}, 100, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,6 +204,9 @@ func TestMinBudgetRandomHistories(t *testing.T) {
 			cfg.SwapBandwidth = 1e6
 		case 2:
 			cfg.Stress = true
+		}
+		if seed%3 == 0 {
+			cfg.EvicteeMinSize = 100 // about a third of the storages are small
 		}
 		e := newEngine(t, cfg)
 		g := e.Graph()
@@ -280,6 +322,7 @@ func TestMinBudgetRandomHistories(t *testing.T) {
 			wantReg, wantLater := scanPinned(e, isReg)
 			require.Equal(t, wantReg, reg, "%s: pinned at registration", what)
 			require.Equal(t, wantLater, later, "%s: pinned later", what)
+			require.Equal(t, scanSmall(e), e.small, "%s: small storages", what)
 			require.Equal(t, most, e.MinBudget().Bytes(), "%s: minimum budget", what)
 		}
 	}
@@ -309,20 +352,27 @@ func TestBudgetBelowWhatTheStepNeeds(t *testing.T) {
 	}{
 		{"below", 41 * mb, 10 * mb,
 			"budget 41.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
-				"5.0 MiB pinned later (gradients) + 30.0 MiB locked by the running op + 10.0 MiB requested; " +
+				"5.0 MiB pinned later (gradients) + 10.0 MiB under the minimum evictee size (never evicted) + " +
+				"30.0 MiB locked by the running op + 10.0 MiB requested; " +
 				"the step's minimum budget so far is 75.0 MiB (largest op: native_batch_norm_backward); ",
 			"usage 68157440 + 10485760 requested > budget 42991616: nothing evictable"},
 		{"below, this point needs more than any op so far", 41 * mb, 40 * mb,
 			"budget 41.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
-				"5.0 MiB pinned later (gradients) + 30.0 MiB locked by the running op + 40.0 MiB requested; " +
-				"the step's minimum budget so far is 95.0 MiB (this point); ",
+				"5.0 MiB pinned later (gradients) + 10.0 MiB under the minimum evictee size (never evicted) + " +
+				"30.0 MiB locked by the running op + 40.0 MiB requested; " +
+				"the step's minimum budget so far is 105.0 MiB (this point); ",
 			"usage 68157440 + 41943040 requested > budget 42991616: nothing evictable"},
 		{"too large", 41 * mb, 50 * mb,
 			"budget 41.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
-				"5.0 MiB pinned later (gradients) + 30.0 MiB locked by the running op + 50.0 MiB requested; " +
-				"the step's minimum budget so far is 105.0 MiB (this point); ",
+				"5.0 MiB pinned later (gradients) + 10.0 MiB under the minimum evictee size (never evicted) + " +
+				"30.0 MiB locked by the running op + 50.0 MiB requested; " +
+				"the step's minimum budget so far is 115.0 MiB (this point); ",
 			"an allocation of 52428800 bytes is larger than the whole budget of 42991616 bytes"},
-		{"not below: small storages keep the usage up", 60 * mb, 1 * mb, "",
+		{"below because of the small storages", 60 * mb, 1 * mb,
+			"budget 60.0 MiB is below what this step needs at this point: 20.0 MiB pinned at registration (parameters, inputs) + " +
+				"5.0 MiB pinned later (gradients) + 10.0 MiB under the minimum evictee size (never evicted) + " +
+				"30.0 MiB locked by the running op + 1.0 MiB requested; " +
+				"the step's minimum budget so far is 75.0 MiB (largest op: native_batch_norm_backward); ",
 			"usage 68157440 + 1048576 requested > budget 62914560: nothing evictable"},
 	}
 	for _, tc := range tests {
@@ -335,7 +385,7 @@ func TestBudgetBelowWhatTheStepNeeds(t *testing.T) {
 			require.NoError(t, e.Release(gw[1]))
 			require.Len(t, evictAll(t, e, 0), 1, "the released gradient is handed out")
 			call(t, e, "small", a, fresh(4*mb), fresh(3*mb), fresh(3*mb))
-			require.Equal(t, MinBudgetParts{20 * mb, 0, 55 * mb, "native_batch_norm_backward"}, e.MinBudget())
+			require.Equal(t, MinBudgetParts{20 * mb, 0, 0, 55 * mb, "native_batch_norm_backward"}, e.MinBudget())
 			require.NoError(t, e.Lock(a[0]))
 			e.SetBudget(tc.budget)
 			var buf [4]Victim

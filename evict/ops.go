@@ -18,8 +18,8 @@ func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
 	if pinned {
 		e.g.Storage(s).Pins++
 		e.setFlag(s, flagRegPin, true)
-		e.countPinned(s, e.g.Storage(s))
 	}
+	e.countPinned(s, e.g.Storage(s))
 	e.grow(nbytes)
 	e.refresh(s)
 	e.recConstant(t, nbytes)
@@ -59,6 +59,7 @@ func (e *Engine) call(name string, inputs []rc.TensorID, outs []Output, cost int
 		s.LastAccess = e.clock
 		if x.Alias < 0 {
 			fresh += s.Size
+			e.countPinned(x.Storage, s)
 		}
 	}
 	e.grow(fresh)
@@ -100,17 +101,22 @@ func (e *Engine) Mutate(name string, inputs []rc.TensorID, mutated []int, cost i
 	}
 	e.recMutate(name, inputs, mutated, cost, ids)
 	// The new versions live in the inputs' memory: the op needed its
-	// inputs resident, and the pins as they were.
+	// inputs resident, and the pins as they were (the new versions, which
+	// Call counted if small, count from when they take over).
+	for _, id := range ids {
+		nw := e.g.Tensor(id).Storage
+		e.uncountPinned(nw, e.g.Storage(nw))
+	}
 	e.noteFloor(name, inputs, nil)
 	for i, m := range mutated {
 		old := e.g.Tensor(inputs[m]).Storage
 		nw := e.g.Tensor(ids[i]).Storage
 		os, ns := e.g.Storage(old), e.g.Storage(nw)
 		e.uncountPinned(old, os)
-		e.uncountPinned(nw, ns)
 		reg := os.Pins > 0 && e.flag(old, flagRegPin)
 		ns.Pins, os.Pins = ns.Pins+os.Pins, 0
 		e.setFlag(nw, flagRegPin, reg)
+		e.countPinned(old, os) // unpinned now: counted as any storage until dropped
 		e.countPinned(nw, ns)
 		// The new version lives in the old memory: dropping the old
 		// storage gives back the bytes Call counted for the new one. The

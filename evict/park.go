@@ -31,6 +31,7 @@ func (e *Engine) Park(t rc.TensorID) (bool, error) {
 	}
 	v := Victim{Tensor: st.Root, Action: Swap, Size: st.Size}
 	e.sel.remove(s)
+	e.uncountPinned(s, st)
 	e.g.SwapOut(s)
 	e.usage -= st.Size
 	e.stats.SwapsOut++

@@ -412,7 +412,8 @@ class DTRRegion:
         gradients - plus the largest working set of any op or rebuild, as the
         engine saw them; measure it with ``dtr(None)``), ``min_budget_parts``
         (its parts: ``pinned_at_registration``, ``pinned_later``,
-        ``op_bytes``, ``op``), ``budget`` (bytes, 0 = unlimited),
+        ``under_min_size`` - resident tensors smaller than the minimum
+        evictee size, never evicted - ``op_bytes``, ``op``), ``budget`` (bytes, 0 = unlimited),
         ``budget_source`` (where it came from), ``entries``, ``tuning``: ``None``
         until the engine tuned this region, else ``choice``, ``feasible``,
         ``overhead``, ``default_overhead``, ``wall_ns``, ``instructions`` and
