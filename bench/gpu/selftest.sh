@@ -87,7 +87,8 @@ expect cpu-profile-step-syncs '"synchronizations_per_step"' "$T/ps/profile_step.
 expect cpu-profile-step-wrap-card '"wrap-card"' "$T/ps/profile_step.json"
 check cpu-smoke "$PY" $G/smoke.py --device cpu --out "$T/s1.json"
 expect cpu-smoke-recompute '"name": "dtr_recompute",' "$T/s1.json"
-expect cpu-smoke-passed '"passed": 5,' "$T/s1.json"
+expect cpu-smoke-park '"name": "dtr_park",' "$T/s1.json"
+expect cpu-smoke-passed '"passed": 6,' "$T/s1.json"
 
 # run_all.sh end to end (on a machine without a GPU every GPU step skips itself;
 # abi_test runs in device mode on the fake libcuda.so.1 of device/cuda's tests).

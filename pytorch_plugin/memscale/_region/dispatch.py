@@ -343,6 +343,7 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
             ]
     if a.missing or stale_aliases:
         with HeldCells(s.engine) as held:
+            a.args, a.kwargs = [], {}  # a parked input must not stay referenced here
             make_resident(s, a.cells + stale_aliases, held)
             a.refill(info)
             out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
