@@ -194,15 +194,17 @@ def _level(s: Session, cells: list[Cell]) -> Iterator[None]:
 def _unpark(s: Session, cells: list[Cell], held: HeldCells) -> None:
     """Bring back what an inner level parked of ``cells`` (locked, in ``held``)
     while it rebuilt the others: each comes back with a swap-in, which parks
-    nothing of this level. Bounded: each round makes one more cell resident
-    or raises."""
+    nothing of this level (a cell the budget loop evicted meanwhile is rebuilt
+    by its plan, which may park the others again: at most
+    :data:`MAX_PLANS_PER_CELL` rounds per cell, then an error)."""
     rounds = 0
     while missing := [c for c in cells if c.tensor is None]:
         rounds += 1
         if rounds > len(cells) * MAX_PLANS_PER_CELL:
             raise MemscaleError(
                 f"memscale.dtr: the inputs of a rebuild could not be made resident together ({len(cells)} "
-                "tensors; each rebuild took back another): the budget is too small for this step"
+                "tensors; each rebuild took back another): the budget is too small for this step; raise it "
+                "(summary()['min_budget'] of an unbudgeted run is a lower bound)"
             )
         for cell in missing:
             if cell.tensor is None:
