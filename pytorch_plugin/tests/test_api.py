@@ -379,3 +379,17 @@ def test_other_models_optimizer_does_not_close_the_region() -> None:
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert memscale.summary(model).steps == 1
     memscale.detach(model)
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [
+        ({"swaps_out": 3, "swaps_in": 3, "parked": 2}, "3 swaps out / 3 in (2 parked), compute overhead"),
+        ({"swaps_out": 3, "swaps_in": 1}, "3 swaps out / 1 in, compute overhead"),
+        ({}, "0 swaps out / 0 in, compute overhead"),
+    ],
+)
+def test_summary_line_names_parked_tensors(fields: dict[str, int], text: str) -> None:
+    s = memscale.Summary(steps=1, **fields)
+    assert text in str(s)
+    assert s.as_dict()["parked"] == fields.get("parked", 0)
