@@ -269,14 +269,21 @@ def _mlp_step(torch: Any, dev: str, region: Any) -> tuple[Any, list[Any]]:
         layers += [lin, torch.nn.GELU()]
     model = torch.nn.Sequential(*layers).to(dev)
     x = torch.randn(4096 if dev == "cuda" else 1024, 256, generator=g).to(dev)
+    loss = _square_mean_step(model, x, region)
+    return loss.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()]
+
+
+def _square_mean_step(model: Any, x: Any, region: Any) -> Any:
+    """Forward and backward of ``model(x).square().mean()``, inside ``region``
+    when one is given; returns the loss."""
     if region is None:
         loss = model(x).square().mean()
         loss.backward()
-    else:
-        with region:
-            loss = model(x).square().mean()
-            loss.backward()
-    return loss.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()]
+        return loss
+    with region:
+        loss = model(x).square().mean()
+        loss.backward()
+    return loss
 
 
 def _dtr(torch: Any, dev: str, ms: Any, swap: bool) -> str:
@@ -335,13 +342,7 @@ def _resnet_step(torch: Any, dev: str, region: Any) -> tuple[Any, list[Any], lis
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), *[Block(32) for _ in range(6)]).to(dev)
     side = 64 if dev == "cuda" else 24
     x = torch.randn(16, 3, side, side, generator=torch.Generator().manual_seed(8)).to(dev)
-    if region is None:
-        loss = model(x).square().mean()
-        loss.backward()
-    else:
-        with region:
-            loss = model(x).square().mean()
-            loss.backward()
+    loss = _square_mean_step(model, x, region)
     return (loss.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()],
             [b.detach().cpu() for b in model.buffers()])
 
