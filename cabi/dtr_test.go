@@ -472,7 +472,7 @@ func benchChain(b *testing.B, config string) {
 }
 
 func TestDTRParkSwapsOutALockedStorage(t *testing.T) {
-	h := newTestEngine(t, `{"budget": 1000, "heuristic": "lru", "park_bandwidth": 1e9}`)
+	h := newTestEngine(t, `{"budget": 1000, "heuristic": "lru", "park": true}`)
 	ts := dtrChain(t, h, 3, 200) // the root (pinned) and three outputs
 	require.Equal(t, 0, abiDTRLock(h, ts[1]), lastError())
 	assert.Equal(t, 1, abiDTRPark(h, ts[1]), lastError())

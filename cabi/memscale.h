@@ -372,7 +372,7 @@ int memscale_dtr_abandon_plans(int64_t h);
  * inputs, the inputs of outer plans' held steps) is not read until the inner
  * rebuild is done. Locks stay; the holder checks residency before reading the
  * storage and swaps it back in (memscale_dtr_plan gives a swap-in step).
- * Parking is on when the configuration's "park_bandwidth" is non-zero.
+ * Parking is on when the configuration's "park" is true.
  * Returns 1 (parked), 0 (not parked: parking off, or the storage is not
  * resident, pinned, empty, or over the offload limit) or -1 (unknown handle
  * or tensor). */

@@ -261,16 +261,12 @@ func (e *Engine) unpark() {
 }
 
 // transferNS is the modelled one-way copy time of n bytes (0 when no
-// bandwidth is configured).
+// bandwidth is configured: parking alone).
 func (e *Engine) transferNS(n uint64) int64 {
-	bw := e.cfg.SwapBandwidth
-	if bw == 0 {
-		bw = e.cfg.ParkBandwidth
-	}
-	if bw == 0 {
+	if e.cfg.SwapBandwidth == 0 {
 		return 0
 	}
-	return int64(float64(n) / bw * 1e9)
+	return int64(float64(n) / e.cfg.SwapBandwidth * 1e9)
 }
 
 // evictStorage takes the victim s out of memory and says how.
@@ -280,7 +276,7 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	e.stats.BytesEvicted += st.Size
 	if e.softHeld(s) {
 		e.stats.ReserveEvictions++
-		if e.cfg.ParkBandwidth > 0 && e.swapFits(st.Size) {
+		if e.cfg.Park && e.swapFits(st.Size) {
 			v.Action = Swap // parked: an open plan reads it again
 			e.stats.Parked++
 		}
@@ -292,17 +288,23 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 		}
 	}
 	if v.Action == Swap {
-		e.sel.remove(s)
-		e.uncountPinned(s, st)
-		e.g.SwapOut(s)
-		e.usage -= st.Size
-		e.stats.SwapsOut++
-		d := e.transferNS(st.Size)
-		e.stats.SwapCostNS += d
-		e.clock += d
+		e.swapOut(s, st)
 		return v
 	}
 	e.dropStorage(s)
 	e.stats.Evictions++
 	return v
+}
+
+// swapOut marks s swapped out to host memory (the caller copies it) and
+// counts the swap and its modelled transfer time.
+func (e *Engine) swapOut(s rc.StorageID, st *rc.Storage) {
+	e.sel.remove(s)
+	e.uncountPinned(s, st)
+	e.g.SwapOut(s)
+	e.usage -= st.Size
+	e.stats.SwapsOut++
+	d := e.transferNS(st.Size)
+	e.stats.SwapCostNS += d
+	e.clock += d
 }

@@ -23,16 +23,16 @@ type Config struct {
 	// SwapBandwidth is the host<->device bandwidth in bytes/s used for the
 	// swap-or-recompute decision; 0 means never swap.
 	SwapBandwidth float64
-	// ParkBandwidth, when non-zero, turns on parking: a reserve victim (a
-	// storage that a re-run step of an open rematerialization plan still
-	// reads, taken because nothing else was left) is copied to host memory
-	// instead of dropped, whatever SwapBandwidth says, within OffloadLimit.
-	// Dropped, it would be rebuilt by a plan of its own, nested inside the
-	// one that reads it, and nested plans are what runs out of room at
-	// tight budgets; parked, it costs one copy each way. The value is the
-	// host<->device bandwidth in bytes/s for the clock's transfer times when
-	// SwapBandwidth is 0.
-	ParkBandwidth float64
+	// Park turns on parking: a reserve victim (a storage that a re-run step
+	// of an open rematerialization plan still reads, taken because nothing
+	// else was left) is copied to host memory instead of dropped, whatever
+	// SwapBandwidth says, within OffloadLimit, and Engine.Park may take a
+	// locked storage out. Dropped, a reserve victim would be rebuilt by a
+	// plan of its own, nested inside the one that reads it, and nested plans
+	// are what runs out of room at tight budgets; parked, it costs one copy
+	// each way (timed on the clock with SwapBandwidth when it is set; no
+	// bandwidth needs measuring for parking alone).
+	Park bool
 	// Reserve is the size of graph to make room for up front (the counts
 	// of the previous step of the same program; zero: none).
 	Reserve GraphSize
@@ -124,7 +124,7 @@ func (c Config) validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"recomp_time_factor", c.RecompTimeFactor}, {"recomp_memory_factor", c.RecompMemoryFactor}, {"swap_bandwidth", c.SwapBandwidth}, {"park_bandwidth", c.ParkBandwidth}} {
+	}{{"recomp_time_factor", c.RecompTimeFactor}, {"recomp_memory_factor", c.RecompMemoryFactor}, {"swap_bandwidth", c.SwapBandwidth}} {
 		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
 			return fmt.Errorf("evict: %s %v: must be a finite number >= 0", f.name, f.v)
 		}

@@ -16,7 +16,7 @@ import (
 // configKeys are the keys DecodeConfig accepts.
 var configKeys = []string{
 	"budget", "heuristic", "recomp_time_factor", "recomp_memory_factor",
-	"evictee_min_size", "swap_bandwidth", "park_bandwidth", "offload_limit", "usage", "device", "simulator_compat",
+	"evictee_min_size", "swap_bandwidth", "park", "offload_limit", "usage", "device", "simulator_compat",
 	"keep_needed_released", "record", "stress", "defaults",
 }
 
@@ -32,7 +32,7 @@ func DecodeConfig(data []byte, base Config) (Config, UsageSource, error) {
 //	{"budget": bytes (0 = unlimited), "heuristic": name (see ParseHeuristic),
 //	 "recomp_time_factor": f, "recomp_memory_factor": f,
 //	 "evictee_min_size": bytes, "swap_bandwidth": bytes/s (0 = never swap),
-//	 "park_bandwidth": bytes/s (0 = never park; see Config.ParkBandwidth),
+//	 "park": bool (Config.Park),
 //	 "offload_limit": bytes swapped out at most (0 = no cap),
 //	 "usage": "engine" | "allocator", "device": ordinal (for "allocator"),
 //	 "simulator_compat": bool, "keep_needed_released": bool,
@@ -80,8 +80,10 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 			cfg.RecompMemoryFactor, err = jsonFloat(k, v)
 		case "swap_bandwidth":
 			cfg.SwapBandwidth, err = jsonFloat(k, v)
-		case "park_bandwidth":
-			cfg.ParkBandwidth, err = jsonFloat(k, v)
+		case "park":
+			if json.Unmarshal(v, &cfg.Park) != nil {
+				err = fmt.Errorf("dtr config: park %s: want true or false", v)
+			}
 		case "heuristic":
 			var s string
 			if err = json.Unmarshal(v, &s); err != nil {
@@ -155,7 +157,7 @@ func (d Defaults) Decode(data []byte) (Config, UsageSource, error) {
 // reported or merged into another engine's configuration: "budget",
 // "heuristic" (the name as configured: "auto" for the tuning policy),
 // "recomp_time_factor" and "recomp_memory_factor" (omitted when 0, which
-// means 1), "evictee_min_size", "swap_bandwidth" and "park_bandwidth" (omitted when 0),
+// means 1), "evictee_min_size", "swap_bandwidth" (omitted when 0), "park",
 // "usage" ("engine" or "allocator", from src), "device" (with "allocator"
 // only), "simulator_compat", "keep_needed_released", "record", "stress"
 // and "reserve" (omitted when zero). Given
@@ -173,10 +175,10 @@ func (c Config) JSON(src UsageSource, keys ...string) map[string]any {
 		"keep_needed_released": !c.DropNeededReleased,
 		"record":               c.Record,
 		"stress":               c.Stress,
+		"park":                 c.Park,
 	}
 	for k, f := range map[string]float64{"recomp_time_factor": c.RecompTimeFactor,
-		"recomp_memory_factor": c.RecompMemoryFactor, "swap_bandwidth": c.SwapBandwidth,
-		"park_bandwidth": c.ParkBandwidth} {
+		"recomp_memory_factor": c.RecompMemoryFactor, "swap_bandwidth": c.SwapBandwidth} {
 		if f != 0 {
 			all[k] = f
 		}

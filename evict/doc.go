@@ -336,7 +336,7 @@
 //
 // # Parking
 //
-// With Config.ParkBandwidth non-zero, two things that would otherwise make
+// With Config.Park, two things that would otherwise make
 // rebuilds nest until nothing is evictable copy to host memory instead
 // (counted in Stats.Parked and SwapsOut):
 //

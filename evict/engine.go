@@ -138,7 +138,7 @@ type Stats struct {
 	// an open plan still read, taken because no ordinary candidate was
 	// left (also counted in Evictions or SwapsOut).
 	ReserveEvictions int64 `json:"reserve_evictions"`
-	// Parked counts the storages parked in host memory (Config.ParkBandwidth):
+	// Parked counts the storages parked in host memory (Config.Park):
 	// reserve victims swapped instead of dropped, and locked storages Park
 	// swapped out (also counted in SwapsOut).
 	Parked int64 `json:"parked"`

@@ -16,7 +16,7 @@ import (
 // rebuild is done, and parked they leave it their room. The locks stay;
 // whoever holds them checks, before reading the storage, that it is
 // resident and has it swapped back in (a plan of one swap-in step) if not.
-// Parking is on when Config.ParkBandwidth is non-zero. It reports whether
+// Parking is on with Config.Park. It reports whether
 // t's storage was parked: not when parking is off, or the storage is not
 // resident, pinned, empty, or would pass Config.OffloadLimit.
 func (e *Engine) Park(t rc.TensorID) (bool, error) {
@@ -26,22 +26,14 @@ func (e *Engine) Park(t rc.TensorID) (bool, error) {
 	}
 	s := x.Storage
 	st := e.g.Storage(s)
-	if e.cfg.ParkBandwidth == 0 || st.State != rc.Resident || st.Pins > 0 || st.Size == 0 || !e.swapFits(st.Size) {
+	if !e.cfg.Park || st.State != rc.Resident || st.Pins > 0 || st.Size == 0 || !e.swapFits(st.Size) {
 		return false, nil
 	}
-	v := Victim{Tensor: st.Root, Action: Swap, Size: st.Size}
-	e.sel.remove(s)
-	e.uncountPinned(s, st)
-	e.g.SwapOut(s)
-	e.usage -= st.Size
-	e.stats.SwapsOut++
+	e.swapOut(s, st)
 	e.stats.Parked++
 	e.stats.BytesEvicted += st.Size
-	d := e.transferNS(st.Size)
-	e.stats.SwapCostNS += d
-	e.clock += d
 	if e.cfg.OnEvict != nil {
-		e.cfg.OnEvict(v, ReasonPark)
+		e.cfg.OnEvict(Victim{Tensor: st.Root, Action: Swap, Size: st.Size}, ReasonPark)
 	}
 	return true, nil
 }

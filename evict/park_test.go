@@ -11,7 +11,7 @@ import (
 
 func TestParkTakesALockedStorageOutAndPlansItsSwapIn(t *testing.T) {
 	var why []EvictReason
-	e := newEngine(t, Config{Heuristic: LRU, ParkBandwidth: 1e9,
+	e := newEngine(t, Config{Heuristic: LRU, Park: true, SwapBandwidth: 1e9,
 		OnEvict: func(_ Victim, r EvictReason) { why = append(why, r) }})
 	x := e.NewTensor(100, true)
 	ts := chain(t, e, x, 2, 1000) // x -> a -> b
@@ -66,21 +66,21 @@ func TestParkIsOffByDefaultAndKeepsTheOffloadLimit(t *testing.T) {
 	a := chain(t, e, x, 1, 1000)[0]
 	parked, err := e.Park(a)
 	require.NoError(t, err)
-	assert.False(t, parked, "park_bandwidth 0: parking is off")
+	assert.False(t, parked, "parking is off by default")
 
-	e = newEngine(t, Config{Heuristic: LRU, ParkBandwidth: 1e9, OffloadLimit: 500})
+	e = newEngine(t, Config{Heuristic: LRU, Park: true, OffloadLimit: 500})
 	x = e.NewTensor(100, true)
 	a = chain(t, e, x, 1, 1000)[0]
 	parked, err = e.Park(a)
 	require.NoError(t, err)
 	assert.False(t, parked, "1000 bytes would pass the offload limit of 500")
 
-	cfg, _, err := Defaults{}.Decode([]byte(`{"park_bandwidth": 2e9}`))
+	cfg, _, err := Defaults{}.Decode([]byte(`{"park": true}`))
 	require.NoError(t, err)
-	assert.Equal(t, 2e9, cfg.ParkBandwidth)
-	assert.Equal(t, 2e9, cfg.JSON(UsageSource{})["park_bandwidth"])
-	_, _, err = Defaults{}.Decode([]byte(`{"park_bandwidth": -1}`))
-	require.ErrorContains(t, err, "park_bandwidth")
+	assert.True(t, cfg.Park)
+	assert.Equal(t, true, cfg.JSON(UsageSource{})["park"])
+	_, _, err = Defaults{}.Decode([]byte(`{"park": 1}`))
+	require.ErrorContains(t, err, "park")
 }
 
 func TestReserveVictimsAreParked(t *testing.T) {
@@ -90,7 +90,7 @@ func TestReserveVictimsAreParked(t *testing.T) {
 	for _, park := range []bool{false, true} {
 		cfg := Config{Heuristic: LRU}
 		if park {
-			cfg.ParkBandwidth = 1e9
+			cfg.Park = true
 		}
 		e := newEngine(t, cfg)
 		x := e.NewTensor(100, true)

@@ -245,7 +245,7 @@ class DTRRegion:
             "recomp_memory_factor": self._recomp_memory_factor,
             "evictee_min_size": self._evictee_min_size,
             "swap_bandwidth": host_bandwidth() if self._swap else 0,
-            "park_bandwidth": host_bandwidth() if self._park else 0,
+            "park": self._park,
             "offload_limit": self._offload_limit,
             "usage": usage,
         }

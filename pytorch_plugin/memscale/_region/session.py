@@ -150,8 +150,8 @@ class Session:
         #: When the innermost level finds no room, the storages the outer
         #: levels hold are parked in host memory (:meth:`make_room`).
         self.levels: list[list[Cell]] = []
-        #: Whether the engine parks (its configuration's ``park_bandwidth``).
-        self.parking = bool(config.get("park_bandwidth"))
+        #: Whether the engine parks (its configuration's ``park``).
+        self.parking = bool(config.get("park"))
         #: The device whose allocation failures this session evicts for.
         self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
         self.budgeted = False
@@ -215,14 +215,14 @@ class Session:
         """
         if not self.parking or len(self.levels) < 2:
             return False
-        keep = {c.root for c in self.levels[-1]}
+        seen = {c.root for c in self.levels[-1]}  # the innermost level's, then each one tried
         parked = False
         for level in self.levels[:-1]:
             for cell in level:
                 root = cell.root
-                if root in keep or cell.tensor is None:
+                if root in seen or cell.tensor is None:
                     continue
-                keep.add(root)
+                seen.add(root)
                 group = self.groups.get(root)
                 if group is None or not self.engine.park(root):
                     continue
