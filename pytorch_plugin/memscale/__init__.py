@@ -15,6 +15,9 @@ Four layers, use the one you need:
   region; tensors are evicted and rebuilt as the Go engine decides
   (``memscale.DTRRegion``, ``memscale.DTRTensor``, ``memscale.unwrap``; the
   design is in ``memscale/_region/__init__.py``).
+* ``memscale.blocks(model, budget="50%")``: block-level DTR - the activations of
+  whole blocks (transformer layers) are evicted and recomputed as the engine
+  decides, with no per-op interception (``memscale/_blocks/__init__.py``).
 * ``memscale.wrap(model_or_trainer, memscale.Config(mode="balanced"))``,
   ``memscale.optimize(model, optimizer)``, ``memscale.detach(...)``,
   ``memscale.summary(...)``: run every training step under a region.
@@ -63,6 +66,35 @@ from .snapshot import dump_snapshot, snapshot
 
 from ._version import __version__
 
+
+
+def blocks(
+    model: Any, budget: int | str, *, modules: list[Any] | None = None, heuristic: str | None = None
+) -> Any:
+    """Block-level DTR on ``model``: returns a :class:`memscale._blocks.BlockDTR`.
+
+    Each forward call of a block (``modules``, or the entries of the model's
+    largest list of same-class modules: its transformer layers) is one unit;
+    the activations it saves for backward are evicted as the engine decides
+    when they exceed ``budget`` and recomputed from the block's inputs when
+    backward needs them, with its random-number, autocast and buffer state.
+
+    Args:
+        model: the model (hooks are put on its blocks; ``detach()`` removes them).
+        budget: bytes of block activations (``int`` or ``"2GiB"``), or a
+            percentage of what the first step's blocks held (that step runs
+            with no budget to measure it).
+        modules: the blocks to track (default: found in ``model``).
+        heuristic: the engine's eviction heuristic (default: the engine's).
+
+    Raises:
+        ConfigError: a malformed budget, or no blocks found.
+    """
+    from ._blocks import BlockDTR
+
+    return BlockDTR(model, budget, modules, heuristic)
+
+
 __all__: list[str] = [
     "AlreadyInstalledError",
     "Budget",
@@ -79,6 +111,7 @@ __all__: list[str] = [
     "OptimizationMode",
     "Summary",
     "__version__",
+    "blocks",
     "detach",
     "device_total_memory",
     "dump_snapshot",

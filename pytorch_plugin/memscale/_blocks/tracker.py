@@ -1,0 +1,376 @@
+"""The hooks on a model's blocks, the engine behind them, and the budget.
+
+:class:`BlockDTR` puts two hooks on each tracked block: a forward pre-hook
+(first of the block's pre-hooks) that starts a :class:`~.unit.Unit` and pushes
+its ``saved_tensors_hooks``, and a forward hook that runs even when the forward
+raised and pops them. When the block returns, the unit's activations are
+registered with the Go engine as the output of one op (cost: the block's
+forward time; no inputs: the block's inputs stay with the program) and the
+engine's budget loop runs; it names the units to evict, whose activations are
+dropped. A slot unpacked in backward whose unit is evicted asks for a plan,
+makes room and recomputes the unit (:meth:`BlockDTR.rebuild`). When autograd has
+dropped a unit's last slot, the unit is released; when no unit of a step is
+left, the step is over: its engine is closed (its counters kept) and the next
+step gets a fresh one, with the budget a percentage resolves to once the first
+step measured its peak.
+
+Ops run as plain PyTorch: nothing is intercepted per op, so the bookkeeping is
+per block call and per saved tensor (a few microseconds each), not per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
+from ..config import format_bytes, is_percentage, parse_size
+from ..errors import ConfigError, MemscaleError
+from .unit import Unit
+
+_perf_ns = time.perf_counter_ns
+log = logging.getLogger("memscale")
+
+#: Counters a step's engine contributes to :meth:`BlockDTR.summary`.
+_COUNTERS = ("evictions", "rematerializations", "base_cost_ns", "remat_cost_ns")
+
+
+def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's repeated blocks, with their names: the entries of every
+    ``ModuleList`` (or ``Sequential``) of two or more modules of one class that
+    is not inside another such list's entry - a transformer's layers (an
+    encoder's and a decoder's), a ResNet's stages - in the model's order.
+
+    Raises:
+        ConfigError: the model has no such list (pass ``modules=``).
+    """
+    found: list[tuple[str, torch.nn.Module]] = []
+    inside: set[int] = set()  # modules within a chosen block
+    for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) or len(module) < 2:
+            continue
+        children = list(module.named_children())
+        if len({type(child) for _, child in children}) != 1:
+            continue
+        for child_name, child in children:
+            found.append((f"{name}.{child_name}" if name else child_name, child))
+            inside.update(id(m) for m in child.modules())
+    if not found:
+        raise ConfigError(
+            f"memscale.blocks: {type(model).__name__} has no list of repeated blocks (a ModuleList or Sequential "
+            "of two or more modules of one class); name the blocks to track with modules=[...]"
+        )
+    return found
+
+
+def _no_training_cache(model: torch.nn.Module) -> None:
+    """Turn off a Hugging Face model's key/value cache, as its own gradient
+    checkpointing does: a block that appends to a cache does not repeat, so
+    it could not be recomputed (and training never reads the cache)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) is True:
+        config.use_cache = False
+        log.info("memscale.blocks: set %s.config.use_cache = False (a cache makes blocks unrepeatable)", type(model).__name__)
+
+
+class BlockDTR:
+    """Block-level DTR on a model (see :func:`memscale.blocks`)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        budget: int | str,
+        modules: list[torch.nn.Module] | None = None,
+        heuristic: str | None = None,
+    ) -> None:
+        if modules is None:
+            named = find_blocks(model)
+        else:
+            names = {id(m): n for n, m in model.named_modules()}
+            named = [(names.get(id(m), type(m).__name__), m) for m in modules]
+            if not named:
+                raise ConfigError("memscale.blocks: modules=[] names no block; leave it out to find the blocks")
+        self.blocks = named
+        _no_training_cache(model)
+        if is_percentage(budget):
+            parse_size(budget, name="memscale.blocks(budget)", total=1 << 40)  # checks the range
+            self._percent: str | None = str(budget)
+            self._budget = 0  # the first step measures the peak
+        else:
+            self._percent = None
+            self._budget = parse_size(budget, name="memscale.blocks(budget)", allow_percent=False)
+            if self._budget == 0:
+                raise ConfigError("memscale.blocks(budget=0): give a positive size (\"2GiB\") or a percentage (\"50%\")")
+        self._heuristic = heuristic
+        self._engine: Engine | None = None
+        self._units: dict[int, Unit] = {}  # live registered units by engine tensor id
+        self._open = 0  # units started and not released (registered or not)
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._done: list[Unit] = []  # released by autograd, not told to the engine yet
+        #: Blocks seen changing their buffers in place (BatchNorm's running
+        #: statistics): their calls copy the buffers first, for a recompute.
+        self._mutating: set[int] = set()
+        self._totals = dict.fromkeys(_COUNTERS, 0)
+        self._steps = 0
+        self._peak = 0  # of the budgeted steps
+        self._first_peak = 0
+        self._last_peak = 0
+        self._largest = 0  # bytes of the largest unit registered
+        #: Bytes a block call kept last time, per (block, input shapes).
+        self._sizes: dict[tuple[Any, ...], int] = {}
+        self._calls = 0
+        self._handles: list[Any] = []
+        for name, block in named:
+            self._handles.append(
+                block.register_forward_pre_hook(self._make_pre(name), with_kwargs=True, prepend=True)
+            )
+            self._handles.append(block.register_forward_hook(self._post, always_call=True))
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def budget(self) -> int:
+        """The budget of the block activations in bytes (0 while a percentage waits for the first step)."""
+        return self._budget
+
+    def set_budget(self, budget: int | str) -> None:
+        """A new budget (bytes or a size string); the running step's engine gets it now."""
+        nbytes = parse_size(budget, name="BlockDTR.set_budget", allow_percent=False)
+        if nbytes == 0:
+            raise ConfigError("BlockDTR.set_budget(0): give a positive size")
+        with self._lock:
+            self._percent = None
+            self._budget = nbytes
+            if self._engine is not None:
+                self._engine.set_budget(nbytes)
+
+    def summary(self) -> dict[str, Any]:
+        """Counters over every step so far (the running step's included)."""
+        with self._lock:
+            totals = dict(self._totals)
+            peak = self._peak
+            if self._engine is not None:
+                stats = self._engine.stats()
+                for key in _COUNTERS:
+                    totals[key] += int(stats[key])
+                if self._budget:
+                    peak = max(peak, int(stats["peak_usage"]))
+        base = totals["base_cost_ns"]
+        return {
+            "blocks": len(self.blocks),
+            "budget": self._budget,
+            "steps": self._steps,
+            "block_calls": self._calls,
+            "peak_usage": peak,
+            "first_step_peak": self._first_peak,
+            "last_step_peak": self._last_peak,
+            "largest_block": self._largest,
+            "evictions": totals["evictions"],
+            "rematerializations": totals["rematerializations"],
+            "compute_overhead": (base + totals["remat_cost_ns"]) / base if base else 1.0,
+        }
+
+    def detach(self) -> None:
+        """Remove the hooks (units already made stay valid until backward)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> BlockDTR:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # ------------------------------------------------------------ hooks
+
+    def _make_pre(self, name: str) -> Any:
+        def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            tls = self._tls
+            recompute = getattr(tls, "recompute", None)
+            if recompute is not None:
+                unit, hooks = recompute
+                if unit.block is block and getattr(tls, "capturing", None) is None:
+                    hooks.__enter__()
+                    tls.capturing = hooks
+                return
+            if not torch.is_grad_enabled() or getattr(tls, "unit", None) is not None:
+                return  # evaluation, or a tracked block inside another
+            self._flush()
+            unit = Unit(self, block, name, args, kwargs)
+            expected = self._sizes.get(unit.signature)
+            if expected and self._budget:
+                # The same call saved this much last time: make room before
+                # it runs, so usage stays within the budget.
+                with self._lock:
+                    self._make_room(expected, unit, expected)
+            if id(block) in self._mutating:
+                with torch.no_grad():
+                    unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
+            tls.unit = unit
+            tls.versions = unit.input_versions
+            self._open += 1
+            unit.hooks.__enter__()
+            unit.started_ns = _perf_ns()
+
+        return pre
+
+    def _post(self, block: torch.nn.Module, args: Any, output: Any) -> None:
+        tls = self._tls
+        capturing = getattr(tls, "capturing", None)
+        if capturing is not None:
+            recompute = tls.recompute
+            if recompute is not None and recompute[0].block is block:
+                tls.capturing = None
+                capturing.__exit__(None, None, None)
+            return
+        unit: Unit | None = getattr(tls, "unit", None)
+        if unit is None or unit.block is not block:
+            return
+        tls.unit = None
+        unit.hooks.__exit__(None, None, None)
+        cost = _perf_ns() - unit.started_ns
+        if output is None:  # the forward raised: nothing of it will be backpropagated
+            self._forget(unit)
+            return
+        unit.finished(output)
+        self._register(unit, cost, pinned=unit.mutated_inputs(tls.versions))
+
+    # ------------------------------------------------------------ engine
+
+    def _engine_now(self) -> Engine:
+        if self._engine is None:
+            config: dict[str, Any] = {"defaults": "region", "budget": self._budget, "heuristic": self._heuristic}
+            self._engine = Engine(config)
+        return self._engine
+
+    def _register(self, unit: Unit, cost_ns: int, pinned: bool) -> None:
+        """Tell the engine of a finished unit and run the budget loop."""
+        if unit.mutated_buffers() and unit.buffers_before is None:
+            # A recompute must start from the buffers' values before this call,
+            # which were not copied (the block was not known to change them):
+            # this call stays resident; the block's later calls copy them first.
+            self._mutating.add(id(unit.block))
+            pinned = True
+        with self._lock:
+            self._calls += 1
+            if not unit.saved:
+                self._forget(unit)  # nothing saved: no slot will release it
+                return
+            if unit.nbytes == 0 or unit.live == 0:
+                return  # nothing to evict; released with its last slot
+            engine = self._engine_now()
+            if pinned:
+                unit.tensor_id = engine.tensor(unit.nbytes, pinned=True)
+            else:
+                unit.op_id, (unit.tensor_id,) = engine.call(b"block", [], [unit.nbytes], [-1], cost_ns)
+            self._units[unit.tensor_id] = unit
+            self._largest = max(self._largest, unit.nbytes)
+            self._sizes[unit.signature] = unit.nbytes
+            self._make_room(0, unit, unit.nbytes)
+
+    def _make_room(self, extra: int, unit: Unit, need: int) -> None:
+        """The budget loop: drop the units the engine names until usage +
+        ``extra`` fits (``extra``: the bytes ``unit`` is about to make);
+        ``need``: the bytes of ``unit``'s activations (for the message)."""
+        engine = self._engine_now()
+        try:
+            for root, action in engine.evict(extra):
+                victim = self._units.get(root)
+                if victim is None:
+                    continue  # released since
+                if action != ACTION_DROP:
+                    raise MemscaleError(f"memscale.blocks: the engine asked for action {action}; only drops are used")
+                victim.drop()
+        except MemscaleError as exc:
+            if isinstance(exc, NoRoomError) or need > self._budget:
+                raise MemscaleError(
+                    f"memscale.blocks: budget {format_bytes(self._budget)} cannot hold the activations of "
+                    f"{unit.name} ({format_bytes(need)}) next to those that must stay (blocks that changed "
+                    f"their inputs in place, or their buffers the first time); the least budget that can work is "
+                    f"one block's activations - every block recomputed, as activation checkpointing - so raise it "
+                    f"to at least {format_bytes(need)}. The engine said: {exc}"
+                ) from exc
+            raise
+
+    def rebuild(self, unit: Unit) -> None:
+        """Make an evicted unit's activations resident again (a slot was unpacked)."""
+        with self._lock:
+            if unit.resident:
+                return
+            engine = self._engine_now()
+            plan = engine.plan(unit.tensor_id)
+            if [kind for kind, _ in plan] != [STEP_RERUN] or plan[0][1] != unit.op_id:
+                raise MemscaleError(f"memscale.blocks: unexpected plan {plan} for {unit.name} (op {unit.op_id})")
+            self._make_room(unit.nbytes, unit, unit.nbytes)
+            t0 = _perf_ns()
+            unit.recompute()
+            engine.rematerialized(unit.op_id, _perf_ns() - t0)
+
+    def recomputing(self, unit: Unit | None, hooks: Any) -> None:
+        """:meth:`Unit.recompute` starts (``unit``, its capture hooks) or ends (``None``)."""
+        tls = self._tls
+        if unit is None:
+            capturing = getattr(tls, "capturing", None)
+            if capturing is not None:  # the block raised before its forward hook
+                tls.capturing = None
+                capturing.__exit__(None, None, None)
+            tls.recompute = None
+            return
+        tls.recompute = (unit, hooks)
+
+    # ------------------------------------------------------------ releases
+
+    def unit_done(self, unit: Unit) -> None:
+        """Autograd dropped the unit's last slot (any thread, any time: only queue)."""
+        self._done.append(unit)
+
+    def _forget(self, unit: Unit) -> None:
+        """A unit that will never be registered: released now if no slot will release it."""
+        if unit.live == 0 and not unit.released:
+            unit.released = True
+            self._open -= 1
+            if self._open == 0:
+                self._end_step()
+
+    def _flush(self) -> None:
+        """Tell the engine of the units autograd released; end the step when none is left."""
+        if not self._done:
+            return
+        with self._lock:
+            done, self._done = self._done, []
+            for unit in done:
+                if unit.released:
+                    continue
+                unit.released = True
+                self._open -= 1
+                if unit.tensor_id >= 0 and self._engine is not None:
+                    self._units.pop(unit.tensor_id, None)
+                    self._engine.release(unit.tensor_id)
+            if self._open == 0:
+                self._end_step()
+
+    def _end_step(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        stats = engine.stats()
+        engine.close()
+        for key in _COUNTERS:
+            self._totals[key] += int(stats[key])
+        peak = int(stats["peak_usage"])
+        if self._budget:
+            self._peak = max(self._peak, peak)
+            self._last_peak = peak
+        self._steps += 1
+        self._units.clear()
+        if self._percent is not None and self._budget == 0:
+            self._first_peak = peak
+            self._budget = max(1, parse_size(self._percent, name="memscale.blocks(budget)", total=peak)) if peak else 0

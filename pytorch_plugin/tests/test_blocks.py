@@ -1,0 +1,305 @@
+"""Block-level DTR (memscale.blocks): bitwise training under budgets, what it
+frees, the state a recompute replays, and the errors."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import memscale
+from memscale._blocks import BlockDTR, find_blocks
+from memscale.errors import ConfigError, MemscaleError
+
+from _helpers import require_engine
+
+require_engine()
+
+
+class Block(nn.Module):
+    """A residual MLP block with dropout, optionally batch norm."""
+
+    def __init__(self, width: int, norm: bool = False, p: float = 0.1) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(p)
+        self.norm = nn.BatchNorm1d(width) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(self.norm(x)))
+        return x + self.drop(self.fc2(h))
+
+
+class Net(nn.Module):
+    def __init__(self, depth: int = 4, width: int = 32, norm: bool = False, p: float = 0.1) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, width)
+        self.layers = nn.ModuleList(Block(width, norm, p) for _ in range(depth))
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h).square().mean()
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(64, 8, generator=torch.Generator().manual_seed(step))
+
+
+def _train(model: nn.Module, steps: int = 3) -> list[dict[str, Any]]:
+    """Forward, backward and SGD per step; what each step produced."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    out = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + step)
+        loss = model(_batch(step))
+        loss.backward()
+        out.append(
+            {
+                "loss": loss.detach().clone(),
+                "grads": [p.grad.clone() for p in model.parameters()],
+                "buffers": [b.clone() for b in model.buffers()],
+            }
+        )
+        opt.step()
+    return out
+
+
+def _assert_bitwise(ref: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
+    for step, (a, b) in enumerate(zip(ref, got, strict=True)):
+        assert torch.equal(a["loss"], b["loss"]), f"step {step}: loss"
+        for i, (x, y) in enumerate(zip(a["grads"], b["grads"], strict=True)):
+            assert torch.equal(x, y), f"step {step}: gradient {i}"
+        for i, (x, y) in enumerate(zip(a["buffers"], b["buffers"], strict=True)):
+            assert torch.equal(x, y), f"step {step}: buffer {i}"
+
+
+@pytest.mark.parametrize(
+    ("norm", "budget", "evicts"),
+    [
+        (False, "100%", False),
+        (False, "50%", True),
+        (False, "25%", True),
+        (True, "50%", True),  # batch norm: running statistics updated once per call
+        (True, "25%", True),
+    ],
+)
+def test_training_is_bitwise_under_every_budget(norm: bool, budget: str, evicts: bool) -> None:
+    torch.manual_seed(0)
+    base = Net(norm=norm)
+    ref = _train(copy.deepcopy(base), steps=4)
+    model = copy.deepcopy(base)
+    tracker = memscale.blocks(model, budget)
+    got = _train(model, steps=4)
+    _assert_bitwise(ref, got)
+    s = tracker.summary()
+    assert s["blocks"] == 4 and s["block_calls"] == 16
+    assert s["steps"] == 4 or (s["steps"] == 3 and s["block_calls"] == 16)  # the last step ends at the next forward
+    assert s["first_step_peak"] > 0 and s["budget"] > 0
+    if evicts:
+        assert s["evictions"] > 0 and s["rematerializations"] > 0
+        assert s["peak_usage"] <= s["budget"] + s["largest_block"]
+    else:
+        assert s["evictions"] == 0 and s["rematerializations"] == 0
+    tracker.detach()
+
+
+def test_a_byte_budget_binds_from_the_first_step_and_dropout_replays() -> None:
+    torch.manual_seed(0)
+    base = Net(p=0.5)
+    ref = _train(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    block = _largest_block(model, _batch(0))
+    with memscale.blocks(model, f"{block + block // 2}B") as tracker:
+        got = _train(model)
+    _assert_bitwise(ref, got)
+    s = tracker.summary()
+    assert s["first_step_peak"] == 0  # a byte budget: no measuring step
+    assert s["evictions"] >= 3 * 3 and s["rematerializations"] == 3 * 3
+    assert s["largest_block"] == block and s["peak_usage"] <= 2 * block + block // 2
+    # Later steps make room before each block runs (its size is known): within the budget.
+    assert s["last_step_peak"] <= block + block // 2
+    # detached: the hooks are gone, training runs plainly
+    before = tracker.summary()["block_calls"]
+    _train(model, steps=1)
+    assert tracker.summary()["block_calls"] == before
+
+
+def _largest_block(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the largest block call of one step (measured on a copy)."""
+    probe = copy.deepcopy(model)
+    tracker = BlockDTR(probe, "100%")
+    probe(x).backward()
+    return int(tracker.summary()["largest_block"])
+
+
+def test_evicted_activations_are_freed_and_released_after_backward() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    block = _largest_block(model, _batch(0))
+    tracker = BlockDTR(model, block + block // 2)  # room for one block's activations, not two
+    loss = model(_batch(0))
+    units = list(tracker._units.values())
+    assert len(units) == 4 and sum(u.resident for u in units) == 1
+    assert units[-1].resident  # the engine kept the block backward needs first
+    kept = [weakref.ref(t) for u in units[:-1] for t in u.saved if t is not None]
+    assert all(r() is None for r in kept)  # the evicted blocks' activations are gone from memory
+    freed = [u for u in units if not u.resident]
+    assert all(t is None for u in freed for k, t in enumerate(u.saved) if k not in u.shared)
+    loss.backward()
+    del loss
+    tracker._flush()
+    assert tracker._engine is None and not tracker._units  # the step is over: every unit released
+    s = tracker.summary()
+    assert s["steps"] == 1 and s["evictions"] >= 3 and s["rematerializations"] == 3
+    # The first step has no sizes to make room for ahead: over by one block at most.
+    assert s["peak_usage"] <= tracker.budget + block
+
+
+def test_budget_below_one_block_names_the_least_that_works() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    memscale.blocks(model, 1024)
+    with pytest.raises(MemscaleError, match=r"budget 1\.00 KiB cannot hold the activations of layers\.\d .*raise it to at least"):
+        model(_batch(0)).backward()
+
+
+def test_input_changed_in_place_after_the_block_cannot_be_recomputed() -> None:
+    class Mutates(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Block(16) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x * 1.0
+            a = self.layers[0](h)
+            h.add_(1.0)  # the first block's input, changed after it ran
+            return self.layers[1](a + h).sum()
+
+    torch.manual_seed(0)
+    model = Mutates()
+    x = torch.randn(64, 16)
+    memscale.blocks(model, _largest_block(model, x) + 1)
+    with pytest.raises(MemscaleError, match=r"activations of layers\.0 were evicted.*changed in place"):
+        model(x).backward()
+
+
+def test_a_block_that_saves_other_tensors_when_recomputed_is_refused() -> None:
+    class Grows(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            for _ in range(self.calls):  # state of its own: saves more each call
+                x = torch.tanh(self.fc(x)) * 2.0
+            return x
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Grows(), Grows()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers[1](self.layers[0](x)).sum()
+
+    model = Two()
+    x = torch.randn(64, 16)
+    memscale.blocks(model, _largest_block(model, x) + 1)  # room for one block's activations
+    with pytest.raises(MemscaleError, match="does not repeat"):
+        model(x).backward()
+
+
+def test_evaluation_and_no_grad_are_not_tracked() -> None:
+    model = Net()
+    tracker = memscale.blocks(model, "50%")
+    with torch.no_grad():
+        model(_batch(0))
+    assert tracker.summary()["block_calls"] == 0
+
+
+def test_a_forward_that_raises_leaves_nothing_behind() -> None:
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Block(16) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.layers[0](x)
+            return self.layers[1](x[:, :3])  # wrong width: raises inside the block
+
+    torch.manual_seed(0)
+    model = Fails()
+    tracker = memscale.blocks(model, "50%")
+    with pytest.raises(RuntimeError) as info:
+        model(torch.randn(8, 16))
+    del info  # its traceback holds the first block's graph
+    gc.collect()
+    tracker._flush()
+    assert tracker._open == 0 and tracker._engine is None
+    # The saved-tensor hooks were popped: a plain graph saves plain tensors.
+    seen: list[Any] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        nn.Linear(4, 1)(torch.randn(2, 4)).sum().backward()
+    assert seen and all(isinstance(t, torch.Tensor) for t in seen)
+    assert tracker.summary()["block_calls"] == 1
+
+
+@pytest.mark.parametrize("budget", [-1, "lots", "0%", 0, "150%"])
+def test_malformed_budgets_are_refused(budget: Any) -> None:
+    with pytest.raises(ConfigError, match="budget"):
+        memscale.blocks(Net(), budget)
+
+
+def test_find_blocks() -> None:
+    names = [n for n, _ in find_blocks(Net(depth=3))]
+    assert names == ["layers.0", "layers.1", "layers.2"]
+    with pytest.raises(ConfigError, match="modules="):
+        find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    model = Net(depth=2)
+    tracker = memscale.blocks(model, "50%", modules=[model.layers[1]])
+    assert [n for n, _ in tracker.blocks] == ["layers.1"]
+    with pytest.raises(ConfigError, match=r"modules=\[\]"):
+        memscale.blocks(model, "50%", modules=[])
+
+
+def test_gpt2_trains_bitwise_and_its_cache_is_turned_off() -> None:
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(cfg)
+    base.train()
+    ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(1))
+
+    def run(model: nn.Module) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        out = []
+        for step in range(3):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(100 + step)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            out += [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+            opt.step()
+        return out
+
+    ref = run(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    tracker = memscale.blocks(model, "40%")
+    assert model.config.use_cache is False
+    got = run(model)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+    assert [n for n, _ in tracker.blocks] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert tracker.summary()["rematerializations"] > 0
