@@ -303,3 +303,82 @@ def test_gpt2_trains_bitwise_and_its_cache_is_turned_off() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
     assert [n for n, _ in tracker.blocks] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
     assert tracker.summary()["rematerializations"] > 0
+
+
+def test_forwards_without_backward_leave_nothing_behind() -> None:
+    """Grad-mode forwards whose graph is dropped (a validation loop without
+    no_grad) release their units: nothing is kept alive by a cycle."""
+    torch.manual_seed(0)
+    model = Net()
+    tracker = memscale.blocks(model, "50%")
+    for step in range(3):
+        loss = model(_batch(step))
+        del loss
+    tracker._flush()
+    assert tracker._open == 0 and tracker._engine is None and not tracker._units
+    assert tracker.summary()["steps"] == 3
+
+
+_ZOO_WITHOUT_BLOCKS = {"unet", "gan", "lstm", "lstm_tf", "gru", "gru_tf"}
+
+
+@pytest.mark.parametrize("family", sorted(__import__("zoo").MODELS))
+def test_zoo_families_train_bitwise(family: str) -> None:
+    """Every zoo family with repeated blocks trains bitwise with blocks evicted
+    (budget: half the first step's block activations, at least one and a half
+    blocks); the others are refused with a message naming ``modules=``."""
+    import zoo
+
+    z = zoo.MODELS[family]()
+    if family in _ZOO_WITHOUT_BLOCKS:
+        with pytest.raises(ConfigError, match="modules="):
+            memscale.blocks(copy.deepcopy(z.model), "50%")
+        return
+    ref = zoo.train(z)
+    probe = zoo.Trainer.of(z)
+    measured = memscale.blocks(probe.model, "100%")
+    probe.step()
+    probe.step()  # the first step ends (and is measured) when the second starts
+    s = measured.summary()
+    if family == "gpt2_ckpt":  # its own checkpointing leaves the blocks nothing to hold
+        assert s["first_step_peak"] == 0 and s["largest_block"] == 0
+        return
+    budget = max(s["first_step_peak"] // 2, s["largest_block"] + 1)
+    trainer = zoo.Trainer.of(z)
+    tracker = memscale.blocks(trainer.model, budget)
+    got = [trainer.step() for _ in range(zoo.STEPS)]
+    assert zoo.differences(ref, got) == []
+    s = tracker.summary()
+    assert s["evictions"] > 0 and s["rematerializations"] > 0
+
+
+def test_large_buffers_are_copied_once_the_block_is_seen_updating_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers too large to copy at every call: the first call that updates
+    them stays resident (pinned), later calls copy them and are evictable."""
+    from memscale._blocks import tracker as tracker_module
+
+    monkeypatch.setattr(tracker_module, "_COPIED_BUFFER_BYTES", 0)
+    torch.manual_seed(0)
+    base = Net(norm=True)
+    ref = _train(copy.deepcopy(base), steps=3)
+    model = copy.deepcopy(base)
+    block = _largest_block(model, _batch(0))
+    tracker = memscale.blocks(model, 4 * block + block // 2)  # the first step's 4 pinned calls fit
+    got = _train(model, steps=3)
+    _assert_bitwise(ref, got)
+    assert tracker._mutating == {id(layer) for layer in model.layers}
+    assert tracker.summary()["rematerializations"] == 0  # 4.5 blocks: nothing to evict once copied
+    plain = copy.deepcopy(base)
+    plain.load_state_dict(model.state_dict())
+    tracker.set_budget(block + block // 2)  # now the copied calls are evicted and recomputed
+    _assert_bitwise(_train(plain, steps=2), _train(model, steps=2))
+    assert tracker.summary()["rematerializations"] > 0
+
+
+def test_a_deep_copy_of_a_tracked_model_is_tracked_by_the_same_blocks() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    tracker = memscale.blocks(model, "50%")
+    twin = copy.deepcopy(model)
+    twin(_batch(0)).backward()
+    assert tracker.summary()["block_calls"] == 4

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -34,6 +35,11 @@ from .unit import Unit
 
 _perf_ns = time.perf_counter_ns
 log = logging.getLogger("memscale")
+
+#: A block's buffers up to this size are copied at every call (BatchNorm's
+#: running statistics), so a call that updates them can still be recomputed;
+#: larger ones only once the block was seen updating them.
+_COPIED_BUFFER_BYTES = 1 << 20
 
 #: Counters a step's engine contributes to :meth:`BlockDTR.summary`.
 _COUNTERS = ("evictions", "rematerializations", "base_cost_ns", "remat_cost_ns")
@@ -109,7 +115,9 @@ class BlockDTR:
                 raise ConfigError("memscale.blocks(budget=0): give a positive size (\"2GiB\") or a percentage (\"50%\")")
         self._heuristic = heuristic
         self._engine: Engine | None = None
-        self._units: dict[int, Unit] = {}  # live registered units by engine tensor id
+        #: Registered units by engine tensor id; weak: a unit lives as long as
+        #: autograd holds one of its slots (or it waits in ``_done``).
+        self._units: weakref.WeakValueDictionary[int, Unit] = weakref.WeakValueDictionary()
         self._open = 0  # units started and not released (registered or not)
         self._lock = threading.RLock()
         self._tls = threading.local()
@@ -183,6 +191,11 @@ class BlockDTR:
             handle.remove()
         self._handles.clear()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> BlockDTR:
+        # copy.deepcopy(model) copies the hooks: the copy is tracked by the same
+        # BlockDTR (an engine handle cannot be copied).
+        return self
+
     def __enter__(self) -> BlockDTR:
         return self
 
@@ -211,7 +224,10 @@ class BlockDTR:
                 # it runs, so usage stays within the budget.
                 with self._lock:
                     self._make_room(expected, unit, expected)
-            if id(block) in self._mutating:
+            if unit.buffer_versions and (
+                id(block) in self._mutating or unit.buffer_bytes() <= _COPIED_BUFFER_BYTES
+            ):
+                # A recompute starts from the buffers' values before this call.
                 with torch.no_grad():
                     unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
             tls.unit = unit
@@ -345,15 +361,19 @@ class BlockDTR:
         if not self._done:
             return
         with self._lock:
-            done, self._done = self._done, []
-            for unit in done:
-                if unit.released:
-                    continue
-                unit.released = True
-                self._open -= 1
-                if unit.tensor_id >= 0 and self._engine is not None:
-                    self._units.pop(unit.tensor_id, None)
-                    self._engine.release(unit.tensor_id)
+            while self._done:
+                done, self._done = self._done, []
+                for unit in done:
+                    if unit.released:
+                        continue
+                    unit.released = True
+                    self._open -= 1
+                    if unit.tensor_id >= 0 and self._engine is not None:
+                        self._units.pop(unit.tensor_id, None)
+                        self._engine.release(unit.tensor_id)
+                    # Its inputs may hold an earlier block's graph (and so its
+                    # units): dropping them may release more (appended to _done).
+                    unit.forget_inputs()
             if self._open == 0:
                 self._end_step()
 

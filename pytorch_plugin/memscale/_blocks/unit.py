@@ -113,7 +113,7 @@ class Unit:
     __slots__ = (
         "owner", "block", "name", "args", "kwargs", "entry", "saved", "meta", "alive", "live", "shared", "nbytes", "ptrs",
         "resident", "tensor_id", "op_id", "inputs", "input_versions", "buffer_versions", "buffers_before",
-        "rng", "cuda_rng", "autocast", "hooks", "started_ns", "released", "signature",
+        "rng", "cuda_rng", "autocast", "hooks", "started_ns", "released", "signature", "__weakref__",
     )
 
     def __init__(self, owner: BlockDTR, block: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -197,6 +197,18 @@ class Unit:
                     seen.add(ptr)
                     self.nbytes += t.untyped_storage().nbytes()
         self.input_versions = [t._version for t in self.inputs]
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the block's buffers."""
+        return sum(b.nbytes for b, _ in self.buffer_versions)
+
+    def forget_inputs(self) -> None:
+        """The unit is released: drop what only a recompute needed."""
+        self.args = ()
+        self.kwargs = {}
+        self.inputs = []
+        self.buffers_before = None
+        self.saved = [None] * len(self.saved)
 
     def mutated_inputs(self, versions_before: list[int]) -> bool:
         """Whether the block changed one of its inputs in place."""
