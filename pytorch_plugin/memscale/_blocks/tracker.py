@@ -321,6 +321,7 @@ class BlockDTR:
         with self._lock:
             if unit.resident:
                 return
+            self._flush()  # the units whose backward is over free their share first
             engine = self._engine_now()
             plan = engine.plan(unit.tensor_id)
             if [kind for kind, _ in plan] != [STEP_RERUN] or plan[0][1] != unit.op_id:
@@ -371,9 +372,6 @@ class BlockDTR:
                     if unit.tensor_id >= 0 and self._engine is not None:
                         self._units.pop(unit.tensor_id, None)
                         self._engine.release(unit.tensor_id)
-                    # Its inputs may hold an earlier block's graph (and so its
-                    # units): dropping them may release more (appended to _done).
-                    unit.forget_inputs()
             if self._open == 0:
                 self._end_step()
 

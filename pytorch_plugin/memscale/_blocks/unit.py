@@ -84,6 +84,7 @@ class Slot:
         unit.saved[self.index] = None
         unit.live -= 1
         if unit.live == 0:
+            unit.forget_inputs()  # no recompute any more: its inputs may go now
             unit.owner.unit_done(unit)
 
 
@@ -157,14 +158,19 @@ class Unit:
     # ------------------------------------------------------------ first run
 
     def pack(self, t: _Tensor) -> Any:
-        """``saved_tensors_hooks`` pack hook of the block's first run."""
+        """``saved_tensors_hooks`` pack hook of the block's first run.
+
+        What is kept is detached: the tensor may be the output of the node
+        saving it, whose grad_fn would then hold it - a cycle through C++ that
+        the collector cannot see. Autograd gives an unpacked tensor its grad_fn
+        back itself.
+        """
         ptr = storage_ptr(t)
-        if ptr == 0 or ptr in self.entry:
+        if ptr == 0:
             return t
+        if ptr in self.entry:
+            return t.detach()
         index = len(self.saved)
-        # Detached: the tensor may be an output of the node saving it, whose
-        # grad_fn holds the slot - a cycle through C++ the collector cannot
-        # see. Autograd gives an unpacked tensor its grad_fn back itself.
         self.saved.append(t.detach())
         self.meta.append(meta_of(t))
         self.alive.append(True)
@@ -247,14 +253,15 @@ class Unit:
         captured: list[_Tensor] = []
         entry = self.entry
 
-        def capture(t: _Tensor) -> _Tensor:
+        def capture(t: _Tensor) -> None:
+            # The recompute's own graph is dropped unused: it keeps nothing
+            # (a kept tensor could hold its own grad_fn, see pack).
             ptr = storage_ptr(t)
             if ptr != 0 and ptr not in entry:
                 captured.append(t.detach())
-            return t
 
         with self._replayed_state():
-            self.owner.recomputing(self, torch.autograd.graph.saved_tensors_hooks(capture, _identity))
+            self.owner.recomputing(self, torch.autograd.graph.saved_tensors_hooks(capture, _never_unpacked))
             try:
                 with torch.enable_grad():
                     self.block(*self.args, **self.kwargs)
@@ -299,8 +306,8 @@ class Unit:
                             b.copy_(value)
 
 
-def _identity(t: _Tensor) -> _Tensor:
-    return t
+def _never_unpacked(packed: Any) -> Any:
+    raise MemscaleError("memscale.blocks: a recompute's own graph was used for backward (it is dropped unused)")
 
 
 def unpack(x: Any) -> Any:
