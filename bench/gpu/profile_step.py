@@ -16,7 +16,12 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
 * ``budget-one-call``: as ``budget``, one engine call per op
   (``MEMSCALE_OP_BATCH=1``) instead of one per batch of 32;
 * ``budget-host-timer``: as ``budget``, with op costs taken from the host
-  clock instead of CUDA events (does the per-op event pair cost?).
+  clock instead of CUDA events (does the per-op event pair cost?);
+* ``blocks-50`` / ``blocks-min``: ``memscale.blocks(model, budget)``, block-level
+  DTR (no per-op interception), at half the blocks' activations and at one
+  block's (the least that works), with the peak allocated;
+* ``checkpointing``: Hugging Face gradient checkpointing (the memory reference
+  block-level DTR is compared with; Hugging Face models only).
 
 For each: the median step time (synchronized), the ratio to ``plain`` and the
 region's synchronizations per step, then a cProfile of one step of each region
@@ -156,6 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrap-card: median {times['wrap-card']:.4f} s ({times['wrap-card'] / plain:.2f}x plain), "
           f"{summaries['wrap-card'].get('untracked_steps')} of {summaries['wrap-card'].get('steps')} steps untracked",
           flush=True)
+    # Block-level DTR (memscale.blocks: no per-op interception) at 50 % and 25 %
+    # of the blocks' activations, and activation checkpointing for reference.
+    peaks: dict[str, int | None] = {}
+    least = 0
+    for name in ("blocks-50", "blocks-min"):
+        # blocks-min: one block's activations, the least that works (every
+        # block but the last recomputed: checkpointing's memory, about)
+        tracker = memscale.blocks(tr.model, "50%" if name == "blocks-50" else least)
+        _median_steps(tr, 0, 2)  # the first measures the blocks' activations
+        if cuda:
+            memscale.reset_peak_memory_stats(0)
+        times[name] = _median_steps(tr, 2, a.steps)
+        peaks[name] = int(memscale.max_memory_allocated(0)) if cuda else None
+        summaries[name] = tracker.summary()
+        least = least or int(summaries[name]["largest_block"])
+        tracker.detach()
+        syncs[name] = 0.0  # nothing per op; a recompute runs the block's own ops
+        print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), peak allocated "
+              f"{_common.fmt_bytes(peaks[name]) if peaks[name] else '-'}, {summaries[name]['rematerializations']} "
+              f"block recomputes in {summaries[name]['steps']} steps", flush=True)
+    if hasattr(tr.model, "gradient_checkpointing_enable"):
+        tr.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _median_steps(tr, 0, 1)
+        if cuda:
+            memscale.reset_peak_memory_stats(0)
+        times["checkpointing"] = _median_steps(tr, 1, a.steps)
+        peaks["checkpointing"] = int(memscale.max_memory_allocated(0)) if cuda else None
+        tr.model.gradient_checkpointing_disable()
+        print(f"checkpointing: median {times['checkpointing']:.4f} s ({times['checkpointing'] / plain:.2f}x plain), "
+              f"peak allocated {_common.fmt_bytes(peaks['checkpointing']) if peaks['checkpointing'] else '-'}", flush=True)
+    result["peaks"] = peaks
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():
         print(f"\n== cProfile, one step, {name} (sorted by own time)\n{text}")

@@ -85,6 +85,7 @@ check cpu-profile-step "$PY" $G/profile_step.py --device cpu --steps 1 --top 5 -
 expect cpu-profile-step-variants '"budget-host-timer"' "$T/ps/profile_step.json"
 expect cpu-profile-step-syncs '"synchronizations_per_step"' "$T/ps/profile_step.json"
 expect cpu-profile-step-wrap-card '"wrap-card"' "$T/ps/profile_step.json"
+expect cpu-profile-step-blocks '"blocks-min"' "$T/ps/profile_step.json"
 check cpu-smoke "$PY" $G/smoke.py --device cpu --out "$T/s1.json"
 expect cpu-smoke-recompute '"name": "dtr_recompute",' "$T/s1.json"
 expect cpu-smoke-park '"name": "dtr_park",' "$T/s1.json"
