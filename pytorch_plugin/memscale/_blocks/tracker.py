@@ -231,7 +231,6 @@ class BlockDTR:
                 with torch.no_grad():
                     unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
             tls.unit = unit
-            tls.versions = unit.input_versions
             self._open += 1
             unit.hooks.__enter__()
             unit.started_ns = _perf_ns()
@@ -257,7 +256,7 @@ class BlockDTR:
             self._forget(unit)
             return
         unit.finished(output)
-        self._register(unit, cost, pinned=unit.mutated_inputs(tls.versions))
+        self._register(unit, cost, pinned=unit.mutated_inputs())
 
     # ------------------------------------------------------------ engine
 

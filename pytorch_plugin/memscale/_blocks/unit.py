@@ -114,7 +114,7 @@ class Unit:
     __slots__ = (
         "owner", "block", "name", "args", "kwargs", "entry", "saved", "meta", "alive", "live", "shared", "nbytes", "ptrs",
         "resident", "tensor_id", "op_id", "inputs", "input_versions", "buffer_versions", "buffers_before",
-        "rng", "cuda_rng", "autocast", "hooks", "started_ns", "released", "signature", "__weakref__",
+        "rng", "cuda_rng", "autocast", "hooks", "started_ns", "released", "signature", "entry_versions", "__weakref__",
     )
 
     def __init__(self, owner: BlockDTR, block: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -131,7 +131,9 @@ class Unit:
         buffers = list(block.buffers())
         self.entry.update(storage_ptr(b) for b in buffers)
         self.entry.discard(0)
+        #: Versions of the inputs when the block started, then (``finished``) when it returned.
         self.input_versions = [t._version for t in self.inputs]
+        self.entry_versions = self.input_versions
         self.buffer_versions = [(b, b._version) for b in buffers]
         #: Buffers the block is known to update in place, with their values before this call.
         self.buffers_before: list[tuple[_Tensor, _Tensor]] | None = None
@@ -216,9 +218,9 @@ class Unit:
         self.buffers_before = None
         self.saved = [None] * len(self.saved)
 
-    def mutated_inputs(self, versions_before: list[int]) -> bool:
-        """Whether the block changed one of its inputs in place."""
-        return any(t._version != v for t, v in zip(self.inputs, versions_before))
+    def mutated_inputs(self) -> bool:
+        """Whether the block changed one of its inputs in place (after :meth:`finished`)."""
+        return self.input_versions != self.entry_versions
 
     def mutated_buffers(self) -> list[_Tensor]:
         """The block's buffers it changed in place (BatchNorm's running statistics)."""
@@ -318,5 +320,6 @@ def unpack(x: Any) -> Any:
     if not unit.resident:
         unit.owner.rebuild(unit)
     t = unit.saved[x.index]
-    assert t is not None, "memscale.blocks: a live slot lost its tensor"
+    if t is None:  # an invariant broken: say so rather than hand autograd nothing
+        raise MemscaleError(f"memscale.blocks: {unit.name}'s saved tensor {x.index} is gone while autograd holds it")
     return t
