@@ -89,7 +89,8 @@ expect cpu-profile-step-blocks '"blocks-min"' "$T/ps/profile_step.json"
 check cpu-smoke "$PY" $G/smoke.py --device cpu --out "$T/s1.json"
 expect cpu-smoke-recompute '"name": "dtr_recompute",' "$T/s1.json"
 expect cpu-smoke-park '"name": "dtr_park",' "$T/s1.json"
-expect cpu-smoke-passed '"passed": 6,' "$T/s1.json"
+expect cpu-smoke-blocks '"name": "blocks_dtr",' "$T/s1.json"
+expect cpu-smoke-passed '"passed": 7,' "$T/s1.json"
 
 # run_all.sh end to end (on a machine without a GPU every GPU step skips itself;
 # abi_test runs in device mode on the fake libcuda.so.1 of device/cuda's tests).
