@@ -435,3 +435,22 @@ def test_memory_real_peak_and_nothing_left_after_backward() -> None:
     assert tracker.summary()["rematerializations"] == 5
     assert after == plain_after
     assert peak <= plain_peak - 4 * block  # 6 blocks' activations, at most 2 alive at once
+
+
+def test_compiled_blocks_train_bitwise_to_the_compiled_model() -> None:
+    """``torch.compile``d blocks: autograd's saved-tensor hooks run on the
+    compiled graph's saved tensors, and a recompute runs the compiled block."""
+    torch.manual_seed(0)
+    base = Net()
+
+    def compiled() -> nn.Module:
+        model = copy.deepcopy(base)
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = torch.compile(layer)
+        return model
+
+    ref = _train(compiled())
+    model = compiled()
+    tracker = memscale.blocks(model, "50%")
+    _assert_bitwise(ref, _train(model))
+    assert tracker.summary()["rematerializations"] > 0
