@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.nn.utils.parametrize import ParametrizationList
 
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from ..config import format_bytes, is_percentage, parse_size
@@ -47,9 +48,10 @@ _COUNTERS = ("evictions", "rematerializations", "base_cost_ns", "remat_cost_ns")
 
 def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The model's repeated blocks, with their names: the entries of every
-    ``ModuleList`` (or ``Sequential``) of two or more modules of one class that
-    is not inside another such list's entry - a transformer's layers (an
-    encoder's and a decoder's), a ResNet's stages - in the model's order.
+    ``ModuleList`` of modules of one class (or ``Sequential`` of two or more)
+    that is not inside another such list's entry - a transformer's layers (an
+    encoder's and a decoder's, one layer each included), a ResNet's stages -
+    in the model's order.
 
     Raises:
         ConfigError: the model has no such list (pass ``modules=``).
@@ -59,8 +61,11 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     for name, module in model.named_modules():
         if id(module) in inside:
             continue
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) or len(module) < 2:
-            continue
+        if isinstance(module, torch.nn.ModuleList):
+            if len(module) < 1 or isinstance(module, ParametrizationList):
+                continue  # (a parametrization's list is part of a weight, not a stack)
+        elif not isinstance(module, torch.nn.Sequential) or len(module) < 2:
+            continue  # a Sequential of one module is a wrapper, not a stack
         children = list(module.named_children())
         if len({type(child) for _, child in children}) != 1:
             continue
@@ -69,8 +74,8 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
             inside.update(id(m) for m in child.modules())
     if not found:
         raise ConfigError(
-            f"memscale.blocks: {type(model).__name__} has no list of repeated blocks (a ModuleList or Sequential "
-            "of two or more modules of one class); name the blocks to track with modules=[...]"
+            f"memscale.blocks: {type(model).__name__} has no list of repeated blocks (a ModuleList of modules of "
+            "one class, or a Sequential of two or more); name the blocks to track with modules=[...]"
         )
     return found
 
