@@ -69,30 +69,43 @@ from ._version import __version__
 
 
 def blocks(
-    model: Any, budget: int | str, *, modules: list[Any] | None = None, heuristic: str | None = None
+    model: Any,
+    budget: int | str | None = None,
+    *,
+    modules: list[Any] | None = None,
+    heuristic: str | None = None,
+    allocated: Any = None,
 ) -> Any:
     """Block-level DTR on ``model``: returns a :class:`memscale._blocks.BlockDTR`.
 
     Each forward call of a block (``modules``, or the entries of the model's
-    largest list of same-class modules: its transformer layers) is one unit;
+    outermost lists of same-class modules: its transformer layers) is one unit;
     the activations it saves for backward are evicted as the engine decides
-    when they exceed ``budget`` and recomputed from the block's inputs when
-    backward needs them, with its random-number, autocast and buffer state.
+    and recomputed from the block's inputs when backward needs them, with its
+    random-number, autocast and buffer state.
 
     Args:
         model: the model (hooks are put on its blocks; ``detach()`` removes them).
         budget: bytes of block activations (``int`` or ``"2GiB"``), or a
             percentage of what the first step's blocks held (that step runs
-            with no budget to measure it).
+            with no budget to measure it). ``None``: the eviction threshold
+            (``MEMSCALE_EVICTION_THRESHOLD`` or ``install(threshold=)``) - on a
+            GPU a bound of the device's allocated memory (what is allocated
+            outside the blocks is measured at each decision and left out of
+            the blocks' share), on the CPU of the blocks' activations.
         modules: the blocks to track (default: found in ``model``).
         heuristic: the engine's eviction heuristic (default: the engine's).
+        allocated: ``() -> bytes in use``: makes a byte ``budget`` a bound of
+            that memory, as the threshold is on a GPU (default there:
+            ``torch.cuda.memory_allocated`` of the model's device).
 
     Raises:
-        ConfigError: a malformed budget, or no blocks found.
+        ConfigError: a malformed budget, no budget and no threshold, or no
+            blocks found.
     """
     from ._blocks import BlockDTR
 
-    return BlockDTR(model, budget, modules, heuristic)
+    return BlockDTR(model, budget, modules, heuristic, allocated)
 
 
 __all__: list[str] = [

@@ -505,3 +505,44 @@ def test_hugging_face_families_train_bitwise(name: str) -> None:
     for i, (a, b) in enumerate(zip(ref, got, strict=True)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f"tensor {i} differs"
     assert tracker.summary()["rematerializations"] > 0
+
+
+def test_a_device_budget_leaves_the_blocks_what_the_rest_does_not_use() -> None:
+    """``allocated=`` (on a GPU: the device's allocated bytes, the eviction
+    threshold's meaning): the blocks get the budget less what is allocated
+    outside them, measured at every decision; when that shrinks below a
+    block, the error says how much is outside and what would work."""
+    torch.manual_seed(0)
+    base = Net(p=0.3)
+    block = _largest_block(base, _batch(0))
+    ref = _train(copy.deepcopy(base))
+    outside = [10 * block]
+    model = copy.deepcopy(base)
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside[0] + (int(engine.status.usage) if engine is not None else 0)
+
+    tracker = memscale.blocks(model, outside[0] + block + block // 2, allocated=allocated)
+    _assert_bitwise(ref, _train(model))
+    s = tracker.summary()
+    assert s["rematerializations"] == 3 * 3 and s["last_step_peak"] <= block + block // 2
+    outside[0] += block  # the rest of the program grew: half a block is left
+    with pytest.raises(MemscaleError, match=r"threshold .* less .* allocated outside the blocks leaves .*raise it to at least"):
+        _train(model, steps=1)
+    with pytest.raises(ConfigError, match="percentage is of the blocks' activations"):
+        memscale.blocks(copy.deepcopy(base), "50%", allocated=allocated)
+
+
+def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Net()
+    monkeypatch.delenv("MEMSCALE_EVICTION_THRESHOLD", raising=False)
+    with pytest.raises(ConfigError, match="no budget given and no MEMSCALE_EVICTION_THRESHOLD"):
+        memscale.blocks(model)
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "3MiB")
+    tracker = memscale.blocks(model)  # on the CPU: of the blocks' activations
+    assert tracker.budget == 3 << 20 and "MEMSCALE_EVICTION_THRESHOLD=3MiB" in tracker.budget_source
+    tracker.detach()
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+    with pytest.raises(ConfigError, match="percentage needs a GPU"):
+        memscale.blocks(model)

@@ -24,11 +24,13 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn.utils.parametrize import ParametrizationList
 
+from .._budget import THRESHOLD_ENV, threshold_budget
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
@@ -96,9 +98,10 @@ class BlockDTR:
     def __init__(
         self,
         model: torch.nn.Module,
-        budget: int | str,
+        budget: int | str | None = None,
         modules: list[torch.nn.Module] | None = None,
         heuristic: str | None = None,
+        allocated: Callable[[], int] | None = None,
     ) -> None:
         if modules is None:
             named = find_blocks(model)
@@ -109,15 +112,32 @@ class BlockDTR:
                 raise ConfigError("memscale.blocks: modules=[] names no block; leave it out to find the blocks")
         self.blocks = named
         _no_training_cache(model)
-        if is_percentage(budget):
+        #: With the eviction threshold as the budget on a GPU: the device's
+        #: allocated bytes (the budget then bounds the whole device's memory).
+        self._allocated = allocated
+        self._threshold = 0
+        self._percent: str | None = None
+        if budget is None:
+            self._budget, self.budget_source = self._threshold_budget(model)
+            if self._allocated is not None:
+                self._threshold = self._budget
+        elif is_percentage(budget):
             parse_size(budget, name="memscale.blocks(budget)", total=1 << 40)  # checks the range
-            self._percent: str | None = str(budget)
+            if allocated is not None:
+                raise ConfigError(
+                    f"memscale.blocks(budget={budget!r}, allocated=...): a percentage is of the blocks' "
+                    "activations; with allocated= give the device's budget in bytes"
+                )
+            self._percent = str(budget)
             self._budget = 0  # the first step measures the peak
+            self.budget_source = f"blocks(budget={budget!r}) of the first step's block activations"
         else:
-            self._percent = None
             self._budget = parse_size(budget, name="memscale.blocks(budget)", allow_percent=False)
             if self._budget == 0:
                 raise ConfigError("memscale.blocks(budget=0): give a positive size (\"2GiB\") or a percentage (\"50%\")")
+            self.budget_source = f"blocks(budget={budget!r})"
+        if self._allocated is not None and not self._threshold:
+            self._threshold = self._budget  # allocated= given with a byte budget: bound the device's memory
         self._heuristic = heuristic
         self._engine: Engine | None = None
         #: Registered units by engine tensor id; weak: a unit lives as long as
@@ -148,19 +168,39 @@ class BlockDTR:
 
     # ------------------------------------------------------------ public
 
+    def _threshold_budget(self, model: torch.nn.Module) -> tuple[int, str]:
+        """The eviction threshold as the budget: of the device's allocated
+        memory on a GPU, of the blocks' activations on the CPU."""
+        threshold = threshold_budget()
+        if threshold is None:
+            raise ConfigError(
+                f"memscale.blocks: no budget given and no {THRESHOLD_ENV} set; give one "
+                '(bytes of block activations such as "2GiB", or a percentage of them such as "50%") '
+                f"or set {THRESHOLD_ENV}"
+            )
+        device = next((p.device for p in model.parameters()), None)
+        if self._allocated is None and device is not None and device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._allocated = lambda: int(torch.cuda.memory_allocated(index))
+        return threshold.nbytes, threshold.source
+
     @property
     def budget(self) -> int:
         """The budget of the block activations in bytes (0 while a percentage waits for the first step)."""
         return self._budget
 
     def set_budget(self, budget: int | str) -> None:
-        """A new budget (bytes or a size string); the running step's engine gets it now."""
+        """A new budget (bytes or a size string; of the device's memory when
+        it is measured, see :func:`memscale.blocks`); the running step's
+        engine gets it now."""
         nbytes = parse_size(budget, name="BlockDTR.set_budget", allow_percent=False)
         if nbytes == 0:
             raise ConfigError("BlockDTR.set_budget(0): give a positive size")
         with self._lock:
             self._percent = None
             self._budget = nbytes
+            if self._allocated is not None:
+                self._threshold = nbytes
             if self._engine is not None:
                 self._engine.set_budget(nbytes)
 
@@ -267,7 +307,8 @@ class BlockDTR:
 
     def _engine_now(self) -> Engine:
         if self._engine is None:
-            config: dict[str, Any] = {"defaults": "region", "budget": self._budget, "heuristic": self._heuristic}
+            budget = self._threshold or self._budget
+            config: dict[str, Any] = {"defaults": "region", "budget": budget, "heuristic": self._heuristic}
             self._engine = Engine(config)
         return self._engine
 
@@ -301,6 +342,13 @@ class BlockDTR:
         ``extra`` fits (``extra``: the bytes ``unit`` is about to make);
         ``need``: the bytes of ``unit``'s activations (for the message)."""
         engine = self._engine_now()
+        outside = 0
+        if self._allocated is not None:
+            # The blocks get what the threshold leaves beside everything else
+            # on the device (parameters, gradients, optimizer state, the rest
+            # of the step): measured now, so the engine's budget follows it.
+            outside = max(0, self._allocated() - engine.status.usage)
+            engine.set_budget(max(1, self._threshold - outside))
         try:
             for root, action in engine.evict(extra):
                 victim = self._units.get(root)
@@ -310,13 +358,20 @@ class BlockDTR:
                     raise MemscaleError(f"memscale.blocks: the engine asked for action {action}; only drops are used")
                 victim.drop()
         except MemscaleError as exc:
-            if isinstance(exc, NoRoomError) or need > self._budget:
+            budget = int(engine.status.budget)
+            if isinstance(exc, NoRoomError) or need > budget:
+                where = (
+                    f"threshold {format_bytes(self._threshold)} less {format_bytes(outside)} allocated outside the "
+                    f"blocks leaves {format_bytes(budget)}, which"
+                    if self._allocated is not None
+                    else f"budget {format_bytes(budget)}"
+                )
                 raise MemscaleError(
-                    f"memscale.blocks: budget {format_bytes(self._budget)} cannot hold the activations of "
+                    f"memscale.blocks: {where} cannot hold the activations of "
                     f"{unit.name} ({format_bytes(need)}) next to those that must stay (blocks that changed "
                     f"their inputs in place, or their buffers the first time); the least budget that can work is "
                     f"one block's activations - every block recomputed, as activation checkpointing - so raise it "
-                    f"to at least {format_bytes(need)}. The engine said: {exc}"
+                    f"to at least {format_bytes(need + outside)}. The engine said: {exc}"
                 ) from exc
             raise
 
