@@ -191,6 +191,11 @@ def enable(config: Config | None = None) -> Enabled:
     config = config or Config()
     if not isinstance(config, Config):
         raise MemscaleError(f"memscale.enable(config={config!r}): expected a memscale.Config")
+    if config.unit == "block":
+        raise MemscaleError(
+            "memscale.enable(Config(unit='block')): enable() tracks ops; for blocks use "
+            "memscale.wrap(model, Config(unit='block')) or memscale.blocks(model)"
+        )
     with _lock:
         if _enabled is not None:
             if _enabled.config != config:

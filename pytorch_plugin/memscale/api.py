@@ -79,7 +79,7 @@ class _Hooks:
 class _Attachment:
     steps: Steps
     hooks: _Hooks
-    kind: str  # "module", "trainer", "lightning" or "optimize"
+    kind: str  # "module", "trainer", "lightning", "optimize" or "blocks" (Config(unit="block"))
     callback: Any = None
     original_training_step: Any = None  # an instance-level training_step that wrap replaced
 
@@ -145,6 +145,21 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
     if sample_input is not None and not isinstance(trainer_or_module, torch.nn.Module):
         raise MemscaleError("memscale.wrap(sample_input=...): a sample input is for a torch.nn.Module")
     observe(config)
+    if config.unit == "block":
+        if not isinstance(trainer_or_module, torch.nn.Module):
+            raise MemscaleError(
+                f"memscale.wrap(Config(unit='block')): expected a torch.nn.Module, got "
+                f"{type(trainer_or_module).__name__} (for a Trainer, wrap its model)"
+            )
+        if sample_input is not None:
+            raise MemscaleError("memscale.wrap(Config(unit='block'), sample_input=...): blocks measure their first step")
+        from ._blocks.drop_in import BlockSteps
+
+        block_steps = BlockSteps(config, trainer_or_module)
+        hooks = _Hooks()
+        hooks.handles.append(block_steps)
+        _attached[trainer_or_module] = _Attachment(steps=block_steps, hooks=hooks, kind="blocks")  # type: ignore[arg-type]
+        return trainer_or_module
     if isinstance(trainer_or_module, torch.nn.Module):
         module = trainer_or_module
         steps = Steps(config, module)
@@ -317,6 +332,11 @@ def optimize(
         raise MemscaleError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise MemscaleError(f"optimizer: expected a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if config.unit == "block":
+        raise MemscaleError(
+            "memscale.optimize(Config(unit='block')): blocks need no step boundaries; use "
+            "memscale.wrap(model, Config(unit='block')) or memscale.blocks(model)"
+        )
     observe(config)
     return Optimization(model, optimizer, config)
 

@@ -230,6 +230,14 @@ class Config:
             twice, tracked, run untracked as plain PyTorch (no per-op cost;
             :mod:`memscale._fitting`). ``None`` (the default):
             ``MEMSCALE_UNTRACKED_STEPS`` (``1``, the default, or ``0``).
+        unit: what DTR tracks. ``"op"`` (the default): every ATen op, in a
+            region per step (any model, any tensor). ``"block"``: every call
+            of the model's repeated blocks (:func:`memscale.blocks`: no per-op
+            cost; whole blocks' activations evicted and recomputed; modules
+            only). Its budget: on a GPU ``threshold`` or the mode's fraction of
+            the device's memory, bounding the allocated bytes; on the CPU bytes
+            of block activations, a percentage (or the mode's fraction) of what
+            the first step's blocks held.
 
     memscale 0.1 names, accepted and mapped onto the fields above:
     ``enable_checkpointing`` (``recompute``), ``enable_offloading`` (``swap``),
@@ -258,9 +266,14 @@ class Config:
     max_cpu_offload_gb: float | None = None
     target_gpu_utilization: float | None = None
     untracked_steps: bool | None = None
+    unit: str = "op"
 
     def __post_init__(self) -> None:
         self._map_v01_names()
+        if self.unit not in ("op", "block"):
+            raise ConfigError(f"Config.unit={self.unit!r}: expected 'op' (the region) or 'block' (memscale.blocks)")
+        if self.unit == "block" and self.swap:
+            raise ConfigError("Config(unit='block', swap=True): blocks are evicted by dropping and recomputing only")
         if self.mode is not None and self.mode not in MODE_FRACTIONS:
             raise ConfigError(
                 f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"

@@ -546,3 +546,31 @@ def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.Monkey
     monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
     with pytest.raises(ConfigError, match="percentage needs a GPU"):
         memscale.blocks(model)
+
+
+def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
+    """``memscale.wrap(model, Config(unit="block"))``: on the CPU the mode's
+    fraction is of the first step's block activations; training is bitwise,
+    blocks are recomputed, ``summary(model)`` reports it, ``detach`` removes
+    the hooks, and what blocks cannot do is refused."""
+    torch.manual_seed(0)
+    base = Net(p=0.2)
+    ref = _train(copy.deepcopy(base), steps=4)
+    model = memscale.wrap(copy.deepcopy(base), memscale.Config(unit="block", mode="aggressive", log_summary=False))
+    got = _train(model, steps=4)
+    _assert_bitwise(ref, got)
+    s = memscale.summary(model)
+    assert s.rematerializations > 0 and s.baseline_peak and s.budget == s.baseline_peak // 2
+    assert "of the first step's block activations" in (s.budget_source or "")
+    memscale.detach(model)
+    assert memscale.summary(model).rematerializations == s.rematerializations
+    calls_before = len(model.layers[0]._forward_pre_hooks)
+    assert calls_before == 0  # detached: no hook left
+    with pytest.raises(ConfigError, match="unit='block', swap=True"):
+        memscale.Config(unit="block", swap=True)
+    with pytest.raises(ConfigError, match="Config.unit='ops'"):
+        memscale.Config(unit="ops")
+    with pytest.raises(MemscaleError, match="blocks need no step boundaries"):
+        memscale.optimize(model, config=memscale.Config(unit="block"))
+    with pytest.raises(MemscaleError, match="for blocks use"):
+        memscale.enable(memscale.Config(unit="block"))

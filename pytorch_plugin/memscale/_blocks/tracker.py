@@ -227,6 +227,8 @@ class BlockDTR:
             "largest_block": self._largest,
             "evictions": totals["evictions"],
             "rematerializations": totals["rematerializations"],
+            "base_cost_ns": base,
+            "remat_cost_ns": totals["remat_cost_ns"],
             "compute_overhead": (base + totals["remat_cost_ns"]) / base if base else 1.0,
         }
 

@@ -1,0 +1,106 @@
+"""``memscale.wrap(model, Config(unit="block"))``: block-level DTR behind the drop-in API.
+
+:class:`BlockSteps` stands where :class:`memscale._steps.Steps` stands for the
+region: the drop-in API keeps it per wrapped model and asks it for the
+:class:`~memscale.Summary`. Blocks need no step region, so there is nothing to
+open or close; :func:`blocks_budget` turns the Config's budget (threshold,
+mode, device memory) into what :class:`~.tracker.BlockDTR` takes.
+
+Holds no policy: the budget is converted to bytes here, evictions are the engine's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._budget import threshold_budget
+from .._stats import Summary
+from ..config import Config, is_percentage, parse_size
+from .tracker import BlockDTR
+
+log = logging.getLogger("memscale")
+
+
+def _cuda_index(model: torch.nn.Module) -> int | None:
+    """The CUDA device of the model's first parameter (None: not on a GPU)."""
+    p = next(model.parameters(), None)
+    if p is None or p.device.type != "cuda":
+        return None
+    return p.device.index if p.device.index is not None else torch.cuda.current_device()
+
+
+def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | None, Callable[[], int] | None]:
+    """``(budget, allocated)`` for :class:`BlockDTR` from ``config``.
+
+    On a GPU the Config's threshold or mode is a bound of the device's
+    allocated memory (``allocated`` reads it); on the CPU bytes are bytes of
+    block activations and a percentage (or a mode) is of what the first step's
+    blocks held, unless ``Config.device_memory`` gives the memory to take it
+    of. ``None``: the eviction threshold (no threshold or mode in the Config
+    and one is set).
+    """
+    index = _cuda_index(model)
+    if config.threshold is None and config.mode is None and threshold_budget(index) is not None:
+        return None, None
+    device_bytes = config.device_bytes()
+    if index is not None:
+        from ..allocator import device_total_memory
+
+        total = device_bytes or device_total_memory(index)
+        if total:
+            return config.budget_for(int(total)), lambda: int(torch.cuda.memory_allocated(index))
+    if device_bytes:
+        return config.budget_for(device_bytes), None
+    if config.threshold is not None and not is_percentage(config.threshold):
+        return parse_size(config.threshold, name="Config.threshold", allow_percent=False), None
+    if config.threshold is not None:
+        return str(config.threshold), None
+    return f"{config.fraction * 100:g}%", None
+
+
+class BlockSteps:
+    """The drop-in API's state of a model wrapped with ``Config(unit="block")``
+    (the part of :class:`memscale._steps.Steps`'s interface the API uses)."""
+
+    #: Blocks open no region per step: there is never one to close.
+    is_open = False
+
+    def __init__(self, config: Config, model: torch.nn.Module) -> None:
+        budget, allocated = blocks_budget(config, model)
+        self.config = config
+        self.tracker = BlockDTR(model, budget, heuristic=config.heuristic, allocated=allocated)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """A step ends: nothing to close (units end with their backward)."""
+
+    def updates(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` ends a step of this model: never needed here."""
+        return False
+
+    def remove(self) -> None:
+        """Detach: the blocks' hooks go (what the API's hook list calls)."""
+        self.tracker.detach()
+
+    def summary(self) -> Summary:
+        """The totals in the drop-in API's terms."""
+        s = self.tracker.summary()
+        return Summary(
+            steps=int(s["steps"]),
+            evictions=int(s["evictions"]),
+            rematerializations=int(s["rematerializations"]),
+            base_cost_ns=int(s["base_cost_ns"]),
+            remat_cost_ns=int(s["remat_cost_ns"]),
+            peak_usage=int(s["peak_usage"]),
+            budget=int(s["budget"]) or None,
+            baseline_peak=int(s["first_step_peak"]) or None,
+            budget_source=self.tracker.budget_source,
+        )
+
+    def log_summary(self, where: str) -> None:
+        """Log the totals (``Config.log_summary``)."""
+        if self.config.log_summary:
+            log.info("memscale (%s, blocks): %s", where, self.summary())
