@@ -15,6 +15,8 @@ block and per step by the engine instead of fixed in the model.
   recomputed (random-number, autocast and buffer state replayed; checked).
 * :mod:`.tracker`: the hooks, the engine, the budget and the counters
   (:class:`BlockDTR`, :func:`find_blocks`).
+* :mod:`.drop_in`: ``memscale.wrap(model, Config(unit="block"))`` - the
+  Config's budget converted, the drop-in API's summary.
 """
 
 from __future__ import annotations
