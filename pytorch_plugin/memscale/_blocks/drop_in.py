@@ -19,7 +19,7 @@ import torch
 from .._budget import threshold_budget
 from .._stats import Summary
 from ..config import Config, is_percentage, parse_size
-from .tracker import BlockDTR
+from .tracker import BlockDTR, device_allocated
 
 log = logging.getLogger("memscale")
 
@@ -51,7 +51,7 @@ def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | N
 
         total = device_bytes or device_total_memory(index)
         if total:
-            return config.budget_for(int(total)), lambda: int(torch.cuda.memory_allocated(index))
+            return config.budget_for(int(total)), device_allocated(index)
     if device_bytes:
         return config.budget_for(device_bytes), None
     if config.threshold is not None and not is_percentage(config.threshold):

@@ -82,6 +82,17 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return found
 
 
+def device_allocated(index: int) -> Callable[[], int]:
+    """``() -> bytes allocated on CUDA device index``: memscale's count when its
+    allocator is PyTorch's (``torch.cuda.memory_allocated`` raises under a
+    pluggable allocator), else PyTorch's."""
+    from ..allocator import installed, memory_allocated
+
+    if installed() is not None:
+        return lambda: int(memory_allocated(index))
+    return lambda: int(torch.cuda.memory_allocated(index))
+
+
 def _no_training_cache(model: torch.nn.Module) -> None:
     """Turn off a Hugging Face model's key/value cache, as its own gradient
     checkpointing does: a block that appends to a cache does not repeat, so
@@ -181,7 +192,7 @@ class BlockDTR:
         device = next((p.device for p in model.parameters()), None)
         if self._allocated is None and device is not None and device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            self._allocated = lambda: int(torch.cuda.memory_allocated(index))
+            self._allocated = device_allocated(index)
         return threshold.nbytes, threshold.source
 
     @property
