@@ -574,3 +574,31 @@ def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
         memscale.optimize(model, config=memscale.Config(unit="block"))
     with pytest.raises(MemscaleError, match="for blocks use"):
         memscale.enable(memscale.Config(unit="block"))
+
+
+def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """A model that calls ``block.forward()`` directly (as SqueezeBERT does)
+    passes by module hooks: nothing can be tracked, and a warning says so
+    once, at the second training forward."""
+
+    class Direct(Net):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            for layer in self.layers:
+                h = layer.forward(h)
+            return self.out(h).square().mean()
+
+    model = Direct()
+    memscale.blocks(model, "50%")
+    with caplog.at_level("WARNING", logger="memscale"):
+        for step in range(3):
+            model(_batch(step)).backward()
+    warnings = [r for r in caplog.records if "bypasses them" in r.getMessage()]
+    assert len(warnings) == 1 and "layers.0" in warnings[0].getMessage()
+    caplog.clear()
+    tracked = Net()
+    memscale.blocks(tracked, "50%")
+    with caplog.at_level("WARNING", logger="memscale"):
+        for step in range(3):
+            tracked(_batch(step)).backward()
+    assert not [r for r in caplog.records if "bypasses them" in r.getMessage()]

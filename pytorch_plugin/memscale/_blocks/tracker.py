@@ -176,6 +176,8 @@ class BlockDTR:
                 block.register_forward_pre_hook(self._make_pre(name), with_kwargs=True, prepend=True)
             )
             self._handles.append(block.register_forward_hook(self._post, always_call=True))
+        self._model_forwards = 0
+        self._handles.append(model.register_forward_pre_hook(self._model_forward))
 
     # ------------------------------------------------------------ public
 
@@ -261,6 +263,21 @@ class BlockDTR:
         self.detach()
 
     # ------------------------------------------------------------ hooks
+
+    def _model_forward(self, model: torch.nn.Module, args: Any) -> None:
+        """Say so, once, when the model trains but its blocks are never called
+        through ``__call__`` (a model that calls ``block.forward()`` directly
+        passes by module hooks: nothing would be tracked, silently)."""
+        if not torch.is_grad_enabled():
+            return
+        self._model_forwards += 1
+        if self._model_forwards == 2 and self._calls == 0:
+            log.warning(
+                "memscale.blocks: %s ran a training forward and none of its %d blocks (%s, ...) was called "
+                "through module hooks - a model that calls block.forward() directly bypasses them, so nothing "
+                "is tracked; pass the modules it does call with modules=[...]",
+                type(model).__name__, len(self.blocks), self.blocks[0][0],
+            )
 
     def _make_pre(self, name: str) -> Any:
         def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
