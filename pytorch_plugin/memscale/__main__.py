@@ -32,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a training script under DTR")
     run.add_argument("--threshold", help=f"eviction threshold (sets {THRESHOLD_ENV}): bytes, 12GiB, 75%% (GPU)")
+    run.add_argument(
+        "--unit", choices=("op", "block"), default="op",
+        help="what DTR tracks: every op (a region per step, any model) or every call of the models' "
+        "repeated blocks (memscale.blocks: no per-op cost)",
+    )
     run.add_argument("--quiet", action="store_true", help="do not print the totals at exit")
     run.add_argument("--summary-json", help="also write the totals as JSON to this file")
     run.add_argument("-m", dest="module", help="run a module (as python -m MODULE) instead of a script")
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import memscale
 
-    enabled = memscale.enable()
+    enabled = memscale.enable(memscale.Config(unit=args.unit))
     status = 0
     try:
         _runner(args.module, target)()

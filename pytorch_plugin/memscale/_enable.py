@@ -58,6 +58,8 @@ class Enabled:
         self.config = config
         self.allocator_installed = allocator_installed
         self._steps = steps
+        #: With ``Config(unit="block")``: block-level DTR on every model that trains.
+        self._blocks: Any = None
         self._handles: list[Any] = []
         #: id of a module that opened a step -> (the module, weakly; its own
         #: pre-hook, which sees keyword arguments). Keyed by id: a module may
@@ -67,10 +69,12 @@ class Enabled:
     @property
     def active(self) -> bool:
         """Whether steps run under DTR (``False``: nothing to evict against)."""
-        return self._steps is not None
+        return self._steps is not None or self._blocks is not None
 
     def summary(self) -> Summary:
         """Totals over every step so far."""
+        if self._blocks is not None:
+            return self._blocks.summary()
         return self._steps.summary() if self._steps is not None else Summary()
 
     def end_step(self) -> None:
@@ -139,6 +143,8 @@ class Enabled:
         try:
             if self._steps is not None:
                 self._steps.end()
+            if self._blocks is not None:
+                self._blocks.remove()
         finally:
             for handle in [*self._handles, *(h for _, h in self._with_kwargs.values())]:
                 handle.remove()
@@ -178,7 +184,9 @@ def enable(config: Config | None = None) -> Enabled:
     Args:
         config: settings of the steps' regions (``Config()``: the eviction
             threshold; without one, on a GPU, evict only when an allocation
-            would fail).
+            would fail). ``Config(unit="block")``: block-level DTR
+            (:func:`memscale.blocks`) on every model that trains, instead of
+            a region per step.
 
     Returns:
         The enablement: ``.summary()``, ``.end_step()``, ``.disable()``.
@@ -191,11 +199,6 @@ def enable(config: Config | None = None) -> Enabled:
     config = config or Config()
     if not isinstance(config, Config):
         raise MemscaleError(f"memscale.enable(config={config!r}): expected a memscale.Config")
-    if config.unit == "block":
-        raise MemscaleError(
-            "memscale.enable(Config(unit='block')): enable() tracks ops; for blocks use "
-            "memscale.wrap(model, Config(unit='block')) or memscale.blocks(model)"
-        )
     with _lock:
         if _enabled is not None:
             if _enabled.config != config:
@@ -213,8 +216,15 @@ def enable(config: Config | None = None) -> Enabled:
             )
             _enabled = Enabled(config, None, installed)
             return _enabled
-        enabled = Enabled(config, Steps(config, None, on_demand=True), installed)
-        enabled._hook()
+        if config.unit == "block":
+            from ._blocks.drop_in import BlockModels
+
+            enabled = Enabled(config, None, installed)
+            enabled._blocks = BlockModels(config)
+            enabled._blocks.hook()
+        else:
+            enabled = Enabled(config, Steps(config, None, on_demand=True), installed)
+            enabled._hook()
         _enabled = enabled
     atexit.register(_at_exit, enabled)
     return enabled

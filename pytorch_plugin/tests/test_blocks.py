@@ -572,8 +572,6 @@ def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
         memscale.Config(unit="ops")
     with pytest.raises(MemscaleError, match="blocks need no step boundaries"):
         memscale.optimize(model, config=memscale.Config(unit="block"))
-    with pytest.raises(MemscaleError, match="for blocks use"):
-        memscale.enable(memscale.Config(unit="block"))
 
 
 def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFixture) -> None:
@@ -602,3 +600,33 @@ def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFi
         for step in range(3):
             tracked(_batch(step)).backward()
     assert not [r for r in caplog.records if "bypasses them" in r.getMessage()]
+
+
+def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCaptureFixture) -> None:
+    """``memscale.enable(Config(unit="block"))``: the first training forward of
+    each model puts blocks on it; a model without blocks is said so and runs
+    untracked; ``disable()`` removes every hook."""
+    from memscale import _enable
+
+    torch.manual_seed(0)
+    base = Net(p=0.2)
+    ref = _train(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    enabled = memscale.enable(memscale.Config(unit="block", mode="aggressive"))
+    try:
+        assert enabled.active
+        with torch.no_grad():
+            model(_batch(0))  # evaluation attaches nothing
+        assert not enabled._blocks.trackers
+        got = _train(model)
+        flat = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+        with caplog.at_level("WARNING", logger="memscale"):
+            flat(_batch(0)).sum().backward()
+        assert any("Sequential trains untracked" in r.getMessage() for r in caplog.records)
+    finally:
+        enabled.disable()
+    _assert_bitwise(ref, got)
+    s = enabled.summary()
+    assert s.rematerializations > 0 and s.steps >= 2
+    assert len(enabled._blocks.trackers) == 1 and _enable.enabled() is None
+    assert not model.layers[0]._forward_pre_hooks

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - requirements-test.txt installs it
 PLUGIN = Path(memscale.__file__).resolve().parent.parent
 
 
-def _run(args: list[str], tmp: Path, threshold: str | None = None, **env: str) -> dict[str, Any]:
+def _run(args: list[str], tmp: Path, threshold: str | None = None, unit: str = "op", **env: str) -> dict[str, Any]:
     """Run ``args`` in a child; returns the script's output file and, under
     memscale, its summary."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
@@ -50,7 +50,10 @@ def _run(args: list[str], tmp: Path, threshold: str | None = None, **env: str) -
     if threshold is None:
         cmd = [sys.executable, *script]
     else:
-        cmd = [sys.executable, "-m", "memscale", "run", "--threshold", threshold, "--summary-json", str(summary), *script]
+        cmd = [
+            sys.executable, "-m", "memscale", "run", "--unit", unit, "--threshold", threshold,
+            "--summary-json", str(summary), *script,
+        ]
     proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     result: dict[str, Any] = {"out": torch.load(out), "stderr": proc.stderr}
@@ -106,6 +109,23 @@ def test_unmodified_script_runs_under_the_threshold(script: list[str], env: dict
     assert "memscale:" in tight["stderr"] and "evictions" in tight["stderr"]
     _assert_bitwise(plain["out"], tight["out"], script[0])
     _assert_bitwise(plain["out"], roomy["out"], script[0])
+
+
+def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
+    """``memscale run --unit block``: block-level DTR on the model the script
+    trains (on the CPU the threshold is a budget of block activations)."""
+    args = ["gpt2_adamw_loop.py", "4"]
+    plain = _run(args, tmp_path)
+    roomy = _run(args, tmp_path, threshold="1TiB", unit="block")
+    s = roomy["summary"]
+    assert s["active"] and s["evictions"] == 0 and s["peak_usage"] > 0 and s["steps"] >= 3, s
+    threshold = s["peak_usage"] // 2  # one of the script's two blocks
+    tight = _run(args, tmp_path, threshold=str(threshold), unit="block")
+    s = tight["summary"]
+    assert s["evictions"] > 0 and s["rematerializations"] > 0 and s["budget"] == threshold, s
+    assert s["budget_source"] == f"MEMSCALE_EVICTION_THRESHOLD={threshold}", s
+    _assert_bitwise(plain["out"], tight["out"], args[0])
+    _assert_bitwise(plain["out"], roomy["out"], args[0])
 
 
 def test_run_without_a_threshold_on_the_cpu_changes_nothing(tmp_path: Path) -> None:

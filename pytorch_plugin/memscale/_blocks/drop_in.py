@@ -1,8 +1,10 @@
-"""``memscale.wrap(model, Config(unit="block"))``: block-level DTR behind the drop-in API.
+"""``Config(unit="block")``: block-level DTR behind the drop-in API and ``enable()``.
 
 :class:`BlockSteps` stands where :class:`memscale._steps.Steps` stands for the
 region: the drop-in API keeps it per wrapped model and asks it for the
-:class:`~memscale.Summary`. Blocks need no step region, so there is nothing to
+:class:`~memscale.Summary`; :class:`BlockModels` is ``memscale.enable()``'s
+(``python -m memscale run --unit block``): block-level DTR on every model that
+trains. Blocks need no step region, so there is nothing to
 open or close; :func:`blocks_budget` turns the Config's budget (threshold,
 mode, device memory) into what :class:`~.tracker.BlockDTR` takes.
 
@@ -12,13 +14,16 @@ Holds no policy: the budget is converted to bytes here, evictions are the engine
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .._budget import threshold_budget
 from .._stats import Summary
 from ..config import Config, is_percentage, parse_size
+from ..errors import ConfigError
 from .tracker import BlockDTR, device_allocated
 
 log = logging.getLogger("memscale")
@@ -103,3 +108,61 @@ class BlockSteps:
         """Log the totals (``Config.log_summary``)."""
         if self.config.log_summary:
             log.info("memscale (%s, blocks): %s", where, self.summary())
+
+
+class BlockModels:
+    """``memscale.enable(Config(unit="block"))``: every model that trains in
+    the process gets block-level DTR.
+
+    A global forward pre-hook sees the first training forward of each
+    outermost module (a module not inside a model seen before) and puts a
+    :class:`BlockDTR` on it, with the Config's budget; from then on the
+    blocks' own hooks do the work. A model without repeated blocks is said so
+    once and runs untracked.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.trackers: list[BlockDTR] = []
+        self._inside: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules of models seen
+        self._handle: Any = None
+
+    def hook(self) -> None:
+        """Start watching forwards (idempotent)."""
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        if self._handle is None:
+            self._handle = register_module_forward_pre_hook(self._first_forward)
+
+    def _first_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if module in self._inside or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return
+        self._inside.update(module.modules())
+        try:
+            budget, allocated = blocks_budget(self.config, module)
+            self.trackers.append(BlockDTR(module, budget, heuristic=self.config.heuristic, allocated=allocated))
+        except ConfigError as exc:
+            log.warning("memscale (unit='block'): %s trains untracked: %s", type(module).__name__, exc)
+
+    def summary(self) -> Summary:
+        """Totals over every tracked model."""
+        total = Summary()
+        for tracker in self.trackers:
+            s = tracker.summary()
+            total.steps += int(s["steps"])
+            total.evictions += int(s["evictions"])
+            total.rematerializations += int(s["rematerializations"])
+            total.base_cost_ns += int(s["base_cost_ns"])
+            total.remat_cost_ns += int(s["remat_cost_ns"])
+            total.peak_usage = max(total.peak_usage, int(s["peak_usage"]))
+            total.budget = int(s["budget"]) or total.budget
+            total.budget_source = tracker.budget_source
+        return total
+
+    def remove(self) -> None:
+        """Stop: the global hook and every model's block hooks go."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        for tracker in self.trackers:
+            tracker.detach()
