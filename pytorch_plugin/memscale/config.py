@@ -233,8 +233,8 @@ class Config:
         unit: what DTR tracks. ``"op"`` (the default): every ATen op, in a
             region per step (any model, any tensor). ``"block"``: every call
             of the model's repeated blocks (:func:`memscale.blocks`: no per-op
-            cost; whole blocks' activations evicted and recomputed; modules
-            only). Its budget: on a GPU ``threshold`` or the mode's fraction of
+            cost; whole blocks' activations evicted and recomputed), through
+            ``wrap(module)``, ``enable()`` and ``memscale run --unit block``. Its budget: on a GPU ``threshold`` or the mode's fraction of
             the device's memory, bounding the allocated bytes; on the CPU bytes
             of block activations, a percentage (or the mode's fraction) of what
             the first step's blocks held.
