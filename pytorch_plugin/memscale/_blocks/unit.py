@@ -127,7 +127,8 @@ class Unit:
         #: What makes two calls alike (the room made before a call is what the last alike call kept).
         self.signature = (id(block), *(tuple(t.shape) for t in self.inputs))
         self.entry = {storage_ptr(t) for t in self.inputs}
-        self.entry.update(storage_ptr(p) for p in block.parameters())
+        params = list(block.parameters())
+        self.entry.update(storage_ptr(p) for p in params)
         buffers = list(block.buffers())
         self.entry.update(storage_ptr(b) for b in buffers)
         self.entry.discard(0)
@@ -149,7 +150,9 @@ class Unit:
         self.tensor_id = -1
         self.op_id = -1
         self.rng = torch.get_rng_state()
-        devices = sorted({t.device.index or 0 for t in self.inputs if t.is_cuda})
+        # Every CUDA device the call touches (its inputs' or its parameters'):
+        # a dropout mask drawn there is replayed from that device's generator.
+        devices = sorted({t.device.index or 0 for t in (*self.inputs, *params) if t.is_cuda})
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
         self.autocast = [
             (dt, torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt)) for dt in _AUTOCAST_DEVICES
