@@ -306,7 +306,8 @@ class BlockDTR:
                 with torch.no_grad():
                     unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
             tls.unit = unit
-            self._open += 1
+            with self._lock:  # released (decremented) from autograd's threads too
+                self._open += 1
             unit.hooks.__enter__()
             unit.started_ns = _perf_ns()
 
@@ -440,11 +441,12 @@ class BlockDTR:
 
     def _forget(self, unit: Unit) -> None:
         """A unit that will never be registered: released now if no slot will release it."""
-        if unit.live == 0 and not unit.released:
-            unit.released = True
-            self._open -= 1
-            if self._open == 0:
-                self._end_step()
+        with self._lock:
+            if unit.live == 0 and not unit.released:
+                unit.released = True
+                self._open -= 1
+                if self._open == 0:
+                    self._end_step()
 
     def _flush(self) -> None:
         """Tell the engine of the units autograd released; end the step when none is left."""

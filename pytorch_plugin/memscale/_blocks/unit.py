@@ -59,6 +59,12 @@ def tensors_in(*trees: Any) -> list[_Tensor]:
     return [x for x in tree_leaves(trees) if isinstance(x, _Tensor)]
 
 
+def _cuda_index(t: _Tensor) -> int:
+    """The index of the CUDA device ``t`` is on."""
+    index = t.device.index
+    return index if index is not None else torch.cuda.current_device()
+
+
 def meta_of(t: _Tensor) -> Meta:
     """What a recomputed tensor must match."""
     return (t.size(), t.dtype, t.stride(), t.storage_offset())
@@ -152,7 +158,7 @@ class Unit:
         self.rng = torch.get_rng_state()
         # Every CUDA device the call touches (its inputs' or its parameters'):
         # a dropout mask drawn there is replayed from that device's generator.
-        devices = sorted({t.device.index or 0 for t in (*self.inputs, *params) if t.is_cuda})
+        devices = sorted({_cuda_index(t) for t in (*self.inputs, *params) if t.is_cuda})
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
         self.autocast = [
             (dt, torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt)) for dt in _AUTOCAST_DEVICES
