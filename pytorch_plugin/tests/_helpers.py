@@ -83,7 +83,8 @@ def assert_same_steps(ref: list[dict[str, Any]], got: list[dict[str, Any]], what
 
 
 def steady_clock(monkeypatch: Any) -> None:
-    """Measure every op the region runs or re-runs at exactly 1 us.
+    """Measure every op the region runs or re-runs (and every block call of
+    :mod:`memscale._blocks`) at exactly 1 us.
 
     The engine's decisions depend on measured op costs; with this they depend
     on the program alone, so whether a step fits a tight budget never depends
@@ -96,5 +97,5 @@ def steady_clock(monkeypatch: Any) -> None:
     def now() -> int:
         return next(ticks)
 
-    for module in ("memscale._region.dispatch", "memscale._region.replay"):
+    for module in ("memscale._region.dispatch", "memscale._region.replay", "memscale._blocks.tracker"):
         monkeypatch.setattr(importlib.import_module(module), "perf_ns", now)

@@ -17,9 +17,16 @@ import memscale
 from memscale._blocks import BlockDTR, find_blocks
 from memscale.errors import ConfigError, MemscaleError
 
-from _helpers import require_engine
+from _helpers import require_engine, steady_clock
 
 require_engine()
+
+
+@pytest.fixture(autouse=True)
+def _steady_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block call costs the same (the engine's choices depend on the
+    program alone, never on the machine's load)."""
+    steady_clock(monkeypatch)
 
 
 class Block(nn.Module):

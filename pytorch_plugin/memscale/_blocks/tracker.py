@@ -36,7 +36,7 @@ from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
 from .unit import Unit
 
-_perf_ns = time.perf_counter_ns
+perf_ns = time.perf_counter_ns
 log = logging.getLogger("memscale")
 
 #: A block's buffers up to this size are copied at every call (BatchNorm's
@@ -309,7 +309,7 @@ class BlockDTR:
             with self._lock:  # released (decremented) from autograd's threads too
                 self._open += 1
             unit.hooks.__enter__()
-            unit.started_ns = _perf_ns()
+            unit.started_ns = perf_ns()
 
         return pre
 
@@ -327,7 +327,7 @@ class BlockDTR:
             return
         tls.unit = None
         unit.hooks.__exit__(None, None, None)
-        cost = _perf_ns() - unit.started_ns
+        cost = perf_ns() - unit.started_ns
         if output is None:  # the forward raised: nothing of it will be backpropagated
             self._forget(unit)
             return
@@ -417,9 +417,9 @@ class BlockDTR:
             if [kind for kind, _ in plan] != [STEP_RERUN] or plan[0][1] != unit.op_id:
                 raise MemscaleError(f"memscale.blocks: unexpected plan {plan} for {unit.name} (op {unit.op_id})")
             self._make_room(unit.nbytes, unit, unit.nbytes)
-            t0 = _perf_ns()
+            t0 = perf_ns()
             unit.recompute()
-            engine.rematerialized(unit.op_id, _perf_ns() - t0)
+            engine.rematerialized(unit.op_id, perf_ns() - t0)
 
     def recomputing(self, unit: Unit | None, hooks: Any) -> None:
         """:meth:`Unit.recompute` starts (``unit``, its capture hooks) or ends (``None``)."""
