@@ -146,16 +146,22 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
         raise MemscaleError("memscale.wrap(sample_input=...): a sample input is for a torch.nn.Module")
     observe(config)
     if config.unit == "block":
-        if not isinstance(trainer_or_module, torch.nn.Module):
+        # Blocks need no step boundaries: a module, or a Hugging Face Trainer's
+        # model, gets their hooks and nothing else.
+        if isinstance(trainer_or_module, torch.nn.Module):
+            model = trainer_or_module
+        elif _is_trainer(trainer_or_module):
+            model = trainer_or_module.model
+        else:
             raise MemscaleError(
-                f"memscale.wrap(Config(unit='block')): expected a torch.nn.Module, got "
-                f"{type(trainer_or_module).__name__} (for a Trainer, wrap its model)"
+                f"memscale.wrap(Config(unit='block')): expected a torch.nn.Module or a transformers.Trainer, got "
+                f"{type(trainer_or_module).__name__} (for a Lightning Trainer, wrap its LightningModule)"
             )
         if sample_input is not None:
             raise MemscaleError("memscale.wrap(Config(unit='block'), sample_input=...): blocks measure their first step")
         from ._blocks.drop_in import BlockSteps
 
-        block_steps = BlockSteps(config, trainer_or_module)
+        block_steps = BlockSteps(config, model)
         hooks = _Hooks()
         hooks.handles.append(block_steps)
         _attached[trainer_or_module] = _Attachment(steps=block_steps, hooks=hooks, kind="blocks")  # type: ignore[arg-type]

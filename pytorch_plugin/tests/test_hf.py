@@ -152,3 +152,23 @@ def test_a_wrapped_trainer_runs_fitting_steps_untracked(tmp_path: Path) -> None:
     summary = memscale.summary(trainer)
     assert (summary.steps, summary.untracked_steps, summary.evictions) == (STEPS, STEPS - 2, 0), summary
     memscale.detach(trainer)
+
+
+def test_a_trainer_wrapped_with_blocks_trains_bitwise(tmp_path: Path) -> None:
+    """``wrap(trainer, Config(unit="block"))``: blocks on the Trainer's model
+    (no step patching); the losses and parameters are the plain run's."""
+    transformers = _needs_trainer_stack()
+    plain = _trainer(transformers, tmp_path / "plain")
+    plain.model.config.use_cache = False  # as blocks set it
+    plain.train()
+    trainer = _trainer(transformers, tmp_path / "blocks")
+    assert memscale.wrap(trainer, Config(unit="block", mode="aggressive", log_summary=False)) is trainer
+    assert "training_step" not in vars(trainer)
+    trainer.train()
+    assert _losses(trainer) == _losses(plain)
+    for a, b in zip(plain.model.parameters(), trainer.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    summary = memscale.summary(trainer)
+    assert summary.rematerializations > 0 and summary.steps >= STEPS - 1, summary
+    memscale.detach(trainer)
+    assert not trainer.model.transformer.h[0]._forward_pre_hooks
