@@ -22,19 +22,12 @@ import torch
 
 from .._budget import threshold_budget
 from .._stats import Summary
+from .._steps import _module_device_index
 from ..config import Config, is_percentage, parse_size
 from ..errors import ConfigError
 from .tracker import BlockDTR, device_allocated
 
 log = logging.getLogger("memscale")
-
-
-def _cuda_index(model: torch.nn.Module) -> int | None:
-    """The CUDA device of the model's first parameter (None: not on a GPU)."""
-    p = next(model.parameters(), None)
-    if p is None or p.device.type != "cuda":
-        return None
-    return p.device.index if p.device.index is not None else torch.cuda.current_device()
 
 
 def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | None, Callable[[], int] | None]:
@@ -47,7 +40,7 @@ def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | N
     of. ``None``: the eviction threshold (no threshold or mode in the Config
     and one is set).
     """
-    index = _cuda_index(model)
+    index = _module_device_index(model)
     if config.threshold is None and config.mode is None and threshold_budget(index) is not None:
         return None, None
     device_bytes = config.device_bytes()
@@ -64,6 +57,22 @@ def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | N
     if config.threshold is not None:
         return str(config.threshold), None
     return f"{config.fraction * 100:g}%", None
+
+
+def summary_of(tracker: BlockDTR) -> Summary:
+    """A tracker's counters as the drop-in API's :class:`~memscale.Summary`."""
+    s = tracker.summary()
+    return Summary(
+        steps=int(s["steps"]),
+        evictions=int(s["evictions"]),
+        rematerializations=int(s["rematerializations"]),
+        base_cost_ns=int(s["base_cost_ns"]),
+        remat_cost_ns=int(s["remat_cost_ns"]),
+        peak_usage=int(s["peak_usage"]),
+        budget=int(s["budget"]) or None,
+        baseline_peak=int(s["first_step_peak"]) or None,
+        budget_source=tracker.budget_source,
+    )
 
 
 class BlockSteps:
@@ -91,18 +100,7 @@ class BlockSteps:
 
     def summary(self) -> Summary:
         """The totals in the drop-in API's terms."""
-        s = self.tracker.summary()
-        return Summary(
-            steps=int(s["steps"]),
-            evictions=int(s["evictions"]),
-            rematerializations=int(s["rematerializations"]),
-            base_cost_ns=int(s["base_cost_ns"]),
-            remat_cost_ns=int(s["remat_cost_ns"]),
-            peak_usage=int(s["peak_usage"]),
-            budget=int(s["budget"]) or None,
-            baseline_peak=int(s["first_step_peak"]) or None,
-            budget_source=self.tracker.budget_source,
-        )
+        return summary_of(self.tracker)
 
     def log_summary(self, where: str) -> None:
         """Log the totals (``Config.log_summary``)."""
@@ -147,16 +145,12 @@ class BlockModels:
     def summary(self) -> Summary:
         """Totals over every tracked model."""
         total = Summary()
-        for tracker in self.trackers:
-            s = tracker.summary()
-            total.steps += int(s["steps"])
-            total.evictions += int(s["evictions"])
-            total.rematerializations += int(s["rematerializations"])
-            total.base_cost_ns += int(s["base_cost_ns"])
-            total.remat_cost_ns += int(s["remat_cost_ns"])
-            total.peak_usage = max(total.peak_usage, int(s["peak_usage"]))
-            total.budget = int(s["budget"]) or total.budget
-            total.budget_source = tracker.budget_source
+        for part in map(summary_of, self.trackers):
+            for name in ("steps", "evictions", "rematerializations", "base_cost_ns", "remat_cost_ns"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            total.peak_usage = max(total.peak_usage, part.peak_usage)
+            total.budget = part.budget or total.budget
+            total.budget_source = part.budget_source
         return total
 
     def remove(self) -> None:

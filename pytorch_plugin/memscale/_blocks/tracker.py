@@ -32,6 +32,7 @@ from torch.nn.utils.parametrize import ParametrizationList
 
 from .._budget import THRESHOLD_ENV, threshold_budget
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
+from .._steps import _module_device_index
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
 from .unit import Unit
@@ -123,15 +124,13 @@ class BlockDTR:
                 raise ConfigError("memscale.blocks: modules=[] names no block; leave it out to find the blocks")
         self.blocks = named
         _no_training_cache(model)
-        #: With the eviction threshold as the budget on a GPU: the device's
-        #: allocated bytes (the budget then bounds the whole device's memory).
+        #: With the eviction threshold as the budget on a GPU, or given: the
+        #: device's allocated bytes (the budget then bounds the whole device's
+        #: memory, and the engine's budget is what it leaves the blocks).
         self._allocated = allocated
-        self._threshold = 0
         self._percent: str | None = None
         if budget is None:
             self._budget, self.budget_source = self._threshold_budget(model)
-            if self._allocated is not None:
-                self._threshold = self._budget
         elif is_percentage(budget):
             parse_size(budget, name="memscale.blocks(budget)", total=1 << 40)  # checks the range
             if allocated is not None:
@@ -147,8 +146,6 @@ class BlockDTR:
             if self._budget == 0:
                 raise ConfigError("memscale.blocks(budget=0): give a positive size (\"2GiB\") or a percentage (\"50%\")")
             self.budget_source = f"blocks(budget={budget!r})"
-        if self._allocated is not None and not self._threshold:
-            self._threshold = self._budget  # allocated= given with a byte budget: bound the device's memory
         self._heuristic = heuristic
         self._engine: Engine | None = None
         #: Registered units by engine tensor id; weak: a unit lives as long as
@@ -191,9 +188,8 @@ class BlockDTR:
                 '(bytes of block activations such as "2GiB", or a percentage of them such as "50%") '
                 f"or set {THRESHOLD_ENV}"
             )
-        device = next((p.device for p in model.parameters()), None)
-        if self._allocated is None and device is not None and device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _module_device_index(model)
+        if self._allocated is None and index is not None:
             self._allocated = device_allocated(index)
         return threshold.nbytes, threshold.source
 
@@ -212,8 +208,6 @@ class BlockDTR:
         with self._lock:
             self._percent = None
             self._budget = nbytes
-            if self._allocated is not None:
-                self._threshold = nbytes
             if self._engine is not None:
                 self._engine.set_budget(nbytes)
 
@@ -338,8 +332,7 @@ class BlockDTR:
 
     def _engine_now(self) -> Engine:
         if self._engine is None:
-            budget = self._threshold or self._budget
-            config: dict[str, Any] = {"defaults": "region", "budget": budget, "heuristic": self._heuristic}
+            config: dict[str, Any] = {"defaults": "region", "budget": self._budget, "heuristic": self._heuristic}
             self._engine = Engine(config)
         return self._engine
 
@@ -379,7 +372,7 @@ class BlockDTR:
             # on the device (parameters, gradients, optimizer state, the rest
             # of the step): measured now, so the engine's budget follows it.
             outside = max(0, self._allocated() - engine.status.usage)
-            engine.set_budget(max(1, self._threshold - outside))
+            engine.set_budget(max(1, self._budget - outside))
         try:
             for root, action in engine.evict(extra):
                 victim = self._units.get(root)
@@ -392,7 +385,7 @@ class BlockDTR:
             budget = int(engine.status.budget)
             if isinstance(exc, NoRoomError) or need > budget:
                 where = (
-                    f"threshold {format_bytes(self._threshold)} less {format_bytes(outside)} allocated outside the "
+                    f"threshold {format_bytes(self._budget)} less {format_bytes(outside)} allocated outside the "
                     f"blocks leaves {format_bytes(budget)}, which"
                     if self._allocated is not None
                     else f"budget {format_bytes(budget)}"
@@ -442,11 +435,20 @@ class BlockDTR:
     def _forget(self, unit: Unit) -> None:
         """A unit that will never be registered: released now if no slot will release it."""
         with self._lock:
-            if unit.live == 0 and not unit.released:
-                unit.released = True
-                self._open -= 1
+            if unit.live == 0:
+                self._release(unit)
                 if self._open == 0:
                     self._end_step()
+
+    def _release(self, unit: Unit) -> None:
+        """``unit`` is over (once): no longer open, and told to the engine if registered."""
+        if unit.released:
+            return
+        unit.released = True
+        self._open -= 1
+        if unit.tensor_id >= 0 and self._engine is not None:
+            self._units.pop(unit.tensor_id, None)
+            self._engine.release(unit.tensor_id)
 
     def _flush(self) -> None:
         """Tell the engine of the units autograd released; end the step when none is left."""
@@ -456,13 +458,7 @@ class BlockDTR:
             while self._done:
                 done, self._done = self._done, []
                 for unit in done:
-                    if unit.released:
-                        continue
-                    unit.released = True
-                    self._open -= 1
-                    if unit.tensor_id >= 0 and self._engine is not None:
-                        self._units.pop(unit.tensor_id, None)
-                        self._engine.release(unit.tensor_id)
+                    self._release(unit)
             if self._open == 0:
                 self._end_step()
 
