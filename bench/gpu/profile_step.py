@@ -23,7 +23,9 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
   the blocks' activations and at one block's (the least that works), with the
   peak allocated;
 * ``checkpointing``: Hugging Face gradient checkpointing (the memory reference
-  block-level DTR is compared with; Hugging Face models only).
+  block-level DTR is compared with; Hugging Face models only);
+* ``blocks-at-checkpointing`` (CUDA only): ``memscale.blocks`` bounding the
+  device's allocated bytes at checkpointing's peak allocated (equal memory).
 
 For each: the median step time (synchronized), the ratio to ``plain`` and the
 region's synchronizations per step, then a cProfile of one step of each region
@@ -185,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             memscale.reset_peak_memory_stats(0)
         times[name] = _median_steps(tr, 2, a.steps)
         peaks[name] = int(memscale.max_memory_allocated(0)) if cuda else None
+        if name == "blocks-min":
+            profiles[name] = _profile(tr, a.steps + 2, a.top)
         summaries[name] = tracker.summary()
         if name == "blocks-50":
             least = int(summaries[name]["largest_block"])
@@ -200,9 +204,32 @@ def main(argv: list[str] | None = None) -> int:
             memscale.reset_peak_memory_stats(0)
         times["checkpointing"] = _median_steps(tr, 1, a.steps)
         peaks["checkpointing"] = int(memscale.max_memory_allocated(0)) if cuda else None
+        profiles["checkpointing"] = _profile(tr, a.steps + 1, a.top)
         tr.model.gradient_checkpointing_disable()
         print(f"checkpointing: median {times['checkpointing']:.4f} s ({times['checkpointing'] / plain:.2f}x plain), "
               f"peak allocated {_common.fmt_bytes(peaks['checkpointing']) if peaks['checkpointing'] else '-'}", flush=True)
+        if cuda:
+            # Block-level DTR bounding the device's allocated bytes at what
+            # checkpointing allocated at its peak: the equal-memory comparison.
+            from memscale._blocks.tracker import device_allocated
+
+            name = "blocks-at-checkpointing"
+            tracker = memscale.blocks(tr.model, peaks["checkpointing"], allocated=device_allocated(0))
+            try:
+                _median_steps(tr, 0, 2)
+                memscale.reset_peak_memory_stats(0)
+                times[name] = _median_steps(tr, 2, a.steps)
+                peaks[name] = int(memscale.max_memory_allocated(0))
+                summaries[name] = tracker.summary()
+                syncs[name] = 0.0
+                print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), peak allocated "
+                      f"{_common.fmt_bytes(peaks[name])}, {summaries[name]['rematerializations']} block recomputes "
+                      f"in {summaries[name]['steps']} steps", flush=True)
+            except memscale.MemscaleError as exc:
+                summaries[name] = {"error": str(exc)}
+                print(f"{name}: failed: {exc}", flush=True)
+            finally:
+                tracker.detach()
     result["peaks"] = peaks
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():

@@ -264,12 +264,20 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
                  f"{fb(prof.get('peak'))} (`card`: no threshold, the device's memory; `wrap-card`: the drop-in API at "
                  "`threshold=\"100%\"`, its steps after two that fit untracked).")
         L.append("")
-        L.append("| variant | median step (s) | / plain | synchronizations per step |")
-        L.append("|---|---:|---:|---:|")
+        L.append("| variant | median step (s) | / plain | synchronizations per step | peak allocated | block recomputes |")
+        L.append("|---|---:|---:|---:|---:|---:|")
         syncs = prof.get("synchronizations_per_step") or {}
+        peaks = prof.get("peaks") or {}
+        summaries = prof.get("summaries") or {}
         for k, v in prof["times"].items():
             sync = syncs.get(k)
-            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} | {'-' if sync is None else f'{sync:.1f}'} |")
+            peak = fb(peaks[k]) if peaks.get(k) else "-"
+            recomputes = summaries.get(k, {}).get("rematerializations", "-") if k in peaks else "-"
+            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} | {'-' if sync is None else f'{sync:.1f}'} "
+                     f"| {peak} | {recomputes} |")
+        for k, s in summaries.items():
+            if isinstance(s, dict) and "error" in s:
+                L.append(f"| {k} | failed: {str(s['error'])[:300]} | | | | |")
         L.append("")
         for k, text in (prof.get("profiles") or {}).items():
             L.append(f"cProfile of one `{k}` step, top functions by own time:")

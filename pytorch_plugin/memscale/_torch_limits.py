@@ -21,7 +21,14 @@ PyTorch features call allocator methods the pluggable class implements only as
 
 CUDA graph capture is refused in the library itself: install() sets the
 allocator's begin-allocate-to-pool hook to ``memscale_begin_allocate_to_pool``,
-which throws before capture starts (see memscale.h).
+which throws before capture starts (see memscale.h). PyTorch's
+``CUDAGraph::capture_begin`` calls that hook only after it has put the CUDA
+generators into capture mode, and a throw there leaves them in it: every later
+random op on the device (dropout) then fails with "Offset increment outside
+graph capture encountered unexpectedly" (seen on an H200, 2026-11-27). So
+:func:`guard` also makes ``torch.cuda.CUDAGraph.capture_begin`` call the hook
+first, before PyTorch touches any generator: the capture is refused with the
+library's message and the process stays usable.
 
 Holds no policy; :func:`guard` is idempotent.
 """
@@ -111,6 +118,33 @@ def guard(torch: Any) -> None:
         storage = torch.UntypedStorage
         storage._share_cuda_ = _refuse_ipc(storage._share_cuda_, "shareIpcHandle")
         storage._new_shared_cuda = classmethod(_refuse_new_shared_cuda)
+
+        graph = torch.cuda.CUDAGraph
+        graph.capture_begin = _refuse_capture_first(torch, graph.capture_begin)
+
+
+def _pool_id(pool: Any) -> tuple[int, int]:
+    """The (int, int) id of a graph pool token, a ``torch.cuda.MemPool`` or None."""
+    if isinstance(pool, tuple) and len(pool) == 2:
+        return int(pool[0]), int(pool[1])
+    pool_id = getattr(pool, "id", None)
+    if isinstance(pool_id, tuple) and len(pool_id) == 2:
+        return int(pool_id[0]), int(pool_id[1])
+    return 0, 0
+
+
+def _refuse_capture_first(torch: Any, original: Any) -> Any:
+    """A ``CUDAGraph.capture_begin`` that asks the allocator's
+    begin-allocate-to-pool hook (memscale's, which always refuses) before
+    PyTorch puts the CUDA generators into capture mode."""
+
+    def capture_begin(self: Any, pool: Any = None, *args: Any, **kwargs: Any) -> Any:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        torch._C._cuda_beginAllocateCurrentThreadToPool(device, _pool_id(pool))
+        return original(self, pool, *args, **kwargs)  # reached only if the hook let the capture start
+
+    capture_begin.__memscale_original__ = original  # type: ignore[attr-defined]
+    return capture_begin
 
 
 def _refuse_new_shared_cuda(cls: Any, *args: Any, **kwargs: Any) -> Any:

@@ -201,32 +201,62 @@ def test_input_changed_in_place_after_the_block_cannot_be_recomputed() -> None:
         model(x).backward()
 
 
-def test_a_block_that_saves_other_tensors_when_recomputed_is_refused() -> None:
-    class Grows(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(16, 16)
-            self.calls = 0
+class _Varies(nn.Module):
+    """Saves ``depth(call)`` tanh layers' tensors on its ``call``-th run, and
+    counts how far its forward gets (``finished``)."""
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            for _ in range(self.calls):  # state of its own: saves more each call
-                x = torch.tanh(self.fc(x)) * 2.0
-            return x
+    def __init__(self, depth: Any) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.depth = depth
+        self.calls = 0
+        self.finished = 0
 
-    class Two(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList([Grows(), Grows()])
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        for _ in range(self.depth(self.calls)):  # state of its own
+            x = torch.tanh(self.fc(x)) * 2.0
+        out = x + 1.0  # saves nothing: past the last saved tensor
+        self.finished += 1
+        return out
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.layers[1](self.layers[0](x)).sum()
 
-    model = Two()
+class _TwoVarying(nn.Module):
+    def __init__(self, depth: Any) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Varies(depth), _Varies(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](self.layers[0](x)).sum()
+
+
+def test_a_block_that_saves_fewer_tensors_when_recomputed_is_refused() -> None:
+    model = _TwoVarying(lambda call: 2 if call == 1 else 1)
     x = torch.randn(64, 16)
     memscale.blocks(model, _largest_block(model, x) + 1)  # room for one block's activations
     with pytest.raises(MemscaleError, match="does not repeat"):
         model(x).backward()
+
+
+def test_a_recompute_stops_after_the_last_saved_tensor() -> None:
+    # The first run saved n tensors; the recompute ends its forward at the
+    # n-th (PyTorch checkpoint's early stop): the code after it - here the
+    # "+ 1.0" and the counter, and the extra layers a stateful block would
+    # run - does not run again, and the tensors are the first run's.
+    plain = _TwoVarying(lambda call: 1)
+    plain.load_state_dict(model_state := _TwoVarying(lambda call: 1).state_dict())
+    x = torch.randn(64, 16)
+    plain(x).backward()
+    model = _TwoVarying(lambda call: call)  # would save more on every later call
+    model.load_state_dict(model_state)
+    room = _largest_block(_TwoVarying(lambda call: 1), x) + 1
+    tracker = memscale.blocks(model, room)  # room for one block: the first is recomputed
+    model(x).backward()
+    assert tracker.summary()["rematerializations"] == 1
+    first = model.layers[0]
+    assert (first.calls, first.finished) == (2, 1)  # recomputed, stopped before the end
+    for p, q in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad)
 
 
 def test_evaluation_and_no_grad_are_not_tracked() -> None:

@@ -89,6 +89,35 @@ def test_cuda_graph_capture_fails_in_the_hook() -> None:
     assert "refused" in out
 
 
+def test_cuda_graph_capture_is_refused_before_the_generators_enter_capture() -> None:
+    # torch's CUDAGraph::capture_begin puts the CUDA generators into capture
+    # mode before it calls the allocator's hook; refused there, they stayed in
+    # it and every later dropout failed (H200, 2026-11-27). memscale's
+    # capture_begin asks the hook first: the original is never reached.
+    out = _child(
+        """
+        import torch, memscale
+        memscale.install(backend="sim")
+        patched = torch.cuda.CUDAGraph.capture_begin
+        original = patched.__memscale_original__
+        # object() as self: had the original been reached, it would raise a TypeError.
+        for pool in [(7, 0), None, type("Pool", (), {"id": (5, 6)})()]:
+            try:
+                patched(object(), pool)
+            except RuntimeError as exc:
+                msg = str(exc)
+                assert msg.startswith("memscale: CUDA graph capture is not supported"), msg
+                want = {None: (0, 0)}.get(pool, pool if isinstance(pool, tuple) else (5, 6))
+                assert f"pool ({want[0]}, {want[1]})" in msg, (pool, msg)
+            else:
+                raise AssertionError("capture was not refused")
+        assert original is not patched
+        print("refused first")
+        """
+    )
+    assert "refused first" in out
+
+
 def test_cuda_ipc_fails_with_a_clear_message() -> None:
     out = _child(
         """

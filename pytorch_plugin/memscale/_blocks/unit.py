@@ -14,7 +14,11 @@ The unit's kept tensors are what the engine may evict: dropping them frees the
 block's activations, and :meth:`Unit.recompute` makes them again by running the
 block once more on the same inputs, with the random-number state, autocast state
 and mutated buffers of the first run, capturing what it saves in the same order
-(checked against the first run's shapes, dtypes and strides). A slot unpacked
+(checked against the first run's shapes, dtypes and strides). The recompute
+stops as soon as it has saved as many tensors as the first run did (PyTorch's
+checkpoint does the same, ``set_checkpoint_early_stop``): what the block
+computes after its last saved tensor - in a transformer block the MLP's output
+projection, a third of its linear layers' work - is never needed. A slot unpacked
 while its unit is evicted asks the unit's owner (:class:`~memscale._blocks.tracker.BlockDTR`)
 to rebuild it first.
 
@@ -263,32 +267,45 @@ class Unit:
                 )
         captured: list[_Tensor] = []
         entry = self.entry
+        wanted = len(self.meta)
 
         def capture(t: _Tensor) -> None:
             # The recompute's own graph is dropped unused: it keeps nothing
             # (a kept tensor could hold its own grad_fn, see pack).
             ptr = storage_ptr(t)
-            if ptr != 0 and ptr not in entry:
-                captured.append(t.detach())
+            if ptr == 0 or ptr in entry or len(captured) >= wanted:
+                return  # (past the count: forward code that swallowed the stop)
+            captured.append(t.detach())
+            if meta_of(captured[-1]) != self.meta[len(captured) - 1]:
+                raise self._differs(len(captured))
+            if len(captured) == wanted:
+                raise _Recomputed  # the rest of the forward is not needed
 
         with self._replayed_state():
             self.owner.recomputing(self, torch.autograd.graph.saved_tensors_hooks(capture, _never_unpacked))
             try:
                 with torch.enable_grad():
                     self.block(*self.args, **self.kwargs)
+            except _Recomputed:
+                pass
             finally:
                 self.owner.recomputing(None, None)
-        if len(captured) != len(self.meta) or any(meta_of(t) != m for t, m in zip(captured, self.meta)):
-            raise MemscaleError(
-                f"memscale.blocks: recomputing {self.name} saved {len(captured)} tensors for backward where its "
-                f"first run saved {len(self.meta)} (or of other shapes or strides): its forward does not repeat "
-                "(data-dependent control flow, or state it changes, as a key/value cache it appends to - set "
-                "model.config.use_cache = False for training); leave it out of modules=[...] otherwise"
-            )
+        if len(captured) != wanted:
+            raise self._differs(len(captured))
         for k, t in enumerate(captured):
             if self.alive[k] and k not in self.shared:
                 self.saved[k] = t
         self.resident = True
+
+    def _differs(self, count: int) -> MemscaleError:
+        """The recompute's saved tensors are not the first run's (``count`` so far)."""
+        return MemscaleError(
+            f"memscale.blocks: recomputing {self.name} saved other tensors for backward than its first run "
+            f"({count} so far, the last of another shape, dtype or stride, or {count} in all where the first run "
+            f"saved {len(self.meta)}): its forward does not repeat (data-dependent control flow, or state it "
+            "changes, as a key/value cache it appends to - set model.config.use_cache = False for training); "
+            "leave it out of modules=[...] otherwise"
+        )
 
     @contextlib.contextmanager
     def _replayed_state(self) -> Iterator[None]:
@@ -315,6 +332,11 @@ class Unit:
                     with torch.no_grad():
                         for b, value in after:
                             b.copy_(value)
+
+
+class _Recomputed(Exception):
+    """Raised by a recompute's pack hook once it has every tensor the first
+    run saved: it ends the block's forward there (caught in :meth:`Unit.recompute`)."""
 
 
 def _never_unpacked(packed: Any) -> Any:
