@@ -236,11 +236,13 @@ class FitRecord:
 
 
 class PeakProbe:
-    """The device's allocated-bytes peak over an untracked step, read from the
-    memscale allocator through an engine that registers nothing (``None``
-    when the allocator is not installed or the device is the CPU)."""
+    """The device's allocated-bytes peak from now until :meth:`close`, read
+    from the memscale allocator through an engine that registers nothing
+    (``None`` when the allocator is not installed or the device is the CPU):
+    over an untracked step, or over what follows a model's forward under
+    :func:`memscale.blocks` (``device``: its index, default the current one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int | None = None) -> None:
         self._engine: Any = None
         if not torch.cuda.is_available():
             return
@@ -252,7 +254,12 @@ class PeakProbe:
             from ._engine import Engine
 
             self._engine = Engine(
-                {"defaults": "region", "budget": 0, "usage": "allocator", "device": torch.cuda.current_device()}
+                {
+                    "defaults": "region",
+                    "budget": 0,
+                    "usage": "allocator",
+                    "device": torch.cuda.current_device() if device is None else device,
+                }
             )
         except Exception as exc:  # a probe that cannot start measures nothing
             log.debug("memscale: no peak probe for an untracked step: %s", exc)

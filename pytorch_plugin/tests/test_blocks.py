@@ -571,6 +571,52 @@ def test_a_device_budget_leaves_the_blocks_what_the_rest_does_not_use() -> None:
         memscale.blocks(copy.deepcopy(base), "50%", allocated=allocated)
 
 
+@pytest.mark.parametrize("tail_blocks", [0, 2, 5])
+def test_a_device_budget_makes_room_for_what_follows_the_forward(
+    monkeypatch: pytest.MonkeyPatch, tail_blocks: int
+) -> None:
+    """A device budget covers what the program allocates after the model's
+    forward (a language-model head, the loss, their backward) before the
+    blocks' backward: the step after one that measured that tail (the
+    allocator's watermark from the forward's end to the first unpack) starts
+    it with only the blocks that fit beside it resident, the way checkpointing
+    holds none through the head; a tail larger than the budget leaves none."""
+    torch.manual_seed(0)
+    base = Net(depth=6, p=0.3)
+    block = _largest_block(base, _batch(0))
+    ref = _train(copy.deepcopy(base))
+    outside = 10 * block
+    model = copy.deepcopy(base)
+    tail = tail_blocks * block
+    probes: list[int] = []
+
+    class Probe:  # the allocator's watermark: the tail peaked `tail` above the forward's end
+        def __init__(self, device: int) -> None:
+            assert device == 0
+            probes.append(device)
+
+        def close(self) -> int:
+            return allocated() + tail
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside + (int(engine.status.usage) if engine is not None else 0)
+
+    monkeypatch.setattr("memscale._blocks.tracker.PeakProbe", Probe)
+    monkeypatch.setattr("memscale._blocks.tracker._module_device_index", lambda model: 0)
+    budget = outside + 4 * block
+    tracker = memscale.blocks(model, budget, allocated=allocated)
+    resident_at_end: list[int] = []
+    model.register_forward_hook(lambda *_: resident_at_end.append(int(tracker._engine.status.usage)))
+    _assert_bitwise(ref, _train(model))
+    assert len(probes) == 3  # one per step's forward
+    room = max(0, budget - outside - tail)
+    assert resident_at_end[0] > room or tail_blocks == 0  # the first step has no measure yet
+    assert all(r <= room for r in resident_at_end[1:]), (resident_at_end, room)
+    if tail_blocks >= 4:
+        assert resident_at_end[1:] == [0, 0]
+
+
 def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     model = Net()
     monkeypatch.delenv("MEMSCALE_EVICTION_THRESHOLD", raising=False)

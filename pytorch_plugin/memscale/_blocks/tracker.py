@@ -14,6 +14,16 @@ left, the step is over: its engine is closed (its counters kept) and the next
 step gets a fresh one, with the budget a percentage resolves to once the first
 step measured its peak.
 
+When the budget bounds the device's allocated bytes (``allocated=``, or the
+eviction threshold on a GPU), what the program allocates after the model's
+forward - the language-model head's logits, the loss, their backward - stands
+beside the blocks' activations until the blocks' own backward starts, and no
+block hook runs meanwhile. So a forward hook on the model makes room for that
+*tail* when the forward returns (what it took last time: the allocator's
+watermark from the forward's end to the first unpack of a block's activations,
+measured with the memscale allocator), the way checkpointing holds no block's
+activations through the head. The first step has no measure yet.
+
 Ops run as plain PyTorch: nothing is intercepted per op, so the bookkeeping is
 per block call and per saved tensor (a few microseconds each), not per op.
 """
@@ -32,6 +42,7 @@ from torch.nn.utils.parametrize import ParametrizationList
 
 from .._budget import THRESHOLD_ENV, threshold_budget
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
+from .._fitting import PeakProbe
 from .._steps import _module_device_index
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
@@ -174,7 +185,13 @@ class BlockDTR:
             )
             self._handles.append(block.register_forward_hook(self._post, always_call=True))
         self._model_forwards = 0
+        #: Device budgets: bytes the program added after the model's forward
+        #: before the blocks' backward started, last time; the probe measuring
+        #: it now and the allocated bytes it started from.
+        self._tail = 0
+        self._tail_probe: tuple[PeakProbe, int] | None = None
         self._handles.append(model.register_forward_pre_hook(self._model_forward))
+        self._handles.append(model.register_forward_hook(self._model_forward_end))
 
     # ------------------------------------------------------------ public
 
@@ -273,6 +290,30 @@ class BlockDTR:
                 type(model).__name__, len(self.blocks), self.blocks[0][0],
             )
 
+    def _model_forward_end(self, model: torch.nn.Module, args: Any, output: Any) -> None:
+        """Device budgets: make room for the tail (see the module's docstring)
+        and measure it again."""
+        if self._allocated is None or not self._budget or not torch.is_grad_enabled():
+            return
+        self.tail_reached()  # a forward whose blocks never ran backward
+        with self._lock:
+            if self._engine is not None and self._tail:
+                self._make_room(self._tail, None, self._tail)
+        index = _module_device_index(model)
+        if index is not None:
+            self._tail_probe = (PeakProbe(index), self._allocated())
+
+    def tail_reached(self) -> None:
+        """The blocks' backward started (a slot was unpacked): the tail is over."""
+        if self._tail_probe is None:
+            return
+        with self._lock:
+            probe, self._tail_probe = self._tail_probe, None
+        if probe is not None:
+            peak = probe[0].close()
+            if peak is not None:
+                self._tail = max(0, peak - probe[1])
+
     def _make_pre(self, name: str) -> Any:
         def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             tls = self._tls
@@ -361,10 +402,12 @@ class BlockDTR:
             self._sizes[unit.signature] = unit.nbytes
             self._make_room(0, unit, unit.nbytes)
 
-    def _make_room(self, extra: int, unit: Unit, need: int) -> None:
+    def _make_room(self, extra: int, unit: Unit | None, need: int) -> None:
         """The budget loop: drop the units the engine names until usage +
         ``extra`` fits (``extra``: the bytes ``unit`` is about to make);
-        ``need``: the bytes of ``unit``'s activations (for the message)."""
+        ``need``: the bytes of ``unit``'s activations (for the message).
+        ``unit`` None: room for the tail after the model's forward, as much
+        as the budget allows (what it cannot hold is not the blocks' to fix)."""
         engine = self._engine_now()
         outside = 0
         if self._allocated is not None:
@@ -373,6 +416,8 @@ class BlockDTR:
             # of the step): measured now, so the engine's budget follows it.
             outside = max(0, self._allocated() - engine.status.usage)
             engine.set_budget(max(1, self._budget - outside))
+        if unit is None:
+            extra = min(extra, int(engine.status.budget))
         try:
             for root, action in engine.evict(extra):
                 victim = self._units.get(root)
@@ -382,6 +427,9 @@ class BlockDTR:
                     raise MemscaleError(f"memscale.blocks: the engine asked for action {action}; only drops are used")
                 victim.drop()
         except MemscaleError as exc:
+            if unit is None:  # pinned units stay: the tail goes over the budget
+                log.debug("memscale.blocks: room for the tail after the forward: %s", exc)
+                return
             budget = int(engine.status.budget)
             if isinstance(exc, NoRoomError) or need > budget:
                 where = (
@@ -463,6 +511,7 @@ class BlockDTR:
                 self._end_step()
 
     def _end_step(self) -> None:
+        self.tail_reached()
         engine, self._engine = self._engine, None
         if engine is None:
             return

@@ -348,8 +348,11 @@ def unpack(x: Any) -> Any:
     if type(x) is not Slot:
         return x
     unit = x.unit
+    owner = unit.owner
+    if owner._tail_probe is not None:
+        owner.tail_reached()
     if not unit.resident:
-        unit.owner.rebuild(unit)
+        owner.rebuild(unit)
     t = unit.saved[x.index]
     if t is None:  # an invariant broken: say so rather than hand autograd nothing
         raise MemscaleError(f"memscale.blocks: {unit.name}'s saved tensor {x.index} is gone while autograd holds it")
