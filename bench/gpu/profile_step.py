@@ -216,15 +216,16 @@ def main(argv: list[str] | None = None) -> int:
             name = "blocks-at-checkpointing"
             tracker = memscale.blocks(tr.model, peaks["checkpointing"], allocated=device_allocated(0))
             try:
-                _median_steps(tr, 0, 2)
+                _median_steps(tr, 0, 3)  # the first measures the tail, the next two the headroom
                 memscale.reset_peak_memory_stats(0)
-                times[name] = _median_steps(tr, 2, a.steps)
+                times[name] = _median_steps(tr, 3, a.steps)
                 peaks[name] = int(memscale.max_memory_allocated(0))
                 summaries[name] = tracker.summary()
                 syncs[name] = 0.0
                 print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), peak allocated "
                       f"{_common.fmt_bytes(peaks[name])}, {summaries[name]['rematerializations']} block recomputes "
-                      f"in {summaries[name]['steps']} steps", flush=True)
+                      f"in {summaries[name]['steps']} steps, tail {_common.fmt_bytes(summaries[name]['device_tail'])}, "
+                      f"headroom {_common.fmt_bytes(summaries[name]['device_headroom'])}", flush=True)
             except memscale.MemscaleError as exc:
                 summaries[name] = {"error": str(exc)}
                 print(f"{name}: failed: {exc}", flush=True)

@@ -588,28 +588,35 @@ def test_a_device_budget_makes_room_for_what_follows_the_forward(
     outside = 10 * block
     model = copy.deepcopy(base)
     tail = tail_blocks * block
-    probes: list[int] = []
+    head = {"active": False}  # between the forward's end and the blocks' backward
 
-    class Probe:  # the allocator's watermark: the tail peaked `tail` above the forward's end
+    class Probe:  # the allocator's watermark; the head peaks `tail` above the forward's end
         def __init__(self, device: int) -> None:
             assert device == 0
-            probes.append(device)
+            self.start = allocated()
 
         def close(self) -> int:
-            return allocated() + tail
+            peak = max(self.start, allocated()) + (tail if head["active"] else 0)
+            head["active"] = False
+            return peak
 
     def allocated() -> int:
         engine = tracker._engine
         return outside + (int(engine.status.usage) if engine is not None else 0)
 
-    monkeypatch.setattr("memscale._blocks.tracker.PeakProbe", Probe)
+    monkeypatch.setattr("memscale._blocks.device.PeakProbe", Probe)
     monkeypatch.setattr("memscale._blocks.tracker._module_device_index", lambda model: 0)
     budget = outside + 4 * block
     tracker = memscale.blocks(model, budget, allocated=allocated)
     resident_at_end: list[int] = []
-    model.register_forward_hook(lambda *_: resident_at_end.append(int(tracker._engine.status.usage)))
+
+    def forward_end(*_: Any) -> None:
+        resident_at_end.append(int(tracker._engine.status.usage))
+        head["active"] = True
+
+    model.register_forward_hook(forward_end)
     _assert_bitwise(ref, _train(model))
-    assert len(probes) == 3  # one per step's forward
+    assert tracker.summary()["device_tail"] == tail
     room = max(0, budget - outside - tail)
     assert resident_at_end[0] > room or tail_blocks == 0  # the first step has no measure yet
     assert all(r <= room for r in resident_at_end[1:]), (resident_at_end, room)

@@ -15,14 +15,10 @@ step gets a fresh one, with the budget a percentage resolves to once the first
 step measured its peak.
 
 When the budget bounds the device's allocated bytes (``allocated=``, or the
-eviction threshold on a GPU), what the program allocates after the model's
-forward - the language-model head's logits, the loss, their backward - stands
-beside the blocks' activations until the blocks' own backward starts, and no
-block hook runs meanwhile. So a forward hook on the model makes room for that
-*tail* when the forward returns (what it took last time: the allocator's
-watermark from the forward's end to the first unpack of a block's activations,
-measured with the memscale allocator), the way checkpointing holds no block's
-activations through the head. The first step has no measure yet.
+eviction threshold on a GPU), the blocks get what the rest of the program
+leaves, less what it allocates between their hooks (the LM head's tail after
+the forward, a block's temporaries), learned from the allocator's watermark
+step by step: :class:`~.device.DeviceShare`, the model's forward hooks.
 
 Ops run as plain PyTorch: nothing is intercepted per op, so the bookkeeping is
 per block call and per saved tensor (a few microseconds each), not per op.
@@ -42,10 +38,10 @@ from torch.nn.utils.parametrize import ParametrizationList
 
 from .._budget import THRESHOLD_ENV, threshold_budget
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
-from .._fitting import PeakProbe
 from .._steps import _module_device_index
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
+from .device import DeviceShare
 from .unit import Unit
 
 perf_ns = time.perf_counter_ns
@@ -138,7 +134,7 @@ class BlockDTR:
         #: With the eviction threshold as the budget on a GPU, or given: the
         #: device's allocated bytes (the budget then bounds the whole device's
         #: memory, and the engine's budget is what it leaves the blocks).
-        self._allocated = allocated
+        self.device_share = DeviceShare(allocated) if allocated is not None else None
         self._percent: str | None = None
         if budget is None:
             self._budget, self.budget_source = self._threshold_budget(model)
@@ -185,11 +181,6 @@ class BlockDTR:
             )
             self._handles.append(block.register_forward_hook(self._post, always_call=True))
         self._model_forwards = 0
-        #: Device budgets: bytes the program added after the model's forward
-        #: before the blocks' backward started, last time; the probe measuring
-        #: it now and the allocated bytes it started from.
-        self._tail = 0
-        self._tail_probe: tuple[PeakProbe, int] | None = None
         self._handles.append(model.register_forward_pre_hook(self._model_forward))
         self._handles.append(model.register_forward_hook(self._model_forward_end))
 
@@ -206,8 +197,8 @@ class BlockDTR:
                 f"or set {THRESHOLD_ENV}"
             )
         index = _module_device_index(model)
-        if self._allocated is None and index is not None:
-            self._allocated = device_allocated(index)
+        if self.device_share is None and index is not None:
+            self.device_share = DeviceShare(device_allocated(index))
         return threshold.nbytes, threshold.source
 
     @property
@@ -249,6 +240,10 @@ class BlockDTR:
             "first_step_peak": self._first_peak,
             "last_step_peak": self._last_peak,
             "largest_block": self._largest,
+            # Device budgets (see DeviceShare): the tail after the forward and
+            # the headroom kept back, in bytes, as learned so far.
+            "device_tail": self.device_share.tail if self.device_share is not None else 0,
+            "device_headroom": self.device_share.headroom if self.device_share is not None else 0,
             "evictions": totals["evictions"],
             "rematerializations": totals["rematerializations"],
             "base_cost_ns": base,
@@ -281,6 +276,11 @@ class BlockDTR:
         passes by module hooks: nothing would be tracked, silently)."""
         if not torch.is_grad_enabled():
             return
+        share = self.device_share
+        if share is not None and self._budget:
+            index = _module_device_index(model)
+            if index is not None:
+                share.forward_started(index)
         self._model_forwards += 1
         if self._model_forwards == 2 and self._calls == 0:
             log.warning(
@@ -291,28 +291,16 @@ class BlockDTR:
             )
 
     def _model_forward_end(self, model: torch.nn.Module, args: Any, output: Any) -> None:
-        """Device budgets: make room for the tail (see the module's docstring)
-        and measure it again."""
-        if self._allocated is None or not self._budget or not torch.is_grad_enabled():
+        """Device budgets: the tail begins; make room for what it took last time."""
+        share = self.device_share
+        if share is None or not self._budget or not torch.is_grad_enabled():
             return
-        self.tail_reached()  # a forward whose blocks never ran backward
         with self._lock:
-            if self._engine is not None and self._tail:
-                self._make_room(self._tail, None, self._tail)
+            if self._engine is not None and share.tail:
+                self._make_room(share.tail, None, share.tail)
         index = _module_device_index(model)
         if index is not None:
-            self._tail_probe = (PeakProbe(index), self._allocated())
-
-    def tail_reached(self) -> None:
-        """The blocks' backward started (a slot was unpacked): the tail is over."""
-        if self._tail_probe is None:
-            return
-        with self._lock:
-            probe, self._tail_probe = self._tail_probe, None
-        if probe is not None:
-            peak = probe[0].close()
-            if peak is not None:
-                self._tail = max(0, peak - probe[1])
+            share.forward_ended(index)
 
     def _make_pre(self, name: str) -> Any:
         def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -410,12 +398,13 @@ class BlockDTR:
         as the budget allows (what it cannot hold is not the blocks' to fix)."""
         engine = self._engine_now()
         outside = 0
-        if self._allocated is not None:
+        share = self.device_share
+        if share is not None:
             # The blocks get what the threshold leaves beside everything else
             # on the device (parameters, gradients, optimizer state, the rest
             # of the step): measured now, so the engine's budget follows it.
-            outside = max(0, self._allocated() - engine.status.usage)
-            engine.set_budget(max(1, self._budget - outside))
+            budget, outside = share.engine_budget(self._budget, int(engine.status.usage), need)
+            engine.set_budget(budget)
         if unit is None:
             extra = min(extra, int(engine.status.budget))
         try:
@@ -435,7 +424,7 @@ class BlockDTR:
                 where = (
                     f"threshold {format_bytes(self._budget)} less {format_bytes(outside)} allocated outside the "
                     f"blocks leaves {format_bytes(budget)}, which"
-                    if self._allocated is not None
+                    if share is not None
                     else f"budget {format_bytes(budget)}"
                 )
                 raise MemscaleError(
@@ -511,10 +500,11 @@ class BlockDTR:
                 self._end_step()
 
     def _end_step(self) -> None:
-        self.tail_reached()
         engine, self._engine = self._engine, None
         if engine is None:
             return
+        if self.device_share is not None:
+            self.device_share.step_ended(self._budget)
         stats = engine.stats()
         engine.close()
         for key in _COUNTERS:

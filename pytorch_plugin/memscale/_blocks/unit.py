@@ -349,8 +349,9 @@ def unpack(x: Any) -> Any:
         return x
     unit = x.unit
     owner = unit.owner
-    if owner._tail_probe is not None:
-        owner.tail_reached()
+    share = owner.device_share
+    if share is not None and share.in_tail:
+        share.unpacked()
     if not unit.resident:
         owner.rebuild(unit)
     t = unit.saved[x.index]
