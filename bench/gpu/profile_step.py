@@ -215,11 +215,22 @@ def main(argv: list[str] | None = None) -> int:
 
             name = "blocks-at-checkpointing"
             tracker = memscale.blocks(tr.model, peaks["checkpointing"], allocated=device_allocated(0))
+            import logging
+
+            debug = logging.StreamHandler(sys.stdout)
+            memscale_log = logging.getLogger("memscale")
+            memscale_log.addHandler(debug)
+            level = memscale_log.level
+            memscale_log.setLevel(logging.DEBUG)
             try:
-                _median_steps(tr, 0, 3)  # the first measures the tail, the next two the headroom
-                memscale.reset_peak_memory_stats(0)
-                times[name] = _median_steps(tr, 3, a.steps)
-                peaks[name] = int(memscale.max_memory_allocated(0))
+                step_peaks = []
+                for i in range(3 + a.steps):  # the first measures the tail, the next two the headroom
+                    memscale.reset_peak_memory_stats(0)
+                    tr.step(i)
+                    step_peaks.append(int(memscale.max_memory_allocated(0)))
+                    print(f"{name}: step {i}: peak allocated {_common.fmt_bytes(step_peaks[-1])}", flush=True)
+                times[name] = _common.median(tr.times[-a.steps:])
+                peaks[name] = max(step_peaks[3:])
                 summaries[name] = tracker.summary()
                 syncs[name] = 0.0
                 print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), peak allocated "
@@ -231,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: failed: {exc}", flush=True)
             finally:
                 tracker.detach()
+                memscale_log.removeHandler(debug)
+                memscale_log.setLevel(level)
     result["peaks"] = peaks
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():

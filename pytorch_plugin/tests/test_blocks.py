@@ -575,12 +575,12 @@ def test_a_device_budget_leaves_the_blocks_what_the_rest_does_not_use() -> None:
 def test_a_device_budget_makes_room_for_what_follows_the_forward(
     monkeypatch: pytest.MonkeyPatch, tail_blocks: int
 ) -> None:
-    """A device budget covers what the program allocates after the model's
-    forward (a language-model head, the loss, their backward) before the
+    """A device budget covers what the program allocates after the forward's
+    last block (the model's head, the loss, their backward) before the
     blocks' backward: the step after one that measured that tail (the
-    allocator's watermark from the forward's end to the first unpack) starts
-    it with only the blocks that fit beside it resident, the way checkpointing
-    holds none through the head; a tail larger than the budget leaves none."""
+    allocator's watermark up to the first unpack) starts its head with only
+    the blocks that fit beside the tail resident, the way checkpointing holds
+    none through the head; a tail larger than the budget leaves none."""
     torch.manual_seed(0)
     base = Net(depth=6, p=0.3)
     block = _largest_block(base, _batch(0))
@@ -610,11 +610,11 @@ def test_a_device_budget_makes_room_for_what_follows_the_forward(
     tracker = memscale.blocks(model, budget, allocated=allocated)
     resident_at_end: list[int] = []
 
-    def forward_end(*_: Any) -> None:
+    def head_starts(*_: Any) -> None:
         resident_at_end.append(int(tracker._engine.status.usage))
         head["active"] = True
 
-    model.register_forward_hook(forward_end)
+    model.out.register_forward_pre_hook(head_starts)
     _assert_bitwise(ref, _train(model))
     assert tracker.summary()["device_tail"] == tail
     room = max(0, budget - outside - tail)

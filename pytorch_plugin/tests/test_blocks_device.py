@@ -67,45 +67,67 @@ def test_engine_budget(budget: int, allocated: int, usage: int, headroom: int, n
     assert share.engine_budget(budget, usage, need) == want
 
 
-def test_the_tail_is_the_watermark_from_the_forwards_end_to_the_first_unpack(memory: Watermark) -> None:
+def test_the_tail_is_the_watermark_from_the_last_block_to_the_first_unpack(memory: Watermark) -> None:
     share = DeviceShare(lambda: memory.now)
     memory.set(10 * MiB)
     share.forward_started(0)
     memory.set(40 * MiB)  # activations
     share.forward_started(0)  # a nested forward: the open segment stays
-    share.forward_ended(0)
+    share.tail_started(0, at_last_block=True)
     assert share.in_tail
-    memory.set(90 * MiB)  # logits, loss, their backward
+    memory.set(90 * MiB)  # the head, logits, loss, their backward
+    share.tail_started(0, at_last_block=False)  # the model's forward returns: the tail goes on
     memory.set(55 * MiB)
     share.unpacked()  # the blocks' backward starts
     assert not share.in_tail and share.tail == 50 * MiB
     share.unpacked()  # later unpacks: nothing
     assert share.tail == 50 * MiB
     memory.set(60 * MiB)
+    share.backward_done()
+    memory.set(200 * MiB)  # the optimizer's step: not the blocks' to make room for
     assert share.step_ended(100 * MiB) == 90 * MiB
-    assert share.headroom == 0  # within the budget
+    assert share.headroom == 0  # the forward and backward stayed within the budget
+
+
+def _step(share: DeviceShare, memory: Watermark, peak: int, tail: int = 0, at_last_block: bool = True) -> int:
+    """One step whose forward peaks at ``peak`` and whose tail adds ``tail``."""
+    memory.set(0)
+    share.forward_started(0)
+    memory.set(peak)
+    share.tail_started(0, at_last_block)
+    memory.set(peak + tail)
+    memory.set(0)  # the head's memory is freed; the backward stays low
+    share.unpacked()
+    share.backward_done()
+    return share.step_ended(100)
 
 
 def test_the_headroom_rises_by_the_overshoot_and_falls_by_half_the_slack(memory: Watermark) -> None:
     share = DeviceShare(lambda: memory.now)
-
-    def step(peak: int, tail: int = 0) -> int:
-        memory.set(0)
-        share.forward_started(0)
-        memory.set(peak)
-        share.forward_ended(0)
-        memory.set(peak + tail)
-        memory.set(peak)
-        share.unpacked()
-        return share.step_ended(100)
-
-    assert step(130) == 130 and share.headroom == 30
-    assert step(110) == 110 and share.headroom == 40
-    assert step(80) == 80 and share.headroom == 30
-    assert step(0) == 0 and share.headroom == 30  # not measured: unchanged
-    assert step(20) == 20 and share.headroom == 0  # never below 0
+    assert _step(share, memory, 130) == 130 and share.headroom == 30
+    assert _step(share, memory, 110) == 110 and share.headroom == 40
+    assert _step(share, memory, 80) == 80 and share.headroom == 30
+    assert _step(share, memory, 0) == 0 and share.headroom == 30  # not measured: unchanged
+    assert _step(share, memory, 20) == 20 and share.headroom == 0  # never below 0
     # what the tail went over is the tail's to make room for, not the headroom's
-    assert step(90, tail=60) == 150 and share.headroom == 0 and share.tail == 60
+    assert _step(share, memory, 90, tail=60) == 150 and share.headroom == 0 and share.tail == 60
+
+
+def test_a_forward_whose_tail_started_at_its_end_does_not_count_for_the_headroom(memory: Watermark) -> None:
+    # The first step: which block call is the last is not known yet, so the
+    # forward's watermark holds the head's forward too.
+    share = DeviceShare(lambda: memory.now)
+    assert _step(share, memory, 170, at_last_block=False) == 170 and share.headroom == 0
+    assert _step(share, memory, 170, at_last_block=True) == 170 and share.headroom == 70
+
+
+def test_a_new_forward_closes_a_tail_that_never_reached_backward(memory: Watermark) -> None:
+    share = DeviceShare(lambda: memory.now)
+    share.forward_started(0)
+    share.tail_started(0, at_last_block=True)
+    memory.set(30)
+    share.forward_started(0)  # the first forward's output was never backpropagated
+    assert not share.in_tail and share.tail == 30
 
 
 def test_without_the_memscale_allocator_nothing_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +141,32 @@ def test_without_the_memscale_allocator_nothing_is_measured(monkeypatch: pytest.
     monkeypatch.setattr(device, "PeakProbe", NoProbe)
     share = DeviceShare(lambda: 5)
     share.forward_started(0)
-    share.forward_ended(0)
+    share.tail_started(0, at_last_block=True)
     share.unpacked()
+    share.backward_done()
     assert share.step_ended(1) == 0
     assert (share.tail, share.headroom) == (0, 0)
+
+
+def test_a_tail_started_at_the_forwards_end_counts_the_head_from_the_last_block(memory: Watermark) -> None:
+    # The first step: the head (logits: 50) ran before the model's forward
+    # returned; the tail counts it from the last block's return.
+    share = DeviceShare(lambda: memory.now)
+    share.forward_started(0)
+    memory.set(40)
+    share.block_returned()
+    memory.set(90)  # the head's forward
+    share.tail_started(0, at_last_block=False)
+    memory.set(80)  # the head's backward (less)
+    share.unpacked()
+    assert share.tail == 50
+    # Once the last block is known, the tail is measured from it.
+    share.backward_done()
+    share.step_ended(1000)
+    memory.set(0)
+    share.forward_started(0)
+    memory.set(40)
+    share.tail_started(0, at_last_block=True)
+    memory.set(70)
+    share.unpacked()
+    assert share.tail == 30

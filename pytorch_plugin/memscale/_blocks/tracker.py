@@ -181,6 +181,11 @@ class BlockDTR:
             )
             self._handles.append(block.register_forward_hook(self._post, always_call=True))
         self._model_forwards = 0
+        #: Block calls registered in the running forward, and in the last one
+        #: (its last call starts the tail of a device budget).
+        self._forward_calls = 0
+        self._calls_per_forward = 0
+        self._device_index: int | None = None
         self._handles.append(model.register_forward_pre_hook(self._model_forward))
         self._handles.append(model.register_forward_hook(self._model_forward_end))
 
@@ -276,11 +281,13 @@ class BlockDTR:
         passes by module hooks: nothing would be tracked, silently)."""
         if not torch.is_grad_enabled():
             return
+        self._flush()  # the last step ends before this one starts
+        self._forward_calls = 0
         share = self.device_share
         if share is not None and self._budget:
-            index = _module_device_index(model)
-            if index is not None:
-                share.forward_started(index)
+            self._device_index = _module_device_index(model)
+            if self._device_index is not None:
+                share.forward_started(self._device_index)
         self._model_forwards += 1
         if self._model_forwards == 2 and self._calls == 0:
             log.warning(
@@ -291,16 +298,26 @@ class BlockDTR:
             )
 
     def _model_forward_end(self, model: torch.nn.Module, args: Any, output: Any) -> None:
-        """Device budgets: the tail begins; make room for what it took last time."""
+        """Device budgets: the tail starts here unless it did at the last block."""
+        if not torch.is_grad_enabled():
+            return
+        self._calls_per_forward = self._forward_calls
         share = self.device_share
-        if share is None or not self._budget or not torch.is_grad_enabled():
+        if share is not None and not share.in_tail:
+            self._start_tail(at_last_block=False)
+
+    def _start_tail(self, at_last_block: bool) -> None:
+        """Device budgets: make room for what the tail took last time, and measure it again."""
+        share, index = self.device_share, self._device_index
+        if share is None or index is None or not self._budget:
             return
         with self._lock:
             if self._engine is not None and share.tail:
+                before = int(self._engine.status.usage)
                 self._make_room(share.tail, None, share.tail)
-        index = _module_device_index(model)
-        if index is not None:
-            share.forward_ended(index)
+                log.debug("memscale.blocks: room for a tail of %d: %d allocated, blocks %d -> %d",
+                          share.tail, share.allocated(), before, int(self._engine.status.usage))
+        share.tail_started(index, at_last_block)
 
     def _make_pre(self, name: str) -> Any:
         def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -356,6 +373,13 @@ class BlockDTR:
             return
         unit.finished(output)
         self._register(unit, cost, pinned=unit.mutated_inputs())
+        self._forward_calls += 1
+        share = self.device_share
+        if share is not None and self._budget:
+            if self._forward_calls == self._calls_per_forward:
+                self._start_tail(at_last_block=True)  # the forward's last block, as last time
+            else:
+                share.block_returned()
 
     # ------------------------------------------------------------ engine
 
@@ -468,6 +492,9 @@ class BlockDTR:
     def unit_done(self, unit: Unit) -> None:
         """Autograd dropped the unit's last slot (any thread, any time: only queue)."""
         self._done.append(unit)
+        share = self.device_share
+        if share is not None and len(self._done) >= self._open:
+            share.backward_done()  # every unit of the step is done: its backward is over
 
     def _forget(self, unit: Unit) -> None:
         """A unit that will never be registered: released now if no slot will release it."""
