@@ -12,9 +12,14 @@ backward first needs one of its tensors - activation checkpointing, chosen per
 block and per step by the engine instead of fixed in the model.
 
 * :mod:`.unit`: one block call - what it saved, how it is dropped and
-  recomputed (random-number, autocast and buffer state replayed; checked).
+  recomputed (random-number, autocast and buffer state replayed; checked;
+  stopped at the last tensor the first run saved).
 * :mod:`.tracker`: the hooks, the engine, the budget and the counters
   (:class:`BlockDTR`, :func:`find_blocks`).
+* :mod:`.device`: under a budget of the device's allocated bytes, what the
+  rest of the program leaves the blocks - the tail after their forward (an
+  LM head) made room for, the overshoot kept back as headroom, both learned
+  from the allocator's watermark (:class:`~.device.DeviceShare`).
 * :mod:`.drop_in`: ``memscale.wrap(model, Config(unit="block"))`` - the
   Config's budget converted, the drop-in API's summary.
 """
