@@ -190,6 +190,25 @@ def format_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
+#: The environment variable that chooses :attr:`Config.unit` when it is not given.
+UNIT_ENV = "MEMSCALE_UNIT"
+
+
+def unit_from_env() -> str:
+    """``MEMSCALE_UNIT``: ``op`` (unset or empty: the default) or ``block``.
+
+    Raises:
+        ConfigError: another value.
+    """
+    raw = os.environ.get(UNIT_ENV, "").strip()
+    if raw in ("", "op", "block"):
+        return raw or "op"
+    raise ConfigError(
+        f"{UNIT_ENV}={raw!r}: expected op (every ATen op in a region, the default) or block "
+        "(memscale.blocks: whole blocks' activations, no per-op cost)"
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings of :func:`memscale.wrap` / :func:`memscale.optimize`.
@@ -230,7 +249,9 @@ class Config:
             twice, tracked, run untracked as plain PyTorch (no per-op cost;
             :mod:`memscale._fitting`). ``None`` (the default):
             ``MEMSCALE_UNTRACKED_STEPS`` (``1``, the default, or ``0``).
-        unit: what DTR tracks. ``"op"`` (the default): every ATen op, in a
+        unit: what DTR tracks. ``None`` (the default): ``MEMSCALE_UNIT``
+            (``op``, the default, or ``block``), so a script run unchanged can
+            choose it. ``"op"``: every ATen op, in a
             region per step (any model, any tensor). ``"block"``: every call
             of the model's repeated blocks (:func:`memscale.blocks`: no per-op
             cost; whole blocks' activations evicted and recomputed), through
@@ -266,14 +287,22 @@ class Config:
     max_cpu_offload_gb: float | None = None
     target_gpu_utilization: float | None = None
     untracked_steps: bool | None = None
-    unit: str = "op"
+    unit: str | None = None
 
     def __post_init__(self) -> None:
         self._map_v01_names()
+        if self.unit is None:
+            object.__setattr__(self, "unit", unit_from_env())
+            source = f" ({UNIT_ENV}={self.unit})"
+        else:
+            source = ""
         if self.unit not in ("op", "block"):
             raise ConfigError(f"Config.unit={self.unit!r}: expected 'op' (the region) or 'block' (memscale.blocks)")
         if self.unit == "block" and self.swap:
-            raise ConfigError("Config(unit='block', swap=True): blocks are evicted by dropping and recomputing only")
+            raise ConfigError(
+                f"Config(unit='block', swap=True){source}: blocks are evicted by dropping and recomputing only; "
+                "pass unit='op' for swapping"
+            )
         if self.mode is not None and self.mode not in MODE_FRACTIONS:
             raise ConfigError(
                 f"Config.mode={self.mode!r}: expected one of {', '.join(repr(m) for m in MODE_FRACTIONS)}"

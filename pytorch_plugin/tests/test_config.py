@@ -171,3 +171,22 @@ def test_config_is_immutable() -> None:
     config = Config()
     with pytest.raises(AttributeError):
         config.mode = "aggressive"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("env", "want"), [(None, "op"), ("", "op"), ("op", "op"), ("block", "block"), (" block ", "block")])
+def test_the_unit_defaults_to_memscale_unit(monkeypatch: pytest.MonkeyPatch, env: str | None, want: str) -> None:
+    if env is None:
+        monkeypatch.delenv("MEMSCALE_UNIT", raising=False)
+    else:
+        monkeypatch.setenv("MEMSCALE_UNIT", env)
+    assert Config().unit == want
+    assert Config(unit="op").unit == "op"  # given: the environment does not matter
+
+
+def test_a_malformed_memscale_unit_says_what_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_UNIT", "blocks")
+    with pytest.raises(ConfigError, match=r"MEMSCALE_UNIT='blocks': expected op .* or block"):
+        Config()
+    monkeypatch.setenv("MEMSCALE_UNIT", "block")
+    with pytest.raises(ConfigError, match=r"unit='block', swap=True\) \(MEMSCALE_UNIT=block\).*unit='op'"):
+        Config(swap=True)

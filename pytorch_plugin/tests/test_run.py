@@ -37,9 +37,11 @@ except ImportError:  # pragma: no cover - requirements-test.txt installs it
 PLUGIN = Path(memscale.__file__).resolve().parent.parent
 
 
-def _run(args: list[str], tmp: Path, threshold: str | None = None, unit: str = "op", **env: str) -> dict[str, Any]:
+def _run(
+    args: list[str], tmp: Path, threshold: str | None = None, unit: str | None = "op", **env: str
+) -> dict[str, Any]:
     """Run ``args`` in a child; returns the script's output file and, under
-    memscale, its summary."""
+    memscale, its summary (``unit=None``: no ``--unit``, MEMSCALE_UNIT decides)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
     child_env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN), child_env.get("PYTHONPATH", "")])
     child_env["HF_HUB_OFFLINE"] = "1"
@@ -51,7 +53,7 @@ def _run(args: list[str], tmp: Path, threshold: str | None = None, unit: str = "
         cmd = [sys.executable, *script]
     else:
         cmd = [
-            sys.executable, "-m", "memscale", "run", "--unit", unit, "--threshold", threshold,
+            sys.executable, "-m", "memscale", "run", *(["--unit", unit] if unit else []), "--threshold", threshold,
             "--summary-json", str(summary), *script,
         ]
     proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=600)
@@ -112,15 +114,16 @@ def test_unmodified_script_runs_under_the_threshold(script: list[str], env: dict
 
 
 def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
-    """``memscale run --unit block``: block-level DTR on the model the script
-    trains (on the CPU the threshold is a budget of block activations)."""
+    """``memscale run --unit block`` (or ``MEMSCALE_UNIT=block``): block-level
+    DTR on the model the script trains (on the CPU the threshold is a budget
+    of block activations)."""
     args = ["gpt2_adamw_loop.py", "4"]
     plain = _run(args, tmp_path)
     roomy = _run(args, tmp_path, threshold="1TiB", unit="block")
     s = roomy["summary"]
     assert s["active"] and s["evictions"] == 0 and s["peak_usage"] > 0 and s["steps"] >= 3, s
     threshold = s["peak_usage"] // 2  # one of the script's two blocks
-    tight = _run(args, tmp_path, threshold=str(threshold), unit="block")
+    tight = _run(args, tmp_path, threshold=str(threshold), unit=None, MEMSCALE_UNIT="block")  # no --unit
     s = tight["summary"]
     assert s["evictions"] > 0 and s["rematerializations"] > 0 and s["budget"] == threshold, s
     assert s["budget_source"] == f"MEMSCALE_EVICTION_THRESHOLD={threshold}", s
