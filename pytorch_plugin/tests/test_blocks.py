@@ -720,3 +720,51 @@ def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCapture
     assert s.rematerializations > 0 and s.steps >= 2
     assert len(enabled._blocks.trackers) == 1 and _enable.enabled() is None
     assert not model.layers[0]._forward_pre_hooks
+
+
+def test_a_failed_allocation_on_the_device_drops_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memscale allocator's reclaimer (an allocation that failed) asks a
+    device-budget tracker to drop units whatever the budget: the units the
+    engine names are dropped, the bytes freed returned, and backward
+    recomputes them (bitwise). Another thread inside the tracker: 0."""
+    import threading
+    import weakref
+
+    from memscale._region import reclaim
+
+    torch.manual_seed(0)
+    base = Net(depth=4, p=0.3)
+    block = _largest_block(base, _batch(0))
+    ref = _train(copy.deepcopy(base), steps=1)
+    model = copy.deepcopy(base)
+    outside = 10 * block
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside + (int(engine.status.usage) if engine is not None else 0)
+
+    tracker = memscale.blocks(model, 1 << 40, allocated=allocated)  # the budget never evicts
+    monkeypatch.setitem(reclaim._sessions, 0, [weakref.ref(tracker)])
+    freed: list[int] = []
+    busy: list[int] = []
+
+    def on_last_block(*_: Any) -> None:
+        if tracker._engine is None or tracker._engine.status.usage < 3 * block:
+            return  # the first blocks
+        holder = threading.Thread(target=lambda: (tracker._lock.acquire(), started.set(), stop.wait(), tracker._lock.release()))
+        started, stop = threading.Event(), threading.Event()
+        holder.start()
+        started.wait()
+        busy.append(tracker.reclaim(block))  # another thread is inside: could not help
+        stop.set()
+        holder.join()
+        freed.append(reclaim._reclaim(0, 2 * block, None))  # what the allocator calls
+
+    model.layers[3].register_forward_pre_hook(on_last_block)
+    _assert_bitwise(ref, _train(model, steps=1))
+    assert busy == [0]
+    assert freed and freed[0] >= 2 * block, (freed, block)
+    s = tracker.summary()
+    assert s["evictions"] >= 2 and s["rematerializations"] >= 2, s
+    tracker.detach()
+    assert tracker.closed and reclaim._reclaim(0, block, None) == 0

@@ -18,7 +18,9 @@ When the budget bounds the device's allocated bytes (``allocated=``, or the
 eviction threshold on a GPU), the blocks get what the rest of the program
 leaves, less what it allocates between their hooks (the LM head's tail after
 the forward, a block's temporaries), learned from the allocator's watermark
-step by step: :class:`~.device.DeviceShare`, the model's forward hooks.
+step by step: :class:`~.device.DeviceShare`, the model's forward hooks. With
+the memscale allocator, an allocation that fails on the device also asks the
+blocks to drop (:meth:`BlockDTR.reclaim`, through :mod:`memscale._region.reclaim`).
 
 Ops run as plain PyTorch: nothing is intercepted per op, so the bookkeeping is
 per block call and per saved tensor (a few microseconds each), not per op.
@@ -41,6 +43,8 @@ from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._steps import _module_device_index
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
+from .._region import reclaim as reclaim_registry
+from ..allocator import installed, memory_allocated
 from .device import DeviceShare
 from .unit import Unit
 
@@ -94,8 +98,6 @@ def device_allocated(index: int) -> Callable[[], int]:
     """``() -> bytes allocated on CUDA device index``: memscale's count when its
     allocator is PyTorch's (``torch.cuda.memory_allocated`` raises under a
     pluggable allocator), else PyTorch's."""
-    from ..allocator import installed, memory_allocated
-
     if installed() is not None:
         return lambda: int(memory_allocated(index))
     return lambda: int(torch.cuda.memory_allocated(index))
@@ -186,6 +188,8 @@ class BlockDTR:
         self._forward_calls = 0
         self._calls_per_forward = 0
         self._device_index: int | None = None
+        #: The device whose allocator's reclaimer asks these blocks to drop.
+        self._reclaims_for: int | None = None
         self._handles.append(model.register_forward_pre_hook(self._model_forward))
         self._handles.append(model.register_forward_hook(self._model_forward_end))
 
@@ -261,6 +265,41 @@ class BlockDTR:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._reclaims_for is not None:
+            reclaim_registry.unregister(self, self._reclaims_for)
+            self._reclaims_for = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the hooks are gone (the allocator's reclaimer skips it)."""
+        return not self._handles
+
+    def reclaim(self, need: int) -> int:
+        """An allocation of the device failed for ``need`` bytes (the memscale
+        allocator's reclaimer, any thread): drop the units the engine names,
+        whatever the budget; returns the bytes that freed (0: could not help).
+
+        Only when no other thread is inside the tracker: the thread running a
+        block's forward or a recompute holds it already and reclaims. A unit
+        whose tensors backward holds right now frees only what it alone held,
+        and is recomputed if backward needs more of it (same values: its
+        state is replayed).
+        """
+        share = self.device_share
+        if need <= 0 or share is None or not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            engine = self._engine
+            if engine is None:
+                return 0
+            before = share.allocated()
+            for root, action in engine.reclaim(need):
+                victim = self._units.get(root)
+                if victim is not None and action == ACTION_DROP:
+                    victim.drop()
+            return max(0, before - share.allocated())
+        finally:
+            self._lock.release()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> BlockDTR:
         # copy.deepcopy(model) copies the hooks: the copy is tracked by the same
@@ -387,6 +426,11 @@ class BlockDTR:
         if self._engine is None:
             config: dict[str, Any] = {"defaults": "region", "budget": self._budget, "heuristic": self._heuristic}
             self._engine = Engine(config)
+            index = self._device_index
+            if self.device_share is not None and index is not None and self._reclaims_for is None:
+                if installed() is not None:  # allocation failures on the device ask these blocks to drop too
+                    reclaim_registry.register(self, index)
+                    self._reclaims_for = index
         return self._engine
 
     def _register(self, unit: Unit, cost_ns: int, pinned: bool) -> None:

@@ -4,7 +4,8 @@ When the memscale allocator cannot meet a request on a device (its limit, or
 the card, is full even after its cache was released), it calls the reclaimer
 of that device (``memscale_set_reclaimer``), without any allocator lock held,
 before failing. memscale's reclaimer asks every open session whose engine
-counts that device's allocator (``"usage": "allocator"``), newest first, to
+counts that device's allocator (``"usage": "allocator"``) - and every
+:class:`~memscale._blocks.tracker.BlockDTR` under a device budget - newest first, to
 evict about the missing bytes (``memscale_dtr_reclaim``: victims by the engine's
 heuristic, whatever the budget); each session drops (or swaps out) the victims,
 which frees their memory through ``memscale_free`` while the reclaimer runs, and
@@ -28,7 +29,15 @@ import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from .session import Session
+    from typing import Protocol
+
+    class Session(Protocol):
+        """What the registry asks: a region's session, or block-level DTR."""
+
+        @property
+        def closed(self) -> bool: ...
+
+        def reclaim(self, need: int) -> int: ...
 
 log = logging.getLogger("memscale")
 
