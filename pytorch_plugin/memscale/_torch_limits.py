@@ -119,8 +119,9 @@ def guard(torch: Any) -> None:
         storage._share_cuda_ = _refuse_ipc(storage._share_cuda_, "shareIpcHandle")
         storage._new_shared_cuda = classmethod(_refuse_new_shared_cuda)
 
-        graph = torch.cuda.CUDAGraph
-        graph.capture_begin = _refuse_capture_first(torch, graph.capture_begin)
+        graph = getattr(torch.cuda, "CUDAGraph", None)
+        if graph is not None:
+            graph.capture_begin = _refuse_capture_first(torch, graph.capture_begin)
 
 
 def _pool_id(pool: Any) -> tuple[int, int]:
