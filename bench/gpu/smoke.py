@@ -25,11 +25,17 @@ others. The checks, in order:
   inside PyTorch's capture_begin once left the CUDA generators in capture mode)
 * ``dtr_recompute``, ``dtr_swap``: an MLP step under ``memscale.dtr`` at half its peak,
   evicting by recomputation / by swapping to host, against the plain step
+* ``dtr_park``: a residual CNN with batch norm at 20 % of its registered peak (parking)
+* ``untracked_steps``: five steps through ``memscale.wrap``, steps 3-5 untracked
+* ``blocks_dtr``: ``memscale.blocks`` at one and a half blocks' activations, bitwise
+* ``blocks_reclaim``: ``memscale.blocks`` bounding the device at the card's size under a
+  hard limit of 60 % of what the step adds: the allocator's reclaimer drops blocks, bitwise
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -423,12 +429,14 @@ def untracked_steps(torch: Any, dev: str, ms: Any) -> str:
     return f"{s.untracked_steps} of {s.steps} steps untracked, peak {_common.fmt_bytes(s.peak_usage)}, losses bitwise equal"
 
 
-def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
-    """Block-level DTR (``memscale.blocks``) on a residual MLP with dropout and
-    batch norm: three SGD steps at one and a half blocks' activations, losses,
-    gradients and running statistics bitwise a plain run's (the dropout masks
-    replayed from the device's RNG state), blocks recomputed, and on CUDA a
-    lower peak allocated than plain."""
+def _blocks_train(torch: Any, dev: str, ms: Any, make_tracker: Any, limit_fraction: float = 0.0,
+                  growth: int = 0) -> tuple[list[Any], Any, int, int]:
+    """Three SGD steps of a residual MLP with dropout and batch norm (six
+    blocks), under ``make_tracker(model)`` (None: plain), optionally under a
+    hard limit of ``limit_fraction`` of ``growth`` above what is reserved once
+    the model is made: losses, gradients and buffers (on the CPU), the
+    tracker's summary, the peak allocated and the bytes allocated before the
+    first step."""
     width = 512 if dev == "cuda" else 64
 
     class Block(torch.nn.Module):
@@ -442,16 +450,19 @@ def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
         def forward(self, x: Any) -> Any:
             return x + self.drop(self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x)))))
 
-    def train(budget: Any) -> tuple[list[Any], Any, int]:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[Block() for _ in range(6)]).to(dev)
-        tracker = ms.blocks(model, budget) if budget is not None else None
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        x = torch.randn(2048 if dev == "cuda" else 256, width, generator=torch.Generator().manual_seed(1)).to(dev)
-        out: list[Any] = []
-        if dev == "cuda":
-            torch.cuda.synchronize()
-            ms.reset_peak_memory_stats(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(6)]).to(dev)
+    tracker = make_tracker(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(2048 if dev == "cuda" else 256, width, generator=torch.Generator().manual_seed(1)).to(dev)
+    out: list[Any] = []
+    base = 0
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        ms.reset_peak_memory_stats(0)
+        base = int(ms.memory_allocated(0))
+    limit = _limit_above_reserved(torch, ms, int(growth * limit_fraction)) if limit_fraction else contextlib.nullcontext()
+    with limit:
         for step in range(3):
             opt.zero_grad(set_to_none=True)
             torch.manual_seed(10 + step)
@@ -459,18 +470,25 @@ def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
             loss.backward()
             out += [loss.detach().cpu(), *(p.grad.detach().cpu() for p in model.parameters())]
             opt.step()
-        out += [b.detach().cpu() for b in model.buffers()]
-        peak = int(ms.max_memory_allocated(0)) if dev == "cuda" else 0
-        summary = tracker.summary() if tracker is not None else None
-        if tracker is not None:
-            tracker.detach()
-        return out, summary, peak
+    out += [b.detach().cpu() for b in model.buffers()]
+    peak = int(ms.max_memory_allocated(0)) if dev == "cuda" else 0
+    summary = tracker.summary() if tracker is not None else None
+    if tracker is not None:
+        tracker.detach()
+    return out, summary, peak, base
 
-    plain, _, plain_peak = train(None)
-    probe, s, _ = train("100%")
+
+def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
+    """Block-level DTR (``memscale.blocks``) on a residual MLP with dropout and
+    batch norm: three SGD steps at one and a half blocks' activations, losses,
+    gradients and running statistics bitwise a plain run's (the dropout masks
+    replayed from the device's RNG state), blocks recomputed, and on CUDA a
+    lower peak allocated than plain."""
+    plain, _, plain_peak, _ = _blocks_train(torch, dev, ms, lambda model: None)
+    probe, s, _, _ = _blocks_train(torch, dev, ms, lambda model: ms.blocks(model, "100%"))
     assert all(torch.equal(a, b) for a, b in zip(plain, probe)), "values differ with nothing evicted"
     budget = s["largest_block"] * 3 // 2
-    got, s, peak = train(budget)
+    got, s, peak, _ = _blocks_train(torch, dev, ms, lambda model: ms.blocks(model, budget))
     assert all(torch.equal(a, b) for a, b in zip(plain, got)), "values differ from the plain run"
     assert s["rematerializations"] > 0, f"nothing recomputed: {s}"
     if dev == "cuda":
@@ -479,10 +497,38 @@ def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
             f"peak allocated {_common.fmt_bytes(peak)} vs plain {_common.fmt_bytes(plain_peak)}, bitwise equal")
 
 
+#: blocks_reclaim's hard limit, as a fraction of what the plain step adds.
+RECLAIM_FRACTION = 0.6
+
+
+def blocks_reclaim(torch: Any, dev: str, ms: Any) -> str:
+    """Block-level DTR bounding the device at the card's size (its budget
+    never evicts) under a hard limit of :data:`RECLAIM_FRACTION` of what the
+    plain step adds: allocations fail, the allocator's reclaimer asks the
+    blocks to drop (``BlockDTR.reclaim``), the three steps finish bitwise a
+    plain run's, blocks recomputed."""
+    if dev != "cuda":
+        raise Skip("needs the memscale allocator on CUDA")
+    from memscale._blocks.tracker import device_allocated
+
+    plain, _, plain_peak, base = _blocks_train(torch, dev, ms, lambda model: None)
+    card = int(torch.cuda.get_device_properties(0).total_memory)
+    growth = plain_peak - base
+    got, s, peak, _ = _blocks_train(
+        torch, dev, ms, lambda model: ms.blocks(model, card, allocated=device_allocated(0)),
+        limit_fraction=RECLAIM_FRACTION, growth=growth,
+    )
+    assert all(torch.equal(a, b) for a, b in zip(plain, got)), "values differ from the plain run"
+    assert s["evictions"] > 0 and s["rematerializations"] > 0, f"nothing reclaimed: {s}"
+    return (f"limit {RECLAIM_FRACTION:.0%} of the {_common.fmt_bytes(growth)} the step adds, {s['evictions']} blocks "
+            f"dropped by the reclaimer, {s['rematerializations']} recomputed in 3 steps, peak allocated "
+            f"{_common.fmt_bytes(peak)} vs plain {_common.fmt_bytes(plain_peak)}, bitwise equal")
+
+
 CHECKS: list[Callable[[Any, str, Any], str]] = [
     oom_raises, sizes_alignment, threads_streams, half_free_tensor, matmul_backward, conv_cudnn_benchmark,
     side_stream_record_stream, granules_across_streams, graph_capture_refused, dtr_recompute, dtr_swap,
-    dtr_park, untracked_steps, blocks_dtr,
+    dtr_park, untracked_steps, blocks_dtr, blocks_reclaim,
 ]
 
 
