@@ -1,8 +1,9 @@
 """memscale under torch.distributed: 2 processes on the CPU with gloo.
 
 DDP and FSDP2 (``fully_shard``) train 3 steps plainly and under
-``memscale.wrap`` with a budget below the step's peak: losses, gradients and
-final parameters bitwise equal, evictions on every rank. Collectives inside a
+``memscale.wrap`` with a budget below the step's peak - op-level regions, and
+block-level DTR (``Config(unit="block")``) - : losses, gradients and final
+parameters bitwise equal, evictions on every rank. Collectives inside a
 region are never re-run by one rank alone. ``torchrun -m memscale run`` runs an
 unmodified DDP script. Each rank's device comes from its launcher's local rank.
 """
@@ -98,6 +99,19 @@ def test_fsdp2_is_bitwise_and_evicts(tmp_path: Path) -> None:
         assert_bitwise(record["plain"], record["memscale"], f"FSDP2 rank {rank}")
         assert record["summary"]["evictions"] > 0, record["summary"]
         assert record["summary"]["peak_usage"] <= BUDGET
+
+
+#: Bytes of block activations: about one of the four blocks' (512 x 256 float32
+#: tensors, five saved per block), so that the other three are recomputed.
+BLOCKS_BUDGET = 3_000_000
+
+
+@pytest.mark.parametrize("kind", ["ddp-blocks", "fsdp-blocks"])
+def test_block_level_dtr_under_ddp_and_fsdp2_is_bitwise(tmp_path: Path, kind: str) -> None:
+    for rank, record in enumerate(torchrun(tmp_path, kind, str(BLOCKS_BUDGET))):
+        assert_bitwise(record["plain"], record["memscale"], f"{kind} rank {rank}")
+        summary = record["summary"]
+        assert summary["evictions"] > 0 and summary["rematerializations"] > 0, summary
 
 
 def test_collectives_are_never_rerun_by_one_rank(tmp_path: Path) -> None:

@@ -4,7 +4,10 @@
 
 KIND: ``ddp`` or ``fsdp`` (FSDP2 ``fully_shard`` per block and at the root):
 3 SGD steps plainly, then the same 3 steps from the same initial model with
-``memscale.wrap(model, Config(threshold=BUDGET))``; ``collectives``: ops
+``memscale.wrap(model, Config(threshold=BUDGET))``; ``ddp-blocks`` and
+``fsdp-blocks``: the same with the blocks in a ``ModuleList`` and
+``Config(unit="block", threshold=BUDGET)`` (BUDGET: bytes of block
+activations, block-level DTR); ``collectives``: ops
 that include an in-place ``all_reduce`` and a functional ``all_reduce``, run
 plainly and then in a region: on rank 0 under the stress setting (every
 evictable tensor evicted after every op), on rank 1 unbudgeted (nothing
@@ -26,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 kind, out = sys.argv[1], sys.argv[2]
-budget = int(sys.argv[3]) if kind in ("ddp", "fsdp") else 0
+budget = int(sys.argv[3]) if kind in ("ddp", "fsdp", "ddp-blocks", "fsdp-blocks") else 0
 # A rank that ran a collective alone would wait for its peer: fail fast instead.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10 if kind == "collectives" else 60))
 rank = dist.get_rank()
@@ -42,14 +45,34 @@ class Block(torch.nn.Module):
         return torch.tanh(torch.nn.functional.gelu(y) * 1.5).sin() + y
 
 
+class Stack(torch.nn.Module):
+    """Four blocks in a ModuleList (what memscale.blocks finds) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+        self.head = torch.nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 def make_model(parallel: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block() for _ in range(4)], torch.nn.Linear(256, 1))
+    if parallel.endswith("-blocks"):
+        parallel = parallel.removesuffix("-blocks")
+        model: torch.nn.Module = Stack()
+        layers = list(model.layers)
+    else:
+        model = torch.nn.Sequential(*[Block() for _ in range(4)], torch.nn.Linear(256, 1))
+        layers = list(model)
     if parallel == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model:
+    for layer in layers:
         fully_shard(layer)
     return fully_shard(model)
 
@@ -109,8 +132,10 @@ def main() -> None:
         plain = train(kind)
         wrapped: list[Any] = []
 
+        unit = "block" if kind.endswith("-blocks") else "op"
+
         def wrap(model: torch.nn.Module) -> None:
-            wrapped.append(memscale.wrap(model, memscale.Config(threshold=budget)))
+            wrapped.append(memscale.wrap(model, memscale.Config(threshold=budget, unit=unit)))
 
         got = train(kind, wrap)
         summary = memscale.summary(wrapped[0]).as_dict()
