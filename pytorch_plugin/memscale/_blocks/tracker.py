@@ -315,9 +315,12 @@ class BlockDTR:
     # ------------------------------------------------------------ hooks
 
     def _model_forward(self, model: torch.nn.Module, args: Any) -> None:
-        """Say so, once, when the model trains but its blocks are never called
-        through ``__call__`` (a model that calls ``block.forward()`` directly
-        passes by module hooks: nothing would be tracked, silently)."""
+        """A training forward of the model begins: the last step ends (its
+        released units told to the engine), a device budget's share starts
+        measuring; and say so, once, when the model trains but its blocks are
+        never called through ``__call__`` (a model that calls
+        ``block.forward()`` directly passes by module hooks: nothing would be
+        tracked, silently)."""
         if not torch.is_grad_enabled():
             return
         self._flush()  # the last step ends before this one starts
