@@ -29,7 +29,7 @@ others. The checks, in order:
 * ``untracked_steps``: five steps through ``memscale.wrap``, steps 3-5 untracked
 * ``blocks_dtr``: ``memscale.blocks`` at one and a half blocks' activations, bitwise
 * ``blocks_reclaim``: ``memscale.blocks`` bounding the device at the card's size under a
-  hard limit of 60 % of what the step adds: the allocator's reclaimer drops blocks, bitwise
+  hard limit of 70 % of what the step adds: the allocator's reclaimer drops blocks, bitwise
 """
 
 from __future__ import annotations
@@ -498,7 +498,7 @@ def blocks_dtr(torch: Any, dev: str, ms: Any) -> str:
 
 
 #: blocks_reclaim's hard limit, as a fraction of what the plain step adds.
-RECLAIM_FRACTION = 0.6
+RECLAIM_FRACTION = 0.7
 
 
 def blocks_reclaim(torch: Any, dev: str, ms: Any) -> str:
