@@ -33,9 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a training script under DTR")
     run.add_argument("--threshold", help=f"eviction threshold (sets {THRESHOLD_ENV}): bytes, 12GiB, 75%% (GPU)")
     run.add_argument(
-        "--unit", choices=("op", "block"), default=None,
-        help="what DTR tracks: every op (a region per step, any model) or every call of the models' "
-        "repeated blocks (memscale.blocks: no per-op cost); default: MEMSCALE_UNIT, else op",
+        "--unit", choices=("op", "block", "auto"), default=None,
+        help="what DTR tracks: every op (a region per step, any model), every call of the models' "
+        "repeated blocks (memscale.blocks: no per-op cost), or auto (blocks where a model has them); "
+        "default: MEMSCALE_UNIT, else op",
     )
     run.add_argument("--quiet", action="store_true", help="do not print the totals at exit")
     run.add_argument("--summary-json", help="also write the totals as JSON to this file")

@@ -58,7 +58,8 @@ class Enabled:
         self.config = config
         self.allocator_installed = allocator_installed
         self._steps = steps
-        #: With ``Config(unit="block")``: block-level DTR on every model that trains.
+        #: With ``Config(unit="block")`` (or ``"auto"``): block-level DTR on
+        #: every model that trains (with ``"auto"``: every model with blocks).
         self._blocks: Any = None
         self._handles: list[Any] = []
         #: id of a module that opened a step -> (the module, weakly; its own
@@ -72,7 +73,10 @@ class Enabled:
         return self._steps is not None or self._blocks is not None
 
     def summary(self) -> Summary:
-        """Totals over every step so far."""
+        """Totals over every step so far (with ``unit="auto"``: the regions'
+        and the blocks' together)."""
+        if self._blocks is not None and self._steps is not None:
+            return self._steps.summary().merged(self._blocks.summary())
         if self._blocks is not None:
             return self._blocks.summary()
         return self._steps.summary() if self._steps is not None else Summary()
@@ -93,8 +97,15 @@ class Enabled:
         assert steps is not None
         with_kwargs = self._with_kwargs
 
+        blocks = self._blocks  # Config(unit="auto"): the models with blocks are theirs
+
         def in_a_step(module: torch.nn.Module) -> bool:
-            return torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not opens_no_step(module)
+            return (
+                torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()
+                and not opens_no_step(module)
+                and (blocks is None or not blocks.tracks(module))
+            )
 
         def forward_pre_hook_with_kwargs(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if in_a_step(module):  # opens a step, or is another forward of the open one
@@ -186,7 +197,8 @@ def enable(config: Config | None = None) -> Enabled:
             threshold; without one, on a GPU, evict only when an allocation
             would fail). ``Config(unit="block")``: block-level DTR
             (:func:`memscale.blocks`) on every model that trains, instead of
-            a region per step.
+            a region per step; ``"auto"``: on every model that has repeated
+            blocks, and a region per step for the others.
 
     Returns:
         The enablement: ``.summary()``, ``.end_step()``, ``.disable()``.
@@ -216,15 +228,18 @@ def enable(config: Config | None = None) -> Enabled:
             )
             _enabled = Enabled(config, None, installed)
             return _enabled
-        if config.unit == "block":
-            from ._blocks.drop_in import BlockModels
-
-            enabled = Enabled(config, None, installed)
-            enabled._blocks = BlockModels(config)
-            enabled._blocks.hook()
-        else:
+        if config.unit == "op":
             enabled = Enabled(config, Steps(config, None, on_demand=True), installed)
             enabled._hook()
+        else:
+            from ._blocks.drop_in import BlockModels
+
+            steps = Steps(config, None, on_demand=True) if config.unit == "auto" else None
+            enabled = Enabled(config, steps, installed)
+            enabled._blocks = BlockModels(config)
+            enabled._blocks.hook()  # before the region's hooks: it decides first which models it takes
+            if steps is not None:
+                enabled._hook()
         _enabled = enabled
     atexit.register(_at_exit, enabled)
     return enabled

@@ -87,6 +87,25 @@ class Summary:
     untracked_over_budget: int = 0
     untracked_promoted: int = 0
 
+    def merged(self, other: Summary) -> Summary:
+        """The totals of two runs side by side (``Config(unit="auto")``'s
+        regions and blocks, or several models' blocks): counters added, the
+        higher peak, this one's budget and tuning where it has them."""
+        added = {
+            name: getattr(self, name) + getattr(other, name)
+            for name in (
+                "steps", "evictions", "rematerializations", "swaps_out", "swaps_in", "parked", "bytes_evicted",
+                "base_cost_ns", "remat_cost_ns", "untracked_steps", "untracked_over_budget", "untracked_promoted",
+            )
+        }
+        return Summary(
+            **added,
+            peak_usage=max(self.peak_usage, other.peak_usage),
+            budget=self.budget if self.budget is not None else other.budget,
+            tuning=self.tuning if self.tuning is not None else other.tuning,
+            budget_source=self.budget_source or other.budget_source,
+        )
+
     @property
     def overhead(self) -> float:
         """``(base + remat) / base`` compute time, as ``DTRRegion.summary()`` defines it (1.0: none)."""

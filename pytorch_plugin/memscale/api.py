@@ -45,6 +45,8 @@ decided by the Go engine behind :func:`memscale.dtr`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -145,6 +147,12 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
     if sample_input is not None and not isinstance(trainer_or_module, torch.nn.Module):
         raise MemscaleError("memscale.wrap(sample_input=...): a sample input is for a torch.nn.Module")
     observe(config)
+    if config.unit == "auto":
+        from ._blocks.drop_in import block_unit
+
+        target = trainer_or_module.model if _is_trainer(trainer_or_module) else trainer_or_module
+        uses_blocks = isinstance(target, torch.nn.Module) and block_unit(config, target)
+        config = dataclasses.replace(config, unit="block" if uses_blocks else "op")
     if config.unit == "block":
         # Blocks need no step boundaries: a module, or a Hugging Face Trainer's
         # model, gets their hooks and nothing else.
@@ -343,6 +351,8 @@ def optimize(
             "memscale.optimize(Config(unit='block')): blocks need no step boundaries; use "
             "memscale.wrap(model, Config(unit='block')) or memscale.blocks(model)"
         )
+    if config.unit == "auto":  # optimize() delimits steps for the region
+        config = dataclasses.replace(config, unit="op")
     observe(config)
     return Optimization(model, optimizer, config)
 

@@ -193,19 +193,23 @@ def format_bytes(n: int | float) -> str:
 #: The environment variable that chooses :attr:`Config.unit` when it is not given.
 UNIT_ENV = "MEMSCALE_UNIT"
 
+#: The values of :attr:`Config.unit`.
+UNITS = ("op", "block", "auto")
+
 
 def unit_from_env() -> str:
-    """``MEMSCALE_UNIT``: ``op`` (unset or empty: the default) or ``block``.
+    """``MEMSCALE_UNIT``: ``op`` (unset or empty: the default), ``block`` or ``auto``.
 
     Raises:
         ConfigError: another value.
     """
     raw = os.environ.get(UNIT_ENV, "").strip()
-    if raw in ("", "op", "block"):
+    if raw in ("", *UNITS):
         return raw or "op"
     raise ConfigError(
-        f"{UNIT_ENV}={raw!r}: expected op (every ATen op in a region, the default) or block "
-        "(memscale.blocks: whole blocks' activations, no per-op cost)"
+        f"{UNIT_ENV}={raw!r}: expected op (every ATen op in a region, the default), block "
+        "(memscale.blocks: whole blocks' activations, no per-op cost) or auto (block for a model with "
+        "repeated blocks, op for one without)"
     )
 
 
@@ -258,7 +262,9 @@ class Config:
             ``wrap(module)``, ``enable()`` and ``memscale run --unit block``. Its budget: on a GPU ``threshold`` or the mode's fraction of
             the device's memory, bounding the allocated bytes; on the CPU bytes
             of block activations, a percentage (or the mode's fraction) of what
-            the first step's blocks held.
+            the first step's blocks held. ``"auto"``: ``"block"`` for a model
+            that has repeated blocks (:func:`memscale._blocks.find_blocks`),
+            ``"op"`` for one that has none (``optimize()`` and Lightning: op).
 
     memscale 0.1 names, accepted and mapped onto the fields above:
     ``enable_checkpointing`` (``recompute``), ``enable_offloading`` (``swap``),
@@ -296,12 +302,15 @@ class Config:
             source = f" ({UNIT_ENV}={self.unit})"
         else:
             source = ""
-        if self.unit not in ("op", "block"):
-            raise ConfigError(f"Config.unit={self.unit!r}: expected 'op' (the region) or 'block' (memscale.blocks)")
-        if self.unit == "block" and self.swap:
+        if self.unit not in UNITS:
             raise ConfigError(
-                f"Config(unit='block', swap=True){source}: blocks are evicted by dropping and recomputing only; "
-                "pass unit='op' for swapping"
+                f"Config.unit={self.unit!r}: expected 'op' (the region), 'block' (memscale.blocks) or 'auto' "
+                "(block where the model has repeated blocks, else op)"
+            )
+        if self.unit != "op" and self.swap:
+            raise ConfigError(
+                f"Config(unit={self.unit!r}, swap=True){source}: blocks are evicted by dropping and recomputing "
+                "only; pass unit='op' for swapping"
             )
         if self.mode is not None and self.mode not in MODE_FRACTIONS:
             raise ConfigError(

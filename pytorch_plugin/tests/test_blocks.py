@@ -722,6 +722,61 @@ def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCapture
     assert not model.layers[0]._forward_pre_hooks
 
 
+class _Flat(nn.Module):
+    """A model without repeated blocks (an MLP of differing layers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 512)
+        self.c = nn.Linear(512, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        h = torch.sin(h) * 1.5 + torch.tanh(h * 2.0)  # activations well above the parameters
+        return self.c(torch.tanh(h) * h).square().mean()
+
+
+def test_auto_wraps_a_model_with_blocks_as_blocks_and_one_without_as_regions() -> None:
+    from memscale import api
+
+    model, flat = Net(), _Flat()
+    memscale.wrap(model, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    memscale.wrap(flat, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    try:
+        assert api._attached[model].kind == "blocks"
+        assert api._attached[flat].kind == "module"
+    finally:
+        memscale.detach(model)
+        memscale.detach(flat)
+
+
+def test_enable_auto_puts_blocks_on_models_with_blocks_and_regions_on_the_others() -> None:
+    """``memscale.enable(Config(unit="auto"))`` (``MEMSCALE_UNIT=auto``): a
+    model with repeated blocks gets block-level DTR, one without gets a region
+    per step; both bitwise, the summary counting both."""
+    torch.manual_seed(0)
+    base, flat_base = Net(p=0.2), _Flat()
+    ref = _train(copy.deepcopy(base))
+    flat_ref = _train(copy.deepcopy(flat_base))
+    model, flat = copy.deepcopy(base), copy.deepcopy(flat_base)
+    enabled = memscale.enable(memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    try:
+        got = _train(model)
+        flat_got = _train(flat)
+        blocks = enabled._blocks.summary()
+        regions = enabled._steps.summary()
+    finally:
+        enabled.disable()
+    _assert_bitwise(ref, got)
+    _assert_bitwise(flat_ref, flat_got)
+    assert [t.blocks[0][1] for t in enabled._blocks.trackers] == [model.layers[0]]  # the flat model: no tracker
+    assert blocks.rematerializations > 0 and blocks.steps >= 2
+    assert regions.steps == 3 and regions.evictions > 0  # the flat model's steps, and only those
+    total = enabled.summary()
+    assert total.steps == blocks.steps + regions.steps
+    assert total.rematerializations == blocks.rematerializations + regions.rematerializations
+
+
 def test_a_failed_allocation_on_the_device_drops_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memscale allocator's reclaimer (an allocation that failed) asks a
     device-budget tracker to drop units whatever the budget: the units the

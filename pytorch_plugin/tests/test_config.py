@@ -173,7 +173,9 @@ def test_config_is_immutable() -> None:
         config.mode = "aggressive"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("env", "want"), [(None, "op"), ("", "op"), ("op", "op"), ("block", "block"), (" block ", "block")])
+@pytest.mark.parametrize(
+    ("env", "want"), [(None, "op"), ("", "op"), ("op", "op"), ("block", "block"), (" block ", "block"), ("auto", "auto")]
+)
 def test_the_unit_defaults_to_memscale_unit(monkeypatch: pytest.MonkeyPatch, env: str | None, want: str) -> None:
     if env is None:
         monkeypatch.delenv("MEMSCALE_UNIT", raising=False)
@@ -185,8 +187,13 @@ def test_the_unit_defaults_to_memscale_unit(monkeypatch: pytest.MonkeyPatch, env
 
 def test_a_malformed_memscale_unit_says_what_works(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMSCALE_UNIT", "blocks")
-    with pytest.raises(ConfigError, match=r"MEMSCALE_UNIT='blocks': expected op .* or block"):
+    with pytest.raises(ConfigError, match=r"MEMSCALE_UNIT='blocks': expected op .*, block .* or auto"):
         Config()
     monkeypatch.setenv("MEMSCALE_UNIT", "block")
     with pytest.raises(ConfigError, match=r"unit='block', swap=True\) \(MEMSCALE_UNIT=block\).*unit='op'"):
         Config(swap=True)
+
+
+def test_auto_refuses_swap_like_block() -> None:
+    with pytest.raises(ConfigError, match=r"Config\(unit='auto', swap=True\): blocks .* pass unit='op'"):
+        Config(unit="auto", swap=True)

@@ -25,7 +25,7 @@ from .._stats import Summary
 from .._steps import _module_device_index
 from ..config import Config, is_percentage, parse_size
 from ..errors import ConfigError
-from .tracker import BlockDTR, device_allocated
+from .tracker import BlockDTR, device_allocated, find_blocks
 
 log = logging.getLogger("memscale")
 
@@ -75,6 +75,18 @@ def summary_of(tracker: BlockDTR) -> Summary:
     )
 
 
+def block_unit(config: Config, model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs block-level DTR under ``config``: ``unit="block"``,
+    or ``unit="auto"`` and the model has repeated blocks."""
+    if config.unit != "auto":
+        return config.unit == "block"
+    try:
+        find_blocks(model)
+    except ConfigError:
+        return False
+    return True
+
+
 class BlockSteps:
     """The drop-in API's state of a model wrapped with ``Config(unit="block")``
     (the part of :class:`memscale._steps.Steps`'s interface the API uses)."""
@@ -110,7 +122,8 @@ class BlockSteps:
 
 class BlockModels:
     """``memscale.enable(Config(unit="block"))``: every model that trains in
-    the process gets block-level DTR.
+    the process gets block-level DTR (``unit="auto"``: every model with
+    repeated blocks; the others are left to the region's hooks).
 
     A global forward pre-hook sees the first training forward of each
     outermost module (a module not inside a model seen before) and puts a
@@ -123,7 +136,13 @@ class BlockModels:
         self.config = config
         self.trackers: list[BlockDTR] = []
         self._inside: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules of models seen
+        self._tracked: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules of tracked models
         self._handle: Any = None
+
+    def tracks(self, module: torch.nn.Module) -> bool:
+        """Whether ``module`` is (inside) a model with block-level DTR, which
+        ``Config(unit="auto")``'s regions then leave alone."""
+        return module in self._tracked
 
     def hook(self) -> None:
         """Start watching forwards (idempotent)."""
@@ -136,9 +155,12 @@ class BlockModels:
         if module in self._inside or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return
         self._inside.update(module.modules())
+        if not block_unit(self.config, module):
+            return  # auto, and no repeated blocks: the region's (its hook comes after this one)
         try:
             budget, allocated = blocks_budget(self.config, module)
             self.trackers.append(BlockDTR(module, budget, heuristic=self.config.heuristic, allocated=allocated))
+            self._tracked.update(module.modules())
         except ConfigError as exc:
             log.warning("memscale (unit='block'): %s trains untracked: %s", type(module).__name__, exc)
 
@@ -146,11 +168,7 @@ class BlockModels:
         """Totals over every tracked model."""
         total = Summary()
         for part in map(summary_of, self.trackers):
-            for name in ("steps", "evictions", "rematerializations", "base_cost_ns", "remat_cost_ns"):
-                setattr(total, name, getattr(total, name) + getattr(part, name))
-            total.peak_usage = max(total.peak_usage, part.peak_usage)
-            total.budget = part.budget or total.budget
-            total.budget_source = part.budget_source
+            total = total.merged(part)
         return total
 
     def remove(self) -> None:
