@@ -17,6 +17,7 @@ import memscale
 from memscale._blocks import BlockDTR, find_blocks
 from memscale.errors import ConfigError, MemscaleError
 
+from _blocks_models import Block, Net, assert_bitwise, batch, largest_block, train
 from _helpers import require_engine, steady_clock
 
 require_engine()
@@ -27,68 +28,6 @@ def _steady_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every block call costs the same (the engine's choices depend on the
     program alone, never on the machine's load)."""
     steady_clock(monkeypatch)
-
-
-class Block(nn.Module):
-    """A residual MLP block with dropout, optionally batch norm."""
-
-    def __init__(self, width: int, norm: bool = False, p: float = 0.1) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(width, 4 * width)
-        self.fc2 = nn.Linear(4 * width, width)
-        self.drop = nn.Dropout(p)
-        self.norm = nn.BatchNorm1d(width) if norm else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.fc1(self.norm(x)))
-        return x + self.drop(self.fc2(h))
-
-
-class Net(nn.Module):
-    def __init__(self, depth: int = 4, width: int = 32, norm: bool = False, p: float = 0.1) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, width)
-        self.layers = nn.ModuleList(Block(width, norm, p) for _ in range(depth))
-        self.out = nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.out(h).square().mean()
-
-
-def _batch(step: int) -> torch.Tensor:
-    return torch.randn(64, 8, generator=torch.Generator().manual_seed(step))
-
-
-def _train(model: nn.Module, steps: int = 3) -> list[dict[str, Any]]:
-    """Forward, backward and SGD per step; what each step produced."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    out = []
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        torch.manual_seed(100 + step)
-        loss = model(_batch(step))
-        loss.backward()
-        out.append(
-            {
-                "loss": loss.detach().clone(),
-                "grads": [p.grad.clone() for p in model.parameters()],
-                "buffers": [b.clone() for b in model.buffers()],
-            }
-        )
-        opt.step()
-    return out
-
-
-def _assert_bitwise(ref: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
-    for step, (a, b) in enumerate(zip(ref, got, strict=True)):
-        assert torch.equal(a["loss"], b["loss"]), f"step {step}: loss"
-        for i, (x, y) in enumerate(zip(a["grads"], b["grads"], strict=True)):
-            assert torch.equal(x, y), f"step {step}: gradient {i}"
-        for i, (x, y) in enumerate(zip(a["buffers"], b["buffers"], strict=True)):
-            assert torch.equal(x, y), f"step {step}: buffer {i}"
 
 
 @pytest.mark.parametrize(
@@ -104,11 +43,11 @@ def _assert_bitwise(ref: list[dict[str, Any]], got: list[dict[str, Any]]) -> Non
 def test_training_is_bitwise_under_every_budget(norm: bool, budget: str, evicts: bool) -> None:
     torch.manual_seed(0)
     base = Net(norm=norm)
-    ref = _train(copy.deepcopy(base), steps=4)
+    ref = train(copy.deepcopy(base), steps=4)
     model = copy.deepcopy(base)
     tracker = memscale.blocks(model, budget)
-    got = _train(model, steps=4)
-    _assert_bitwise(ref, got)
+    got = train(model, steps=4)
+    assert_bitwise(ref, got)
     s = tracker.summary()
     assert s["blocks"] == 4 and s["block_calls"] == 16
     assert s["steps"] == 4 or (s["steps"] == 3 and s["block_calls"] == 16)  # the last step ends at the next forward
@@ -124,12 +63,12 @@ def test_training_is_bitwise_under_every_budget(norm: bool, budget: str, evicts:
 def test_a_byte_budget_binds_from_the_first_step_and_dropout_replays() -> None:
     torch.manual_seed(0)
     base = Net(p=0.5)
-    ref = _train(copy.deepcopy(base))
+    ref = train(copy.deepcopy(base))
     model = copy.deepcopy(base)
-    block = _largest_block(model, _batch(0))
+    block = largest_block(model, batch(0))
     with memscale.blocks(model, f"{block + block // 2}B") as tracker:
-        got = _train(model)
-    _assert_bitwise(ref, got)
+        got = train(model)
+    assert_bitwise(ref, got)
     s = tracker.summary()
     assert s["first_step_peak"] == 0  # a byte budget: no measuring step
     assert s["evictions"] >= 3 * 3 and s["rematerializations"] == 3 * 3
@@ -138,24 +77,16 @@ def test_a_byte_budget_binds_from_the_first_step_and_dropout_replays() -> None:
     assert s["last_step_peak"] <= block + block // 2
     # detached: the hooks are gone, training runs plainly
     before = tracker.summary()["block_calls"]
-    _train(model, steps=1)
+    train(model, steps=1)
     assert tracker.summary()["block_calls"] == before
-
-
-def _largest_block(model: nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the largest block call of one step (measured on a copy)."""
-    probe = copy.deepcopy(model)
-    tracker = BlockDTR(probe, "100%")
-    probe(x).backward()
-    return int(tracker.summary()["largest_block"])
 
 
 def test_evicted_activations_are_freed_and_released_after_backward() -> None:
     torch.manual_seed(0)
     model = Net()
-    block = _largest_block(model, _batch(0))
+    block = largest_block(model, batch(0))
     tracker = BlockDTR(model, block + block // 2)  # room for one block's activations, not two
-    loss = model(_batch(0))
+    loss = model(batch(0))
     units = list(tracker._units.values())
     assert len(units) == 4 and sum(u.resident for u in units) == 1
     assert units[-1].resident  # the engine kept the block backward needs first
@@ -178,7 +109,7 @@ def test_budget_below_one_block_names_the_least_that_works() -> None:
     model = Net()
     memscale.blocks(model, 1024)
     with pytest.raises(MemscaleError, match=r"budget 1\.00 KiB cannot hold the activations of layers\.\d .*raise it to at least"):
-        model(_batch(0)).backward()
+        model(batch(0)).backward()
 
 
 def test_input_changed_in_place_after_the_block_cannot_be_recomputed() -> None:
@@ -196,7 +127,7 @@ def test_input_changed_in_place_after_the_block_cannot_be_recomputed() -> None:
     torch.manual_seed(0)
     model = Mutates()
     x = torch.randn(64, 16)
-    memscale.blocks(model, _largest_block(model, x) + 1)
+    memscale.blocks(model, largest_block(model, x) + 1)
     with pytest.raises(MemscaleError, match=r"activations of layers\.0 were evicted.*changed in place"):
         model(x).backward()
 
@@ -233,7 +164,7 @@ class _TwoVarying(nn.Module):
 def test_a_block_that_saves_fewer_tensors_when_recomputed_is_refused() -> None:
     model = _TwoVarying(lambda call: 2 if call == 1 else 1)
     x = torch.randn(64, 16)
-    memscale.blocks(model, _largest_block(model, x) + 1)  # room for one block's activations
+    memscale.blocks(model, largest_block(model, x) + 1)  # room for one block's activations
     with pytest.raises(MemscaleError, match="does not repeat"):
         model(x).backward()
 
@@ -249,7 +180,7 @@ def test_a_recompute_stops_after_the_last_saved_tensor() -> None:
     plain(x).backward()
     model = _TwoVarying(lambda call: call)  # would save more on every later call
     model.load_state_dict(model_state)
-    room = _largest_block(_TwoVarying(lambda call: 1), x) + 1
+    room = largest_block(_TwoVarying(lambda call: 1), x) + 1
     tracker = memscale.blocks(model, room)  # room for one block: the first is recomputed
     model(x).backward()
     assert tracker.summary()["rematerializations"] == 1
@@ -263,7 +194,7 @@ def test_evaluation_and_no_grad_are_not_tracked() -> None:
     model = Net()
     tracker = memscale.blocks(model, "50%")
     with torch.no_grad():
-        model(_batch(0))
+        model(batch(0))
     assert tracker.summary()["block_calls"] == 0
 
 
@@ -350,7 +281,7 @@ def test_forwards_without_backward_leave_nothing_behind() -> None:
     model = Net()
     tracker = memscale.blocks(model, "50%")
     for step in range(3):
-        loss = model(_batch(step))
+        loss = model(batch(step))
         del loss
     tracker._flush()
     assert tracker._open == 0 and tracker._engine is None and not tracker._units
@@ -398,18 +329,18 @@ def test_large_buffers_are_copied_once_the_block_is_seen_updating_them(monkeypat
     monkeypatch.setattr(tracker_module, "_COPIED_BUFFER_BYTES", 0)
     torch.manual_seed(0)
     base = Net(norm=True)
-    ref = _train(copy.deepcopy(base), steps=3)
+    ref = train(copy.deepcopy(base), steps=3)
     model = copy.deepcopy(base)
-    block = _largest_block(model, _batch(0))
+    block = largest_block(model, batch(0))
     tracker = memscale.blocks(model, 4 * block + block // 2)  # the first step's 4 pinned calls fit
-    got = _train(model, steps=3)
-    _assert_bitwise(ref, got)
+    got = train(model, steps=3)
+    assert_bitwise(ref, got)
     assert tracker._mutating == {id(layer) for layer in model.layers}
     assert tracker.summary()["rematerializations"] == 0  # 4.5 blocks: nothing to evict once copied
     plain = copy.deepcopy(base)
     plain.load_state_dict(model.state_dict())
     tracker.set_budget(block + block // 2)  # now the copied calls are evicted and recomputed
-    _assert_bitwise(_train(plain, steps=2), _train(model, steps=2))
+    assert_bitwise(train(plain, steps=2), train(model, steps=2))
     assert tracker.summary()["rematerializations"] > 0
 
 
@@ -418,7 +349,7 @@ def test_a_deep_copy_of_a_tracked_model_is_tracked_by_the_same_blocks() -> None:
     model = Net()
     tracker = memscale.blocks(model, "50%")
     twin = copy.deepcopy(model)
-    twin(_batch(0)).backward()
+    twin(batch(0)).backward()
     assert tracker.summary()["block_calls"] == 4
 
 
@@ -466,7 +397,7 @@ def test_memory_real_peak_and_nothing_left_after_backward() -> None:
 
     plain_peak, plain_after = measured(copy.deepcopy(base))
     model = copy.deepcopy(base)
-    block = _largest_block(model, x)
+    block = largest_block(model, x)
     tracker = BlockDTR(model, block + block // 2)
     peak, after = measured(model)
     assert tracker.summary()["rematerializations"] == 5
@@ -486,10 +417,10 @@ def test_compiled_blocks_train_bitwise_to_the_compiled_model() -> None:
             model.layers[i] = torch.compile(layer)
         return model
 
-    ref = _train(compiled())
+    ref = train(compiled())
     model = compiled()
     tracker = memscale.blocks(model, "50%")
-    _assert_bitwise(ref, _train(model))
+    assert_bitwise(ref, train(model))
     assert tracker.summary()["rematerializations"] > 0
 
 
@@ -544,126 +475,6 @@ def test_hugging_face_families_train_bitwise(name: str) -> None:
     assert tracker.summary()["rematerializations"] > 0
 
 
-def test_a_device_budget_leaves_the_blocks_what_the_rest_does_not_use() -> None:
-    """``allocated=`` (on a GPU: the device's allocated bytes, the eviction
-    threshold's meaning): the blocks get the budget less what is allocated
-    outside them, measured at every decision; when that shrinks below a
-    block, the error says how much is outside and what would work."""
-    torch.manual_seed(0)
-    base = Net(p=0.3)
-    block = _largest_block(base, _batch(0))
-    ref = _train(copy.deepcopy(base))
-    outside = [10 * block]
-    model = copy.deepcopy(base)
-
-    def allocated() -> int:
-        engine = tracker._engine
-        return outside[0] + (int(engine.status.usage) if engine is not None else 0)
-
-    tracker = memscale.blocks(model, outside[0] + block + block // 2, allocated=allocated)
-    _assert_bitwise(ref, _train(model))
-    s = tracker.summary()
-    assert s["rematerializations"] == 3 * 3 and s["last_step_peak"] <= block + block // 2
-    outside[0] += block  # the rest of the program grew: half a block is left
-    with pytest.raises(MemscaleError, match=r"threshold .* less .* allocated outside the blocks leaves .*raise it to at least"):
-        _train(model, steps=1)
-    with pytest.raises(ConfigError, match="percentage is of the blocks' activations"):
-        memscale.blocks(copy.deepcopy(base), "50%", allocated=allocated)
-
-
-@pytest.mark.parametrize("tail_blocks", [0, 2, 5])
-def test_a_device_budget_makes_room_for_what_follows_the_forward(
-    monkeypatch: pytest.MonkeyPatch, tail_blocks: int
-) -> None:
-    """A device budget covers what the program allocates after the forward's
-    last block (the model's head, the loss, their backward) before the
-    blocks' backward: the step after one that measured that tail (the
-    allocator's watermark up to the first unpack) starts its head with only
-    the blocks that fit beside the tail resident, the way checkpointing holds
-    none through the head; a tail larger than the budget leaves none."""
-    torch.manual_seed(0)
-    base = Net(depth=6, p=0.3)
-    block = _largest_block(base, _batch(0))
-    ref = _train(copy.deepcopy(base))
-    outside = 10 * block
-    model = copy.deepcopy(base)
-    tail = tail_blocks * block
-    head = {"active": False}  # between the forward's end and the blocks' backward
-
-    class Probe:  # the allocator's watermark; the head peaks `tail` above the forward's end
-        def __init__(self, device: int) -> None:
-            assert device == 0
-            self.start = allocated()
-
-        def close(self) -> int:
-            peak = max(self.start, allocated()) + (tail if head["active"] else 0)
-            head["active"] = False
-            return peak
-
-    def allocated() -> int:
-        engine = tracker._engine
-        return outside + (int(engine.status.usage) if engine is not None else 0)
-
-    monkeypatch.setattr("memscale._blocks.device.PeakProbe", Probe)
-    monkeypatch.setattr("memscale._blocks.tracker._module_device_index", lambda model: 0)
-    budget = outside + 4 * block
-    tracker = memscale.blocks(model, budget, allocated=allocated)
-    resident_at_end: list[int] = []
-
-    def head_starts(*_: Any) -> None:
-        resident_at_end.append(int(tracker._engine.status.usage))
-        head["active"] = True
-
-    model.out.register_forward_pre_hook(head_starts)
-    _assert_bitwise(ref, _train(model))
-    assert tracker.summary()["device_tail"] == tail
-    room = max(0, budget - outside - tail)
-    assert resident_at_end[0] > room or tail_blocks == 0  # the first step has no measure yet
-    assert all(r <= room for r in resident_at_end[1:]), (resident_at_end, room)
-    if tail_blocks >= 4:
-        assert resident_at_end[1:] == [0, 0]
-
-
-def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = Net()
-    monkeypatch.delenv("MEMSCALE_EVICTION_THRESHOLD", raising=False)
-    with pytest.raises(ConfigError, match="no budget given and no MEMSCALE_EVICTION_THRESHOLD"):
-        memscale.blocks(model)
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "3MiB")
-    tracker = memscale.blocks(model)  # on the CPU: of the blocks' activations
-    assert tracker.budget == 3 << 20 and "MEMSCALE_EVICTION_THRESHOLD=3MiB" in tracker.budget_source
-    tracker.detach()
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
-    with pytest.raises(ConfigError, match="percentage needs a GPU"):
-        memscale.blocks(model)
-
-
-def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
-    """``memscale.wrap(model, Config(unit="block"))``: on the CPU the mode's
-    fraction is of the first step's block activations; training is bitwise,
-    blocks are recomputed, ``summary(model)`` reports it, ``detach`` removes
-    the hooks, and what blocks cannot do is refused."""
-    torch.manual_seed(0)
-    base = Net(p=0.2)
-    ref = _train(copy.deepcopy(base), steps=4)
-    model = memscale.wrap(copy.deepcopy(base), memscale.Config(unit="block", mode="aggressive", log_summary=False))
-    got = _train(model, steps=4)
-    _assert_bitwise(ref, got)
-    s = memscale.summary(model)
-    assert s.rematerializations > 0 and s.baseline_peak and s.budget == s.baseline_peak // 2
-    assert "of the first step's block activations" in (s.budget_source or "")
-    memscale.detach(model)
-    assert memscale.summary(model).rematerializations == s.rematerializations
-    calls_before = len(model.layers[0]._forward_pre_hooks)
-    assert calls_before == 0  # detached: no hook left
-    with pytest.raises(ConfigError, match="unit='block', swap=True"):
-        memscale.Config(unit="block", swap=True)
-    with pytest.raises(ConfigError, match="Config.unit='ops'"):
-        memscale.Config(unit="ops")
-    with pytest.raises(MemscaleError, match="blocks need no step boundaries"):
-        memscale.optimize(model, config=memscale.Config(unit="block"))
-
-
 def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFixture) -> None:
     """A model that calls ``block.forward()`` directly (as SqueezeBERT does)
     passes by module hooks: nothing can be tracked, and a warning says so
@@ -680,7 +491,7 @@ def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFi
     memscale.blocks(model, "50%")
     with caplog.at_level("WARNING", logger="memscale"):
         for step in range(3):
-            model(_batch(step)).backward()
+            model(batch(step)).backward()
     warnings = [r for r in caplog.records if "bypasses them" in r.getMessage()]
     assert len(warnings) == 1 and "layers.0" in warnings[0].getMessage()
     caplog.clear()
@@ -688,138 +499,7 @@ def test_blocks_called_past_their_hooks_are_reported(caplog: pytest.LogCaptureFi
     memscale.blocks(tracked, "50%")
     with caplog.at_level("WARNING", logger="memscale"):
         for step in range(3):
-            tracked(_batch(step)).backward()
+            tracked(batch(step)).backward()
     assert not [r for r in caplog.records if "bypasses them" in r.getMessage()]
 
 
-def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCaptureFixture) -> None:
-    """``memscale.enable(Config(unit="block"))``: the first training forward of
-    each model puts blocks on it; a model without blocks is said so and runs
-    untracked; ``disable()`` removes every hook."""
-    from memscale import _enable
-
-    torch.manual_seed(0)
-    base = Net(p=0.2)
-    ref = _train(copy.deepcopy(base))
-    model = copy.deepcopy(base)
-    enabled = memscale.enable(memscale.Config(unit="block", mode="aggressive"))
-    try:
-        assert enabled.active
-        with torch.no_grad():
-            model(_batch(0))  # evaluation attaches nothing
-        assert not enabled._blocks.trackers
-        got = _train(model)
-        flat = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
-        with caplog.at_level("WARNING", logger="memscale"):
-            flat(_batch(0)).sum().backward()
-        assert any("Sequential trains untracked" in r.getMessage() for r in caplog.records)
-    finally:
-        enabled.disable()
-    _assert_bitwise(ref, got)
-    s = enabled.summary()
-    assert s.rematerializations > 0 and s.steps >= 2
-    assert len(enabled._blocks.trackers) == 1 and _enable.enabled() is None
-    assert not model.layers[0]._forward_pre_hooks
-
-
-class _Flat(nn.Module):
-    """A model without repeated blocks (an MLP of differing layers)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(8, 512)
-        self.c = nn.Linear(512, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.a(x))
-        h = torch.sin(h) * 1.5 + torch.tanh(h * 2.0)  # activations well above the parameters
-        return self.c(torch.tanh(h) * h).square().mean()
-
-
-def test_auto_wraps_a_model_with_blocks_as_blocks_and_one_without_as_regions() -> None:
-    from memscale import api
-
-    model, flat = Net(), _Flat()
-    memscale.wrap(model, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
-    memscale.wrap(flat, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
-    try:
-        assert api._attached[model].kind == "blocks"
-        assert api._attached[flat].kind == "module"
-    finally:
-        memscale.detach(model)
-        memscale.detach(flat)
-
-
-def test_enable_auto_puts_blocks_on_models_with_blocks_and_regions_on_the_others() -> None:
-    """``memscale.enable(Config(unit="auto"))`` (``MEMSCALE_UNIT=auto``): a
-    model with repeated blocks gets block-level DTR, one without gets a region
-    per step; both bitwise, the summary counting both."""
-    torch.manual_seed(0)
-    base, flat_base = Net(p=0.2), _Flat()
-    ref = _train(copy.deepcopy(base))
-    flat_ref = _train(copy.deepcopy(flat_base))
-    model, flat = copy.deepcopy(base), copy.deepcopy(flat_base)
-    enabled = memscale.enable(memscale.Config(unit="auto", mode="aggressive", log_summary=False))
-    try:
-        got = _train(model)
-        flat_got = _train(flat)
-        blocks = enabled._blocks.summary()
-        regions = enabled._steps.summary()
-    finally:
-        enabled.disable()
-    _assert_bitwise(ref, got)
-    _assert_bitwise(flat_ref, flat_got)
-    assert [t.blocks[0][1] for t in enabled._blocks.trackers] == [model.layers[0]]  # the flat model: no tracker
-    assert blocks.rematerializations > 0 and blocks.steps >= 2
-    assert regions.steps == 3 and regions.evictions > 0  # the flat model's steps, and only those
-    total = enabled.summary()
-    assert total.steps == blocks.steps + regions.steps
-    assert total.rematerializations == blocks.rematerializations + regions.rematerializations
-
-
-def test_a_failed_allocation_on_the_device_drops_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The memscale allocator's reclaimer (an allocation that failed) asks a
-    device-budget tracker to drop units whatever the budget: the units the
-    engine names are dropped, the bytes freed returned, and backward
-    recomputes them (bitwise). Another thread inside the tracker: 0."""
-    import threading
-    import weakref
-
-    from memscale._region import reclaim
-
-    torch.manual_seed(0)
-    base = Net(depth=4, p=0.3)
-    block = _largest_block(base, _batch(0))
-    ref = _train(copy.deepcopy(base), steps=1)
-    model = copy.deepcopy(base)
-    outside = 10 * block
-
-    def allocated() -> int:
-        engine = tracker._engine
-        return outside + (int(engine.status.usage) if engine is not None else 0)
-
-    tracker = memscale.blocks(model, 1 << 40, allocated=allocated)  # the budget never evicts
-    monkeypatch.setitem(reclaim._sessions, 0, [weakref.ref(tracker)])
-    freed: list[int] = []
-    busy: list[int] = []
-
-    def on_last_block(*_: Any) -> None:
-        if tracker._engine is None or tracker._engine.status.usage < 3 * block:
-            return  # the first blocks
-        holder = threading.Thread(target=lambda: (tracker._lock.acquire(), started.set(), stop.wait(), tracker._lock.release()))
-        started, stop = threading.Event(), threading.Event()
-        holder.start()
-        started.wait()
-        busy.append(tracker.reclaim(block))  # another thread is inside: could not help
-        stop.set()
-        holder.join()
-        freed.append(reclaim._reclaim(0, 2 * block, None))  # what the allocator calls
-
-    model.layers[3].register_forward_pre_hook(on_last_block)
-    _assert_bitwise(ref, _train(model, steps=1))
-    assert busy == [0]
-    assert freed and freed[0] >= 2 * block, (freed, block)
-    s = tracker.summary()
-    assert s["evictions"] >= 2 and s["rematerializations"] >= 2, s
-    tracker.detach()
-    assert tracker.closed and reclaim._reclaim(0, block, None) == 0

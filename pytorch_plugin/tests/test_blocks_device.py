@@ -1,13 +1,32 @@
-"""DeviceShare: what a device budget leaves memscale.blocks (tail, headroom)."""
+"""Device budgets of memscale.blocks: DeviceShare (the watermark segments,
+the tail, the headroom) on a simulated watermark, and the tracker under a
+simulated allocated count (the blocks' share, room for the tail, the
+allocator's reclaimer)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
+import torch
 
+import memscale
 from memscale._blocks import device
 from memscale._blocks.device import DeviceShare
+from memscale.errors import ConfigError, MemscaleError
+
+from _blocks_models import Net, assert_bitwise, batch, largest_block, train
+from _helpers import require_engine, steady_clock
+
+require_engine()
+
+
+@pytest.fixture(autouse=True)
+def _steady_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block call costs the same (the engine's choices depend on the
+    program alone, never on the machine's load)."""
+    steady_clock(monkeypatch)
 
 MiB = 1 << 20
 
@@ -170,3 +189,131 @@ def test_a_tail_started_at_the_forwards_end_counts_the_head_from_the_last_block(
     memory.set(70)
     share.unpacked()
     assert share.tail == 30
+
+
+def test_a_device_budget_leaves_the_blocks_what_the_rest_does_not_use() -> None:
+    """``allocated=`` (on a GPU: the device's allocated bytes, the eviction
+    threshold's meaning): the blocks get the budget less what is allocated
+    outside them, measured at every decision; when that shrinks below a
+    block, the error says how much is outside and what would work."""
+    torch.manual_seed(0)
+    base = Net(p=0.3)
+    block = largest_block(base, batch(0))
+    ref = train(copy.deepcopy(base))
+    outside = [10 * block]
+    model = copy.deepcopy(base)
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside[0] + (int(engine.status.usage) if engine is not None else 0)
+
+    tracker = memscale.blocks(model, outside[0] + block + block // 2, allocated=allocated)
+    assert_bitwise(ref, train(model))
+    s = tracker.summary()
+    assert s["rematerializations"] == 3 * 3 and s["last_step_peak"] <= block + block // 2
+    outside[0] += block  # the rest of the program grew: half a block is left
+    with pytest.raises(MemscaleError, match=r"threshold .* less .* allocated outside the blocks leaves .*raise it to at least"):
+        train(model, steps=1)
+    with pytest.raises(ConfigError, match="percentage is of the blocks' activations"):
+        memscale.blocks(copy.deepcopy(base), "50%", allocated=allocated)
+
+
+@pytest.mark.parametrize("tail_blocks", [0, 2, 5])
+def test_a_device_budget_makes_room_for_what_follows_the_forward(
+    monkeypatch: pytest.MonkeyPatch, tail_blocks: int
+) -> None:
+    """A device budget covers what the program allocates after the forward's
+    last block (the model's head, the loss, their backward) before the
+    blocks' backward: the step after one that measured that tail (the
+    allocator's watermark up to the first unpack) starts its head with only
+    the blocks that fit beside the tail resident, the way checkpointing holds
+    none through the head; a tail larger than the budget leaves none."""
+    torch.manual_seed(0)
+    base = Net(depth=6, p=0.3)
+    block = largest_block(base, batch(0))
+    ref = train(copy.deepcopy(base))
+    outside = 10 * block
+    model = copy.deepcopy(base)
+    tail = tail_blocks * block
+    head = {"active": False}  # between the forward's end and the blocks' backward
+
+    class Probe:  # the allocator's watermark; the head peaks `tail` above the forward's end
+        def __init__(self, device: int) -> None:
+            assert device == 0
+            self.start = allocated()
+
+        def close(self) -> int:
+            peak = max(self.start, allocated()) + (tail if head["active"] else 0)
+            head["active"] = False
+            return peak
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside + (int(engine.status.usage) if engine is not None else 0)
+
+    monkeypatch.setattr("memscale._blocks.device.PeakProbe", Probe)
+    monkeypatch.setattr("memscale._blocks.tracker._module_device_index", lambda model: 0)
+    budget = outside + 4 * block
+    tracker = memscale.blocks(model, budget, allocated=allocated)
+    resident_at_end: list[int] = []
+
+    def head_starts(*_: Any) -> None:
+        resident_at_end.append(int(tracker._engine.status.usage))
+        head["active"] = True
+
+    model.out.register_forward_pre_hook(head_starts)
+    assert_bitwise(ref, train(model))
+    assert tracker.summary()["device_tail"] == tail
+    room = max(0, budget - outside - tail)
+    assert resident_at_end[0] > room or tail_blocks == 0  # the first step has no measure yet
+    assert all(r <= room for r in resident_at_end[1:]), (resident_at_end, room)
+    if tail_blocks >= 4:
+        assert resident_at_end[1:] == [0, 0]
+
+
+def test_a_failed_allocation_on_the_device_drops_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memscale allocator's reclaimer (an allocation that failed) asks a
+    device-budget tracker to drop units whatever the budget: the units the
+    engine names are dropped, the bytes freed returned, and backward
+    recomputes them (bitwise). Another thread inside the tracker: 0."""
+    import threading
+    import weakref
+
+    from memscale._region import reclaim
+
+    torch.manual_seed(0)
+    base = Net(depth=4, p=0.3)
+    block = largest_block(base, batch(0))
+    ref = train(copy.deepcopy(base), steps=1)
+    model = copy.deepcopy(base)
+    outside = 10 * block
+
+    def allocated() -> int:
+        engine = tracker._engine
+        return outside + (int(engine.status.usage) if engine is not None else 0)
+
+    tracker = memscale.blocks(model, 1 << 40, allocated=allocated)  # the budget never evicts
+    monkeypatch.setitem(reclaim._sessions, 0, [weakref.ref(tracker)])
+    freed: list[int] = []
+    busy: list[int] = []
+
+    def on_last_block(*_: Any) -> None:
+        if tracker._engine is None or tracker._engine.status.usage < 3 * block:
+            return  # the first blocks
+        holder = threading.Thread(target=lambda: (tracker._lock.acquire(), started.set(), stop.wait(), tracker._lock.release()))
+        started, stop = threading.Event(), threading.Event()
+        holder.start()
+        started.wait()
+        busy.append(tracker.reclaim(block))  # another thread is inside: could not help
+        stop.set()
+        holder.join()
+        freed.append(reclaim._reclaim(0, 2 * block, None))  # what the allocator calls
+
+    model.layers[3].register_forward_pre_hook(on_last_block)
+    assert_bitwise(ref, train(model, steps=1))
+    assert busy == [0]
+    assert freed and freed[0] >= 2 * block, (freed, block)
+    s = tracker.summary()
+    assert s["evictions"] >= 2 and s["rematerializations"] >= 2, s
+    tracker.detach()
+    assert tracker.closed and reclaim._reclaim(0, block, None) == 0

@@ -1,0 +1,152 @@
+"""Block-level DTR behind the drop-in API: the eviction threshold as the
+budget, ``wrap(model, Config(unit="block"))``, ``enable()``, and
+``unit="auto"`` (blocks for a model with repeated blocks, a region for one
+without)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import memscale
+from memscale.errors import ConfigError, MemscaleError
+
+from _blocks_models import Net, assert_bitwise, batch, train
+from _helpers import require_engine, steady_clock
+
+require_engine()
+
+
+@pytest.fixture(autouse=True)
+def _steady_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block call costs the same (the engine's choices depend on the
+    program alone, never on the machine's load)."""
+    steady_clock(monkeypatch)
+
+
+def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Net()
+    monkeypatch.delenv("MEMSCALE_EVICTION_THRESHOLD", raising=False)
+    with pytest.raises(ConfigError, match="no budget given and no MEMSCALE_EVICTION_THRESHOLD"):
+        memscale.blocks(model)
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "3MiB")
+    tracker = memscale.blocks(model)  # on the CPU: of the blocks' activations
+    assert tracker.budget == 3 << 20 and "MEMSCALE_EVICTION_THRESHOLD=3MiB" in tracker.budget_source
+    tracker.detach()
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+    with pytest.raises(ConfigError, match="percentage needs a GPU"):
+        memscale.blocks(model)
+
+
+def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
+    """``memscale.wrap(model, Config(unit="block"))``: on the CPU the mode's
+    fraction is of the first step's block activations; training is bitwise,
+    blocks are recomputed, ``summary(model)`` reports it, ``detach`` removes
+    the hooks, and what blocks cannot do is refused."""
+    torch.manual_seed(0)
+    base = Net(p=0.2)
+    ref = train(copy.deepcopy(base), steps=4)
+    model = memscale.wrap(copy.deepcopy(base), memscale.Config(unit="block", mode="aggressive", log_summary=False))
+    got = train(model, steps=4)
+    assert_bitwise(ref, got)
+    s = memscale.summary(model)
+    assert s.rematerializations > 0 and s.baseline_peak and s.budget == s.baseline_peak // 2
+    assert "of the first step's block activations" in (s.budget_source or "")
+    memscale.detach(model)
+    assert memscale.summary(model).rematerializations == s.rematerializations
+    calls_before = len(model.layers[0]._forward_pre_hooks)
+    assert calls_before == 0  # detached: no hook left
+    with pytest.raises(ConfigError, match="unit='block', swap=True"):
+        memscale.Config(unit="block", swap=True)
+    with pytest.raises(ConfigError, match="Config.unit='ops'"):
+        memscale.Config(unit="ops")
+    with pytest.raises(MemscaleError, match="blocks need no step boundaries"):
+        memscale.optimize(model, config=memscale.Config(unit="block"))
+
+
+def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCaptureFixture) -> None:
+    """``memscale.enable(Config(unit="block"))``: the first training forward of
+    each model puts blocks on it; a model without blocks is said so and runs
+    untracked; ``disable()`` removes every hook."""
+    from memscale import _enable
+
+    torch.manual_seed(0)
+    base = Net(p=0.2)
+    ref = train(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    enabled = memscale.enable(memscale.Config(unit="block", mode="aggressive"))
+    try:
+        assert enabled.active
+        with torch.no_grad():
+            model(batch(0))  # evaluation attaches nothing
+        assert not enabled._blocks.trackers
+        got = train(model)
+        flat = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+        with caplog.at_level("WARNING", logger="memscale"):
+            flat(batch(0)).sum().backward()
+        assert any("Sequential trains untracked" in r.getMessage() for r in caplog.records)
+    finally:
+        enabled.disable()
+    assert_bitwise(ref, got)
+    s = enabled.summary()
+    assert s.rematerializations > 0 and s.steps >= 2
+    assert len(enabled._blocks.trackers) == 1 and _enable.enabled() is None
+    assert not model.layers[0]._forward_pre_hooks
+
+
+class _Flat(nn.Module):
+    """A model without repeated blocks (an MLP of differing layers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 512)
+        self.c = nn.Linear(512, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        h = torch.sin(h) * 1.5 + torch.tanh(h * 2.0)  # activations well above the parameters
+        return self.c(torch.tanh(h) * h).square().mean()
+
+
+def test_auto_wraps_a_model_with_blocks_as_blocks_and_one_without_as_regions() -> None:
+    from memscale import api
+
+    model, flat = Net(), _Flat()
+    memscale.wrap(model, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    memscale.wrap(flat, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    try:
+        assert api._attached[model].kind == "blocks"
+        assert api._attached[flat].kind == "module"
+    finally:
+        memscale.detach(model)
+        memscale.detach(flat)
+
+
+def test_enable_auto_puts_blocks_on_models_with_blocks_and_regions_on_the_others() -> None:
+    """``memscale.enable(Config(unit="auto"))`` (``MEMSCALE_UNIT=auto``): a
+    model with repeated blocks gets block-level DTR, one without gets a region
+    per step; both bitwise, the summary counting both."""
+    torch.manual_seed(0)
+    base, flat_base = Net(p=0.2), _Flat()
+    ref = train(copy.deepcopy(base))
+    flat_ref = train(copy.deepcopy(flat_base))
+    model, flat = copy.deepcopy(base), copy.deepcopy(flat_base)
+    enabled = memscale.enable(memscale.Config(unit="auto", mode="aggressive", log_summary=False))
+    try:
+        got = train(model)
+        flat_got = train(flat)
+        blocks = enabled._blocks.summary()
+        regions = enabled._steps.summary()
+    finally:
+        enabled.disable()
+    assert_bitwise(ref, got)
+    assert_bitwise(flat_ref, flat_got)
+    assert [t.blocks[0][1] for t in enabled._blocks.trackers] == [model.layers[0]]  # the flat model: no tracker
+    assert blocks.rematerializations > 0 and blocks.steps >= 2
+    assert regions.steps == 3 and regions.evictions > 0  # the flat model's steps, and only those
+    total = enabled.summary()
+    assert total.steps == blocks.steps + regions.steps
+    assert total.rematerializations == blocks.rematerializations + regions.rematerializations
