@@ -22,6 +22,7 @@ the plain and memscale records and the memscale summary.
 from __future__ import annotations
 
 import datetime
+import gc
 import sys
 from typing import Any
 
@@ -142,5 +143,14 @@ def main() -> None:
     torch.save({"plain": plain, "memscale": got, "summary": summary}, f"{out}.{rank}")
 
 
-main()
-dist.destroy_process_group()
+try:
+    main()
+finally:
+    # The models go (with their DDP reducer's or FSDP's gloo work) while the
+    # interpreter is whole - a model kept by a reference cycle (module hooks)
+    # would otherwise be destroyed during finalization, which can abort with
+    # "terminate called without an active exception" (pytorch #190489, #179291;
+    # once in CI here, 2026-11-27, ddp-blocks) - and the group is destroyed
+    # even when main() raised, so its traceback is not lost to such an abort.
+    gc.collect()
+    dist.destroy_process_group()
