@@ -45,11 +45,10 @@ decided by the Go engine behind :func:`memscale.dtr`.
 
 from __future__ import annotations
 
-import dataclasses
 
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ._compat import measure_step_peak, observe
@@ -152,7 +151,7 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
 
         target = trainer_or_module.model if _is_trainer(trainer_or_module) else trainer_or_module
         uses_blocks = isinstance(target, torch.nn.Module) and block_unit(config, target)
-        config = dataclasses.replace(config, unit="block" if uses_blocks else "op")
+        config = replace(config, unit="block" if uses_blocks else "op")
     if config.unit == "block":
         # Blocks need no step boundaries: a module, or a Hugging Face Trainer's
         # model, gets their hooks and nothing else.
@@ -352,7 +351,7 @@ def optimize(
             "memscale.wrap(model, Config(unit='block')) or memscale.blocks(model)"
         )
     if config.unit == "auto":  # optimize() delimits steps for the region
-        config = dataclasses.replace(config, unit="op")
+        config = replace(config, unit="op")
     observe(config)
     return Optimization(model, optimizer, config)
 

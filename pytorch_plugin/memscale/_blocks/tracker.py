@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -40,11 +40,12 @@ from torch.nn.utils.parametrize import ParametrizationList
 
 from .._budget import THRESHOLD_ENV, threshold_budget
 from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
+from .._region import reclaim as reclaim_registry
+from .._stats import overhead
 from .._steps import _module_device_index
+from ..allocator import installed, memory_allocated
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
-from .._region import reclaim as reclaim_registry
-from ..allocator import installed, memory_allocated
 from .device import DeviceShare
 from .unit import Unit
 
@@ -257,7 +258,7 @@ class BlockDTR:
             "rematerializations": totals["rematerializations"],
             "base_cost_ns": base,
             "remat_cost_ns": totals["remat_cost_ns"],
-            "compute_overhead": (base + totals["remat_cost_ns"]) / base if base else 1.0,
+            "compute_overhead": overhead(base, totals["remat_cost_ns"]),
         }
 
     def detach(self) -> None:
@@ -293,10 +294,7 @@ class BlockDTR:
             if engine is None:
                 return 0
             before = share.allocated()
-            for root, action in engine.reclaim(need):
-                victim = self._units.get(root)
-                if victim is not None and action == ACTION_DROP:
-                    victim.drop()
+            self._drop(engine.reclaim(need))
             return max(0, before - share.allocated())
         finally:
             self._lock.release()
@@ -461,6 +459,17 @@ class BlockDTR:
             self._sizes[unit.signature] = unit.nbytes
             self._make_room(0, unit, unit.nbytes)
 
+    def _drop(self, victims: Iterable[tuple[int, int]]) -> None:
+        """Drop the units the engine named (``(tensor id, action)`` pairs, from
+        :meth:`Engine.evict` or :meth:`Engine.reclaim`)."""
+        for root, action in victims:
+            victim = self._units.get(root)
+            if victim is None:
+                continue  # released since
+            if action != ACTION_DROP:
+                raise MemscaleError(f"memscale.blocks: the engine asked for action {action}; only drops are used")
+            victim.drop()
+
     def _make_room(self, extra: int, unit: Unit | None, need: int) -> None:
         """The budget loop: drop the units the engine names until usage +
         ``extra`` fits (``extra``: the bytes ``unit`` is about to make);
@@ -479,13 +488,7 @@ class BlockDTR:
         if unit is None:
             extra = min(extra, int(engine.status.budget))
         try:
-            for root, action in engine.evict(extra):
-                victim = self._units.get(root)
-                if victim is None:
-                    continue  # released since
-                if action != ACTION_DROP:
-                    raise MemscaleError(f"memscale.blocks: the engine asked for action {action}; only drops are used")
-                victim.drop()
+            self._drop(engine.evict(extra))
         except MemscaleError as exc:
             if unit is None:  # pinned units stay: the tail goes over the budget
                 log.debug("memscale.blocks: room for the tail after the forward: %s", exc)
