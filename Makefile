@@ -2,6 +2,10 @@
 #
 #   make            build/libmemscale.so, build/memscale.h, build/memscale (CLI)
 #   make test       Go (vet + race), C ABI driver, Python tests, the wheel
+#                   (under 15 minutes on 2 cores; the slow suites are in test-slow)
+#   make test-slow  the slow suites: the Python tests marked slow (op_db, zoo,
+#                   families, distributed, long scripts)
+#   make test-all   test and test-slow
 #   make wheel      build/wheel/memscale-*.whl (what pip install ./pytorch_plugin builds)
 #   make demo       the README's main job (GPT-2 under half its peak memory)
 #   make bench      allocator, C ABI and engine benchmarks
@@ -18,13 +22,14 @@ BUILD   := build
 LIB     := $(BUILD)/libmemscale.so
 HEADER  := $(BUILD)/memscale.h
 CLI     := $(BUILD)/memscale
-VPY     := $(VENV)/bin/python
+# Absolute: test-wheel runs the interpreter from another directory.
+VPY     := $(abspath $(VENV))/bin/python
 STAMP   := $(VENV)/.memscale-installed
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' 2>/dev/null) go.mod go.sum
 
 .DELETE_ON_ERROR:
 
-.PHONY: all lib cli venv wheel test test-go test-c test-python test-wheel demo bench bench-go bench-c clean fmt vet
+.PHONY: all lib cli venv wheel test test-slow test-all test-go test-c test-python test-python-slow test-wheel demo bench bench-go bench-c clean fmt vet
 
 all: lib cli
 
@@ -61,6 +66,10 @@ vet:
 	$(GO) vet ./...
 
 test: test-go test-c test-python test-wheel
+
+test-slow: test-python-slow
+
+test-all: test test-slow
 
 # The wheel, built by pytorch_plugin/setup.py (the same go build commands as
 # lib and cli), then installed into a directory of its own and checked there:
@@ -118,7 +127,12 @@ test-python: $(LIB) $(STAMP)
 	# read once per process), so it must not share a process with the plugin tests.
 	MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -m pytest -q tests/python
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
-	  $(VPY) -m pytest -q pytorch_plugin/tests
+	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests
+
+# The tests marked slow (pytest -m slow): each takes tens of seconds on 2 cores.
+test-python-slow: $(LIB) $(STAMP)
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
+	  $(VPY) -m pytest -q -m slow pytorch_plugin/tests
 
 demo: $(LIB) $(CLI) $(STAMP)
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
