@@ -42,7 +42,26 @@ type Config struct {
 	// below the Limit (PyTorch's behaviour: cached memory moves only when the
 	// limit is reached or on EmptyCache). Ignored without VMM.
 	CacheSlack float64
+	// Budget is the DTR budget in bytes, when one is known at creation (0 =
+	// none; SetBudget changes it). Without it, the eviction threshold stands
+	// for the budget. See BudgetSlack.
+	Budget uint64
+	// BudgetSlack widens the cache bound of an expandable-segment allocator
+	// under a DTR budget: while a budget is known, new physical memory is
+	// created (instead of cached granules being remapped) up to the budget
+	// plus BudgetSlack x the budget, never past Limit. A DTR engine holds
+	// allocated bytes at the budget for the whole step, so with the bound of
+	// CacheSlack alone nearly every cache miss remaps granules. 0 means
+	// DefaultBudgetSlack; a negative value ignores the budget (the bound is
+	// CacheSlack's alone). Ignored with a negative CacheSlack or without VMM.
+	BudgetSlack float64
 }
+
+// DefaultBudgetSlack is the BudgetSlack used when Config.BudgetSlack is 0:
+// the cache may hold 10 % more than the DTR budget (bench/results/
+// alloc-budget-remaps.md measures the trade-off between reserved memory and
+// remapped granules).
+const DefaultBudgetSlack = 0.10
 
 // Reclaimer is called by Malloc, without the allocator's lock held, when a
 // request cannot be met even after cached memory was released. need is the
@@ -97,8 +116,13 @@ type Allocator struct {
 	capacity uint64
 	vaSize   uint64
 	slack    float64
+	// budgetSlack is Config.BudgetSlack resolved (negative: off).
+	budgetSlack float64
 
-	limit   uint64
+	limit uint64
+	// budget is the DTR budget set with SetBudget (0 = none: the eviction
+	// threshold stands for it).
+	budget  uint64
 	closed  bool
 	reclaim Reclaimer
 	// threshold is the eviction threshold, read without the lock
@@ -153,6 +177,9 @@ func New(cfg Config) (*Allocator, error) {
 	if math.IsNaN(cfg.CacheSlack) || math.IsInf(cfg.CacheSlack, 0) {
 		return nil, fmt.Errorf("allocator: Config.CacheSlack %v must be a finite number: %w", cfg.CacheSlack, ErrInvalidArgument)
 	}
+	if math.IsNaN(cfg.BudgetSlack) || math.IsInf(cfg.BudgetSlack, 0) {
+		return nil, fmt.Errorf("allocator: Config.BudgetSlack %v must be a finite number: %w", cfg.BudgetSlack, ErrInvalidArgument)
+	}
 	info := cfg.Device.Info()
 	capacity := info.TotalMemory
 	if capacity == 0 {
@@ -179,6 +206,8 @@ func New(cfg Config) (*Allocator, error) {
 		capacity:     capacity,
 		limit:        cfg.Limit,
 		slack:        cfg.CacheSlack,
+		budgetSlack:  cfg.BudgetSlack,
+		budget:       cfg.Budget,
 		blocks:       make(map[device.Ptr]*block),
 		quickStreams: make(map[device.Stream]*quickStream),
 		segs:         make(map[segKey][]*segment),
@@ -187,6 +216,9 @@ func New(cfg Config) (*Allocator, error) {
 	}
 	if a.limit == 0 {
 		a.limit = capacity
+	}
+	if a.budgetSlack == 0 {
+		a.budgetSlack = DefaultBudgetSlack
 	}
 	a.threshold.Store(cfg.EvictionThreshold)
 	g := info.Granularity
@@ -400,6 +432,50 @@ func (a *Allocator) SetEvictionThreshold(bytes uint64) { a.threshold.Store(bytes
 // atomic load.
 func (a *Allocator) EvictionThreshold() uint64 { return a.threshold.Load() }
 
+// SetBudget tells the allocator the DTR budget in bytes that an eviction
+// engine holds allocated memory under (0 = none: the eviction threshold, if
+// any, stands for it). While a budget is known the cache may hold up to the
+// budget plus Config.BudgetSlack of it (never more than the limit) before
+// it remaps cached granules: see Config.BudgetSlack. Memory already reserved
+// stays; a lower bound takes effect as the cache is reused.
+func (a *Allocator) SetBudget(bytes uint64) {
+	a.mu.Lock()
+	a.budget = bytes
+	a.mu.Unlock()
+}
+
+// SetBudgetSlack sets Config.BudgetSlack: 0 = DefaultBudgetSlack, negative
+// = the budget does not widen the cache bound. A NaN or infinite value fails
+// with ErrInvalidArgument.
+func (a *Allocator) SetBudgetSlack(f float64) error {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return fmt.Errorf("allocator: SetBudgetSlack(%v): must be a finite number: %w", f, ErrInvalidArgument)
+	}
+	if f == 0 {
+		f = DefaultBudgetSlack
+	}
+	a.mu.Lock()
+	a.budgetSlack = f
+	a.mu.Unlock()
+	return nil
+}
+
+// Budget returns the DTR budget the cache bound follows: the one set with
+// SetBudget, else the eviction threshold (0 = none).
+func (a *Allocator) Budget() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.budgetInForce()
+}
+
+// budgetInForce is Budget with a.mu held.
+func (a *Allocator) budgetInForce() uint64 {
+	if a.budget > 0 {
+		return a.budget
+	}
+	return a.threshold.Load()
+}
+
 // SetReclaimer installs the function Malloc calls before failing for lack
 // of memory (nil removes it).
 func (a *Allocator) SetReclaimer(fn Reclaimer) {
@@ -440,6 +516,11 @@ func (a *Allocator) ExpandableSegments() bool { return a.vmm }
 //	physical_bytes (memory held, mapped or not), mapped_bytes,
 //	virtual_bytes (address space reserved), num_map / num_unmap (granules),
 //	num_remap (granules moved from cached memory to where they were needed),
+//	num_map_calls / num_unmap_calls (driver calls: MapRange, Unmap),
+//	budget_bytes (the DTR budget the cache bound follows, 0 = none),
+//	budget_slack_ppm (BudgetSlack in millionths; negative: budget ignored),
+//	cache_bound_bytes (reserved bytes up to which growth creates memory
+//	rather than remapping cached granules; -1 = no bound below the limit),
 //	num_quick_hits (allocations served from the quick cache),
 //	num_stream_marks (events recorded to learn when streams finish),
 //	pending_frees (frees waiting on RecordStream streams),
@@ -467,6 +548,11 @@ func (a *Allocator) Stats() Stats {
 	m["num_map"] = a.cnt.maps
 	m["num_unmap"] = a.cnt.unmaps
 	m["num_remap"] = a.cnt.remaps
+	m["num_map_calls"] = a.cnt.mapCalls
+	m["num_unmap_calls"] = a.cnt.unmapCalls
+	m["budget_bytes"] = int64(a.budgetInForce())
+	m["budget_slack_ppm"] = int64(a.budgetSlack * 1e6)
+	m["cache_bound_bytes"] = int64(a.cacheBound(0))
 	m["num_quick_hits"] = a.cnt.quickHits
 	m["num_stream_marks"] = a.cnt.marks
 	m["pending_frees"] = int64(len(a.pending))

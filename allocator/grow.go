@@ -11,9 +11,19 @@ import (
 	"github.com/memscale/memscale/device"
 )
 
-// growPlan says where an expandable segment grows: granules [m0, m1) of the
-// unmapped block u get memory.
+// growPlan says where an expandable segment grows: a window [lo, hi) of
+// r bytes of one segment that holds no block in use (only cached free
+// blocks and unmapped address space), and the unmapped granule ranges inside
+// it that get memory.
 type growPlan struct {
+	seg    *segment
+	lo, hi device.Ptr
+	ranges []growRange
+	k      int // granules to map
+}
+
+// growRange is granules [m0, m1) of the unmapped block u.
+type growRange struct {
 	u      *block
 	m0, m1 device.Ptr
 }
@@ -32,69 +42,129 @@ func (a *Allocator) growVMM(pk poolKind, s device.Stream, r uint64) (*block, err
 			return nil, fmt.Errorf("allocator: internal error: no room for %d bytes in a new segment", r)
 		}
 	}
-	k := int(uint64(plan.m1-plan.m0) / a.gran)
-	hs, err := a.obtainGranules(k, r, plan.u)
+	hs, err := a.obtainGranules(plan.k, r, &plan)
 	if err != nil {
 		return nil, err
 	}
-	return a.mapInto(plan, hs)
+	return a.mapInto(&plan, hs)
 }
 
-// planGrow picks, among the unmapped blocks of pool pk and stream s, the one
-// where a block of r bytes needs the fewest new granules, counting the cached
-// free blocks on either side that it would extend. Ties go to the lowest
-// address.
+// planGrow picks, in the expandable segments of pool pk and stream s, the
+// window of r bytes that holds no block in use and needs the fewest new
+// granules: a window may span several cached free blocks and unmapped
+// stretches (the holes granules were taken from), and only the unmapped
+// granules inside it are mapped. Ties go to the lowest address.
 func (a *Allocator) planGrow(pk poolKind, s device.Stream, r uint64) (growPlan, bool) {
+	best := growPlan{k: math.MaxInt}
+	for _, seg := range a.segs[segKey{pk, s}] {
+		if !seg.expandable {
+			continue
+		}
+		// Stretches of free and unmapped blocks, in address order.
+		var first *block
+		for b := seg.head; ; b = b.next {
+			if b != nil && (b.state == stateUnmapped || (b.state == stateFree && !b.quick)) {
+				if first == nil {
+					first = b
+				}
+				continue
+			}
+			if first != nil {
+				a.planStretch(&best, seg, first, b, r)
+				first = nil
+			}
+			if b == nil {
+				break
+			}
+		}
+	}
+	if best.k == math.MaxInt {
+		return growPlan{}, false
+	}
+	return best, true
+}
+
+// planStretch considers the windows of r bytes in the stretch of free and
+// unmapped blocks [first, stop) of seg and keeps in best the one needing the
+// fewest new granules. A window starts where a block starts or ends where a
+// block ends: between those the count only changes at granule edges inside
+// unmapped blocks, where it is no lower.
+func (a *Allocator) planStretch(best *growPlan, seg *segment, first, stop *block, r uint64) {
+	start := first.addr
+	var end device.Ptr
+	hasUnmapped := false
+	for b := first; b != stop; b = b.next {
+		end = b.end()
+		hasUnmapped = hasUnmapped || b.state == stateUnmapped
+	}
+	if !hasUnmapped || uint64(end-start) < r {
+		return
+	}
+	found := false
+	try := func(lo device.Ptr) {
+		if lo < start || lo+device.Ptr(r) > end {
+			return
+		}
+		if k := a.windowGranules(first, stop, lo, lo+device.Ptr(r)); k < best.k || (k == best.k && best.seg == seg && lo < best.lo) {
+			*best = growPlan{seg: seg, lo: lo, hi: lo + device.Ptr(r), k: k, ranges: best.ranges[:0]}
+			found = true
+		}
+	}
+	for b := first; b != stop; b = b.next {
+		try(b.addr)
+		if b.end() >= start+device.Ptr(r) {
+			try(b.end() - device.Ptr(r))
+		}
+	}
+	if !found {
+		return
+	}
+	// Fill in the ranges of the window kept.
+	best.ranges = best.ranges[:0]
 	g := device.Ptr(a.gran)
-	var best growPlan
-	bestK := uint64(math.MaxUint64)
-	a.pivot = block{stream: s}
-	a.pools[pk].unmapped.AscendGreaterOrEqual(&a.pivot, func(u *block) bool {
-		if u.stream != s {
-			return false
+	for b := first; b != stop; b = b.next {
+		if b.state != stateUnmapped || b.end() <= best.lo || b.addr >= best.hi {
+			continue
 		}
-		start, end := u.addr, u.end()
-		if p := u.prev; p != nil && p.state == stateFree && !p.quick {
-			start = p.addr
-		}
-		if n := u.next; n != nil && n.state == stateFree && !n.quick {
-			end = n.end()
-		}
-		if uint64(end-start) < r {
+		m0 := max(b.addr, seg.base+(best.lo-seg.base)/g*g)
+		m1 := min(b.end(), seg.base+(best.hi-seg.base+g-1)/g*g)
+		best.ranges = append(best.ranges, growRange{u: b, m0: m0, m1: m1})
+	}
+}
+
+// touches reports whether stealing granules from the free block b would
+// change the plan: b lies in the window, or borders one of the unmapped
+// blocks to be mapped (the granules taken from b would merge with it).
+func (p *growPlan) touches(b *block) bool {
+	if b.seg != p.seg {
+		return false
+	}
+	if b.addr < p.hi && b.end() > p.lo {
+		return true
+	}
+	for _, gr := range p.ranges {
+		if b.next == gr.u || b.prev == gr.u {
 			return true
 		}
-		// Front: the block starts where the free run before u starts.
-		var m1 device.Ptr
-		switch bEnd := start + device.Ptr(r); {
-		case bEnd >= u.end():
-			m1 = u.end()
-		case bEnd <= u.addr:
-			m1 = u.addr + g
-		default:
-			m1 = u.addr + (bEnd-u.addr+g-1)/g*g
+	}
+	return false
+}
+
+// windowGranules counts the unmapped granules of the stretch [first, stop)
+// that the window [lo, hi) touches.
+func (a *Allocator) windowGranules(first, stop *block, lo, hi device.Ptr) int {
+	g := device.Ptr(a.gran)
+	base := first.seg.base
+	glo := base + (lo-base)/g*g
+	ghi := base + (hi-base+g-1)/g*g
+	k := 0
+	for b := first; b != stop && b.addr < ghi; b = b.next {
+		if b.state != stateUnmapped || b.end() <= glo {
+			continue
 		}
-		kf := uint64(m1-u.addr) / uint64(g)
-		// Back: the block ends where the free run after u ends.
-		var m0 device.Ptr
-		switch bStart := end - device.Ptr(r); {
-		case bStart <= u.addr:
-			m0 = u.addr
-		case bStart >= u.end():
-			m0 = u.end() - g
-		default:
-			m0 = u.addr + (bStart-u.addr)/g*g
-		}
-		kb := uint64(u.end()-m0) / uint64(g)
-		if kf <= kb {
-			if kf < bestK {
-				best, bestK = growPlan{u: u, m0: u.addr, m1: m1}, kf
-			}
-		} else if kb < bestK {
-			best, bestK = growPlan{u: u, m0: m0, m1: u.end()}, kb
-		}
-		return true
-	})
-	return best, bestK != math.MaxUint64
+		k += int((min(b.end(), ghi) - max(b.addr, glo)) / g)
+	}
+	return k
 }
 
 // newSegment reserves address space for a new expandable segment of pool pk
@@ -132,7 +202,7 @@ func (a *Allocator) newSegment(pk poolKind, s device.Stream, r uint64) error {
 // request of r bytes at u: new ones while reserved memory stays under the
 // cache bound, then cached free granules whose streams are done with them,
 // then new ones up to the limit.
-func (a *Allocator) obtainGranules(k int, r uint64, u *block) ([]device.Handle, error) {
+func (a *Allocator) obtainGranules(k int, r uint64, plan *growPlan) ([]device.Handle, error) {
 	g := a.gran
 	hs := a.handles[:0]
 	room := func() int {
@@ -142,18 +212,9 @@ func (a *Allocator) obtainGranules(k int, r uint64, u *block) ([]device.Handle, 
 		return int((a.limit - a.phys) / g)
 	}
 	soft := room()
-	if a.slack >= 0 {
-		hwm := uint64(a.st.cur(stAllocatedBytes)) + r
-		if a.hwm > hwm {
-			hwm = a.hwm
-		}
-		extra := uint64(a.slack * float64(hwm))
-		if m := uint64(minCacheGranules) * g; extra < m {
-			extra = m
-		}
-		bound := hwm + extra
-		if bound > a.phys {
-			soft = min(soft, int((bound-a.phys)/g))
+	if bound := a.cacheBound(r); bound >= 0 {
+		if uint64(bound) > a.phys {
+			soft = min(soft, int((uint64(bound)-a.phys)/g))
 		} else {
 			soft = 0
 		}
@@ -162,7 +223,7 @@ func (a *Allocator) obtainGranules(k int, r uint64, u *block) ([]device.Handle, 
 	var err error
 	hs, cause, err = a.createGranules(hs, min(k, soft))
 	if err == nil && len(hs) < k {
-		hs, err = a.steal(hs, k, u)
+		hs, err = a.steal(hs, k, plan)
 	}
 	if err == nil && len(hs) < k && cause == nil {
 		hs, cause, err = a.createGranules(hs, min(k-len(hs), room()))
@@ -177,6 +238,25 @@ func (a *Allocator) obtainGranules(k int, r uint64, u *block) ([]device.Handle, 
 		return nil, &shortError{short: short, cause: cause}
 	}
 	return hs, nil
+}
+
+// cacheBound returns the reserved bytes up to which a growth serving a
+// request of r bytes creates new granules before it remaps cached ones: the
+// high-water mark of allocated bytes (counting r) plus max(CacheSlack x that
+// mark, 4 granules), or, when a DTR budget is known and larger, the budget
+// plus BudgetSlack x the budget. The limit applies on top. -1 means no bound
+// below the limit (negative CacheSlack).
+func (a *Allocator) cacheBound(r uint64) int64 {
+	if a.slack < 0 {
+		return -1
+	}
+	hwm := max(uint64(a.st.cur(stAllocatedBytes))+r, a.hwm)
+	extra := max(uint64(a.slack*float64(hwm)), uint64(minCacheGranules)*a.gran)
+	bound := hwm + extra
+	if b := a.budgetInForce(); b > 0 && a.budgetSlack >= 0 {
+		bound = max(bound, b+uint64(a.budgetSlack*float64(b)))
+	}
+	return int64(min(bound, uint64(math.MaxInt64)))
 }
 
 // createGranules appends up to n new granules to hs. cause is the device's
@@ -223,10 +303,13 @@ func (a *Allocator) wholeGranules(b *block) (lo, hi device.Ptr) {
 }
 
 // steal unmaps cached free granules whose streams have finished with them
-// and appends them to hs until it holds k. The free neighbours of u, which
-// the growth will extend, are left alone. Largest free blocks go first.
-func (a *Allocator) steal(hs []device.Handle, k int, u *block) ([]device.Handle, error) {
-	a.refreshMarks(a.streams[u.stream])
+// and appends them to hs until it holds k. The free blocks inside the
+// planned window, which the growth will use, are left alone. The smallest
+// free blocks with whole granules go first: they are the fragments that
+// serve the fewest requests, while the large free runs serve the large
+// requests that would otherwise miss (and remap) in turn.
+func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
+	a.refreshMarks(plan.seg.st)
 	need := k - len(hs)
 	cands := a.scratch[:0]
 	found := 0
@@ -235,12 +318,12 @@ func (a *Allocator) steal(hs []device.Handle, k int, u *block) ([]device.Handle,
 			if found >= need {
 				break
 			}
-			a.pivot = block{stream: st.s, size: math.MaxUint64, addr: ^device.Ptr(0)}
-			a.pools[pk].free.DescendLessOrEqual(&a.pivot, func(b *block) bool {
-				if b.stream != st.s || b.size < a.gran {
+			a.pivot = block{stream: st.s, size: a.gran}
+			a.pools[pk].free.AscendGreaterOrEqual(&a.pivot, func(b *block) bool {
+				if b.stream != st.s {
 					return false
 				}
-				if b == u.prev || b == u.next || !a.ready(b) {
+				if plan.touches(b) || !a.ready(b) {
 					return true
 				}
 				lo, hi := a.wholeGranules(b)
@@ -278,6 +361,7 @@ func (a *Allocator) unmapFree(b *block, take int, hs []device.Handle, remap bool
 	var err error
 	// One Unmap for the whole run of granules (cuMemUnmap accepts several
 	// adjacent whole mappings; PyTorch unmaps handle by handle).
+	a.cnt.unmapCalls++
 	if e := a.dev.Unmap(lo, uint64(hi-lo)); e != nil {
 		err = fmt.Errorf("unmapping %d bytes at %#x: %w", uint64(hi-lo), uintptr(lo), e)
 	} else {
@@ -375,34 +459,64 @@ func (a *Allocator) addUnmapped(m *block) {
 	t.ReplaceOrInsert(m)
 }
 
-// mapInto maps hs at the planned granules (one MapRange: access is set
-// once for the range) and returns the detached free block, coalesced with
-// its free neighbours, that now covers them. On failure the handles are
-// released and nothing changes.
-func (a *Allocator) mapInto(plan growPlan, hs []device.Handle) (*block, error) {
-	u, seg, g := plan.u, plan.u.seg, device.Ptr(a.gran)
-	n := uint64(len(hs)) * a.gran
-	if err := a.dev.MapRange(plan.m0, a.gran, hs); err != nil {
-		a.releaseHandles(hs)
-		a.handles = hs[:0]
-		return nil, fmt.Errorf("mapping %d bytes at %#x: %w", n, uintptr(plan.m0), err)
+// mapInto maps hs at the planned granules (one MapRange per unmapped
+// stretch of the window: access is set once per range) and returns the
+// detached free block, coalesced with its free neighbours, that now covers
+// the window. If a MapRange fails, the handles not mapped are released, the
+// ranges mapped before stay as cached memory, and the error is returned.
+func (a *Allocator) mapInto(plan *growPlan, hs []device.Handle) (*block, error) {
+	g := device.Ptr(a.gran)
+	var m *block
+	rest := hs
+	for i, gr := range plan.ranges {
+		n := int((gr.m1 - gr.m0) / g)
+		if err := a.mapRange(gr, rest[:n]); err != nil {
+			a.releaseHandles(rest)
+			clear(hs)
+			a.handles = hs[:0]
+			if m != nil {
+				a.addFree(m)
+			}
+			return nil, err
+		}
+		rest = rest[n:]
+		if m != nil {
+			a.addFree(m)
+		}
+		m = a.coalesce(a.carveMapped(gr.u, gr.m0, gr.m1))
+		if i < len(plan.ranges)-1 && m.end() > plan.ranges[i+1].u.addr {
+			panic("allocator: internal error: growth ranges overlap")
+		}
 	}
-	a.pools[seg.pool].unmapped.Delete(u)
-	first := (plan.m0 - seg.base) / g
+	clear(hs)
+	a.handles = hs[:0]
+	if m == nil || m.addr > plan.lo || m.end() < plan.hi {
+		panic(fmt.Sprintf("allocator: internal error: the growth does not cover its window [%#x, %#x)", uintptr(plan.lo), uintptr(plan.hi)))
+	}
+	return m, nil
+}
+
+// mapRange maps hs at the granules gr (one MapRange). On failure nothing of
+// it is mapped.
+func (a *Allocator) mapRange(gr growRange, hs []device.Handle) error {
+	seg, g := gr.u.seg, device.Ptr(a.gran)
+	n := uint64(len(hs)) * a.gran
+	if err := a.dev.MapRange(gr.m0, a.gran, hs); err != nil {
+		return fmt.Errorf("mapping %d bytes at %#x: %w", n, uintptr(gr.m0), err)
+	}
+	a.pools[seg.pool].unmapped.Delete(gr.u)
+	first := (gr.m0 - seg.base) / g
 	for i, h := range hs {
 		seg.handles[first+device.Ptr(i)] = h
 	}
 	seg.mapped += n
 	a.st.add(stReservedBytes, seg.pool, int64(n))
 	a.cnt.maps += int64(len(hs))
-	clear(hs)
-	a.handles = hs[:0]
-	mapped := plan.m0 + device.Ptr(n)
+	a.cnt.mapCalls++
 	if a.trace != nil {
-		a.trace.add(actSegmentMap, plan.m0, n, u.stream)
+		a.trace.add(actSegmentMap, gr.m0, n, gr.u.stream)
 	}
-	m := a.carveMapped(u, plan.m0, mapped)
-	return a.coalesce(m), nil
+	return nil
 }
 
 // carveMapped turns [lo, hi) of the detached unmapped block u into a free

@@ -96,6 +96,8 @@ type counters struct {
 	maps           int64 // granules mapped
 	unmaps         int64 // granules unmapped
 	remaps         int64 // granules moved from cached free memory to a new place
+	mapCalls       int64 // MapRange calls
+	unmapCalls     int64 // Unmap calls
 	quickHits      int64
 	marks          int64 // stream marks recorded
 }
