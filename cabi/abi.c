@@ -12,11 +12,15 @@
 // memscale_dtr_status_of) return NULL, and memscale_last_error() returns a
 // fixed message.
 //
-// Last error: a ring of static buffers. A writer (under a mutex) copies the
-// message into the next slot and publishes a pointer to it; readers load the
-// pointer without a lock. A pointer returned by memscale_last_error() thus
-// stays valid and unchanged until ERR_SLOTS-1 more errors are recorded. The
-// child never takes the mutex (a parent thread may have held it at fork time).
+// Last error: per thread, as errno. Each thread has a ring of ERR_SLOTS
+// thread-local buffers; an error is copied into the recording thread's next
+// slot, which becomes that thread's last error. A Go export runs on the C
+// thread that called it (cgo runs a callback on the caller's thread), so the
+// message lands with the thread whose call failed, and another thread's
+// failures never show through memscale_last_error(). A pointer it returned
+// stays valid and unchanged until ERR_SLOTS-1 more errors are recorded on the
+// same thread (or the thread exits). The count stays process-wide (atomic).
+// Nothing here takes a lock, so it is safe in a forked child too.
 
 #include <pthread.h>
 #include <stddef.h>
@@ -27,7 +31,7 @@
 #include "memscale.h"
 #include "memscale_internal.h"
 
-#define ERR_SLOTS 32
+#define ERR_SLOTS 8
 #define ERR_LEN 2048
 
 static const char forked_child_msg[] =
@@ -37,11 +41,10 @@ static const char forked_child_msg[] =
 
 static int forked; // set by the atfork child handler; read with __atomic_load_n
 
-static pthread_mutex_t err_mu = PTHREAD_MUTEX_INITIALIZER;
-static char err_ring[ERR_SLOTS][ERR_LEN];
-static unsigned err_next;                  // guarded by err_mu
-static const char* err_current = "";       // published slot (atomic access)
-static int err_count;                      // atomic
+static __thread char err_ring[ERR_SLOTS][ERR_LEN];
+static __thread unsigned err_next;
+static __thread const char* err_current; // NULL: no error on this thread
+static int err_count;                    // atomic, process-wide
 
 static void memscale_atfork_child(void) { __atomic_store_n(&forked, 1, __ATOMIC_RELAXED); }
 
@@ -58,7 +61,7 @@ static inline int in_child(void) {
 // child_error counts a refused call in a forked child.
 static void child_error(void) { __atomic_fetch_add(&err_count, 1, __ATOMIC_RELAXED); }
 
-void memscale_record_error(const char* msg, size_t n) {
+const char* memscale_record_error(const char* msg, size_t n) {
 	static const char unknown[] = "memscale: unknown error";
 	static const char ellipsis[] = " [...]";
 	if (msg == NULL || n == 0) {
@@ -67,9 +70,8 @@ void memscale_record_error(const char* msg, size_t n) {
 	}
 	__atomic_fetch_add(&err_count, 1, __ATOMIC_RELAXED);
 	if (in_child()) {
-		return;
+		return forked_child_msg;
 	}
-	pthread_mutex_lock(&err_mu);
 	char* slot = err_ring[err_next % ERR_SLOTS];
 	err_next++;
 	if (n >= ERR_LEN) {
@@ -84,8 +86,8 @@ void memscale_record_error(const char* msg, size_t n) {
 		memcpy(slot, msg, n);
 		slot[n] = '\0';
 	}
-	__atomic_store_n(&err_current, (const char*)slot, __ATOMIC_RELEASE);
-	pthread_mutex_unlock(&err_mu);
+	err_current = slot;
+	return slot;
 }
 
 // ---- errors and strings: pure C, safe in a forked child -------------------
@@ -94,12 +96,12 @@ const char* memscale_last_error(void) {
 	if (in_child()) {
 		return forked_child_msg;
 	}
-	return __atomic_load_n(&err_current, __ATOMIC_ACQUIRE);
+	return err_current != NULL ? err_current : "";
 }
 
 int memscale_error_count(void) { return __atomic_load_n(&err_count, __ATOMIC_RELAXED); }
 
-void memscale_clear_error(void) { __atomic_store_n(&err_current, "", __ATOMIC_RELEASE); }
+void memscale_clear_error(void) { err_current = NULL; }
 
 void memscale_string_free(char* s) { free(s); }
 
@@ -184,6 +186,22 @@ int memscale_set_threshold(int device, int64_t bytes) {
 	return memscale_go_set_threshold(device, bytes);
 }
 
+int memscale_set_budget(int device, int64_t bytes) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_set_budget(device, bytes);
+}
+
+int memscale_set_budget_slack(int device, double slack) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_set_budget_slack(device, slack);
+}
+
 int memscale_set_limit(int device, int64_t bytes) {
 	if (in_child()) {
 		child_error();
@@ -209,6 +227,13 @@ int64_t memscale_allocated(int device) {
 		return -1;
 	}
 	return memscale_go_allocated(device);
+}
+
+const char* memscale_config_error(void) {
+	if (in_child()) {
+		return forked_child_msg;
+	}
+	return memscale_go_config_error();
 }
 
 char* memscale_config_json(void) {

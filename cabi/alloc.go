@@ -226,6 +226,43 @@ func memscale_go_set_threshold(dev C.int, bytes C.int64_t) C.int {
 	}))
 }
 
+// memscale_go_set_budget tells device dev's allocator the DTR budget that
+// an engine holds its allocated bytes under (0 = none: the eviction
+// threshold stands for it), so that its cache may keep up to the budget plus
+// the budget slack mapped instead of remapping granules (allocator.SetBudget).
+//
+//export memscale_go_set_budget
+func memscale_go_set_budget(dev C.int, bytes C.int64_t) C.int {
+	return status(guard("memscale_set_budget", func() error {
+		if bytes < 0 {
+			return fmt.Errorf("budget %d bytes for device %d: negative: %w", int64(bytes), int(dev), allocator.ErrInvalidSize)
+		}
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		a.SetBudget(uint64(bytes))
+		return nil
+	}))
+}
+
+// memscale_go_set_budget_slack sets device dev's budget slack
+// (allocator.SetBudgetSlack: 0 = the default, negative = ignore the budget).
+//
+//export memscale_go_set_budget_slack
+func memscale_go_set_budget_slack(dev C.int, slack C.double) C.int {
+	return status(guard("memscale_set_budget_slack", func() error {
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		if err := a.SetBudgetSlack(float64(slack)); err != nil {
+			return fmt.Errorf("device %d: %w", int(dev), err)
+		}
+		return nil
+	}))
+}
+
 // memscale_go_set_reclaimer installs (fn != 0) or removes (fn 0) the
 // reclaimer of device dev: now if its allocator exists, else when it is
 // created. fn and ctx are the C function pointer and its context.

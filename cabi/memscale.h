@@ -146,6 +146,16 @@ int memscale_reset_peak_stats(int device);
 /* Eviction threshold (DTR budget) in bytes; 0 = none. The allocator only
  * stores it (see memscale_malloc for the warning when nothing evicts). */
 int memscale_set_threshold(int device, int64_t bytes);
+/* DTR budget in bytes that an engine holds the device's allocated bytes under;
+ * 0 = none (the eviction threshold then stands for it). While a budget is
+ * known the allocator's cache may keep up to budget x (1 + budget slack)
+ * mapped (never past the limit) before it remaps cached granules: a DTR run
+ * sits at its budget, and a cache bounded by the allocated high-water mark
+ * alone remaps on nearly every miss (docs/allocator-budget.md). */
+int memscale_set_budget(int device, int64_t bytes);
+/* Budget slack (fraction of the budget the cache may hold beyond it);
+ * 0 = the default (0.10), negative = ignore the budget. -1 for NaN/inf. */
+int memscale_set_budget_slack(int device, double slack);
 /* Hard limit on reserved bytes; 0 = the device capacity. */
 int memscale_set_limit(int device, int64_t bytes);
 /* Allocated bytes now; -1 on error. */
@@ -159,6 +169,15 @@ int64_t memscale_allocated(int device);
 const int64_t* memscale_allocated_address(int device);
 /* Effective configuration (environment, defaults, per-device resolved sizes). */
 char* memscale_config_json(void);
+/* Whether the library accepted its configuration: NULL when every MEMSCALE_*
+ * variable it reads was accepted, else the message naming each rejected
+ * variable, its value and what is accepted (the error every allocation then
+ * fails with). Static storage, valid while the library is loaded; do not free.
+ * The first call reads the environment (as the first malloc would), so call it
+ * after setting the variables; the answer never changes afterwards. A caller
+ * that installs the allocator should fail when it is not NULL. In a forked
+ * child it returns the fork message (the library is not usable there). */
+const char* memscale_config_error(void);
 
 /* ---- reclaimer: eviction when an allocation fails ----------------------- */
 
@@ -184,12 +203,17 @@ int memscale_set_reclaimer(int device, memscale_reclaimer fn, void* ctx);
 
 /* ---- errors and strings ------------------------------------------------ */
 
-/* The most recent error ("" when none). The string stays valid and unchanged
- * until at least 31 more errors have been recorded; copy it if you keep it. */
+/* The most recent error of the calling thread ("" when none), as errno: each
+ * thread sees the errors of its own calls only, whatever other threads do
+ * meanwhile. Read it right after the call that failed, on the same thread.
+ * The string stays valid and unchanged until at least 7 more errors have been
+ * recorded on the same thread (or the thread exits); copy it if you keep it.
+ * A call that succeeds does not clear it. */
 const char* memscale_last_error(void);
-/* Number of errors recorded since the library was loaded. */
+/* Number of errors recorded since the library was loaded, by every thread. */
 int memscale_error_count(void);
-/* Makes memscale_last_error() return "" (the count is kept). */
+/* Makes memscale_last_error() return "" on the calling thread (the count is
+ * kept). */
 void memscale_clear_error(void);
 /* Frees a string returned by this library. NULL is a no-op. */
 void memscale_string_free(char* s);

@@ -37,9 +37,12 @@ extern char* memscale_go_stats_json(int device);
 extern char* memscale_go_snapshot_json(void);
 extern int memscale_go_reset_peak_stats(int device);
 extern int memscale_go_set_threshold(int device, int64_t bytes);
+extern int memscale_go_set_budget(int device, int64_t bytes);
+extern int memscale_go_set_budget_slack(int device, double slack);
 extern int memscale_go_set_limit(int device, int64_t bytes);
 extern int64_t memscale_go_allocated(int device);
 extern char* memscale_go_config_json(void);
+extern char* memscale_go_config_error(void);
 extern int memscale_go_set_reclaimer(int device, uintptr_t fn, uintptr_t ctx);
 
 /* Go exports (cabi/engine.go), behind the public memscale_dtr_* wrappers.
@@ -80,9 +83,10 @@ extern char* memscale_go_dtr_tune(int64_t h);
 
 /* C helpers for the Go side (abi.c). */
 
-/* Records msg[0:n] as the last error and counts it. Hidden: not part of the
+/* Records msg[0:n] as the calling thread's last error, counts it, and returns
+ * the message as stored (truncated past 2047 bytes). Hidden: not part of the
  * library's dynamic symbol table. */
-__attribute__((visibility("hidden"))) void memscale_record_error(const char* msg, size_t n);
+__attribute__((visibility("hidden"))) const char* memscale_record_error(const char* msg, size_t n);
 /* memscale_version, memscale_last_error, memscale_error_count and
  * memscale_clear_error, also used by the Go side, are declared in memscale.h. */
 

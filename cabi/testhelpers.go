@@ -84,7 +84,12 @@ import (
 )
 
 // clearError is memscale_clear_error, for tests (test files cannot use cgo).
-func clearError() { C.memscale_clear_error() }
+// It clears the calling thread's last error and the process's (lastError).
+func clearError() {
+	C.memscale_clear_error()
+	empty := ""
+	lastRecorded.Store(&empty)
+}
 
 // goStringAndFree copies a C string returned by cString and frees it, for
 // tests.
@@ -441,6 +446,16 @@ func abiSetLimit(dev int, bytes int64) int {
 // abiSetThreshold calls memscale_set_threshold's Go export.
 func abiSetThreshold(dev int, bytes int64) int {
 	return int(memscale_go_set_threshold(C.int(dev), C.int64_t(bytes)))
+}
+
+// abiSetBudget calls memscale_set_budget's Go export.
+func abiSetBudget(dev int, bytes int64) int {
+	return int(memscale_go_set_budget(C.int(dev), C.int64_t(bytes)))
+}
+
+// abiSetBudgetSlack calls memscale_set_budget_slack's Go export.
+func abiSetBudgetSlack(dev int, slack float64) int {
+	return int(memscale_go_set_budget_slack(C.int(dev), C.double(slack)))
 }
 
 // abiSetReclaimer calls memscale_set_reclaimer's Go export with the test
