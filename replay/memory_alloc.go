@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/memscale/memscale/allocator"
 	"github.com/memscale/memscale/device"
@@ -18,6 +19,9 @@ type AllocatorModel struct {
 	a      *allocator.Allocator
 	closer func() error
 	peak   uint64
+	// lat, when not nil, collects the latency of every Malloc
+	// (RunAllocatorSteps).
+	lat []time.Duration
 }
 
 // NewAllocatorModel wraps an allocator (the caller keeps ownership).
@@ -66,7 +70,14 @@ func (m *AllocatorModel) Alloc(size uint64, pinned bool) (Block, error) {
 	if pinned {
 		s = pinnedStream
 	}
+	var t0 time.Time
+	if m.lat != nil {
+		t0 = time.Now()
+	}
 	p, err := m.a.Malloc(size, s)
+	if m.lat != nil {
+		m.lat = append(m.lat, time.Since(t0))
+	}
 	if err != nil {
 		if errors.Is(err, device.ErrOutOfMemory) {
 			return 0, fmt.Errorf("%w: %w", ErrNoRoom, err)
