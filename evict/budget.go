@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/memscale/memscale/internal/bytesize"
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -59,32 +60,57 @@ func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
 	if e.softHeld(s) {
 		k.reserve, k.due = true, e.due(s)
 	}
-	m := float64(st.Size)
-	if e.mf != 1 {
-		m = math.Pow(m, e.mf)
-	}
 	switch e.h {
 	case LRU:
 		k.a = 1
 	case Size:
-		k.a = 1 / m
+		k.a = numerator(1, 0, st.Size, e.mf)
 	default:
-		var c float64
+		var c int64
 		if exact {
-			c = float64(e.tr.cost(s))
+			c = e.tr.cost(s)
 		} else {
-			c = float64(e.tr.bound(s))
+			c = e.tr.bound(s)
 		}
-		if e.tf != 1 {
-			c = math.Pow(c, e.tf)
-		}
-		k.a = c / m
+		k.a = numerator(c, e.tf, st.Size, e.mf)
 		if e.h == AncSqrt {
 			// a/sqrt(s) orders like a^2/s: keep the exact comparator
 			k.a *= k.a
 		}
 	}
 	return k
+}
+
+// numerator returns c^tf / m^mf (tf == 0: 1 / m^mf), the clock-free part
+// of a score, in [0, +Inf] and never NaN: a zero size scores +Inf (evicting
+// it frees nothing), a zero cost with a size 0, and where a power would
+// overflow the quotient is taken through logarithms, saturating at 0 and
+// +Inf. With costs in the int64 range, sizes up to rc.MaxSize and factors up
+// to MaxRecompFactor no power overflows and the square anc-sqrt takes stays
+// finite; the logarithms are for configurations built around validate.
+func numerator(c int64, tf float64, m uint64, mf float64) float64 {
+	switch {
+	case m == 0 || math.IsNaN(tf) || math.IsNaN(mf):
+		return math.Inf(1)
+	case c <= 0 && tf != 0:
+		return 0
+	}
+	cf, mfl := float64(c), float64(m)
+	if tf == 0 {
+		cf = 1
+	}
+	if tf == 1 && mf == 1 {
+		return cf / mfl
+	}
+	num, den := math.Pow(cf, tf), math.Pow(mfl, mf)
+	if q := num / den; !math.IsNaN(q) && !math.IsInf(num, 0) && !math.IsInf(den, 0) && den > 0 {
+		return q
+	}
+	l := tf*math.Log(cf) - mf*math.Log(mfl)
+	if math.IsNaN(l) {
+		return math.Inf(1)
+	}
+	return math.Exp(l)
 }
 
 // Score returns t's storage's current heuristic score (lower = evicted
@@ -237,7 +263,7 @@ func (e *Engine) pick() (rc.StorageID, bool) {
 		s, ok = e.sel.pick(e.clock)
 	}
 	e.stats.VictimSearches++
-	e.stats.VictimSearchNS += int64(time.Since(t0))
+	e.stats.VictimSearchNS = satmath.AddInt64(e.stats.VictimSearchNS, int64(time.Since(t0)))
 	return s, ok
 }
 
@@ -266,14 +292,19 @@ func (e *Engine) transferNS(n uint64) int64 {
 	if e.cfg.SwapBandwidth == 0 {
 		return 0
 	}
-	return int64(float64(n) / e.cfg.SwapBandwidth * 1e9)
+	ns := float64(n) / e.cfg.SwapBandwidth * 1e9
+	if !(ns < math.MaxInt64) {
+		// a tiny bandwidth: the conversion would be undefined
+		return math.MaxInt64
+	}
+	return int64(ns)
 }
 
 // evictStorage takes the victim s out of memory and says how.
 func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	st := e.g.Storage(s)
 	v := Victim{Tensor: st.Root, Action: Drop, Size: st.Size}
-	e.stats.BytesEvicted += st.Size
+	e.stats.BytesEvicted = satmath.AddUint64(e.stats.BytesEvicted, st.Size)
 	if e.softHeld(s) {
 		e.stats.ReserveEvictions++
 		if e.cfg.Park && e.swapFits(st.Size) {
@@ -283,7 +314,7 @@ func (e *Engine) evictStorage(s rc.StorageID) Victim {
 	}
 	if v.Action == Drop && e.cfg.SwapBandwidth > 0 {
 		// swap when copying out and back is cheaper than recomputing
-		if (st.NoRecompute || 2*e.transferNS(st.Size) < e.tr.cost(s)) && e.swapFits(st.Size) {
+		if t := e.transferNS(st.Size); (st.NoRecompute || satmath.AddInt64(t, t) < e.tr.cost(s)) && e.swapFits(st.Size) {
 			v.Action = Swap
 		}
 	}
@@ -304,7 +335,5 @@ func (e *Engine) swapOut(s rc.StorageID, st *rc.Storage) {
 	e.g.SwapOut(s)
 	e.usage -= st.Size
 	e.stats.SwapsOut++
-	d := e.transferNS(st.Size)
-	e.stats.SwapCostNS += d
-	e.clock += d
+	e.tick(&e.stats.SwapCostNS, e.transferNS(st.Size))
 }

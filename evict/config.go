@@ -124,13 +124,24 @@ func (c Config) validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"recomp_time_factor", c.RecompTimeFactor}, {"recomp_memory_factor", c.RecompMemoryFactor}, {"swap_bandwidth", c.SwapBandwidth}} {
-		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
-			return fmt.Errorf("evict: %s %v: must be a finite number >= 0", f.name, f.v)
+	}{{"recomp_time_factor", c.RecompTimeFactor}, {"recomp_memory_factor", c.RecompMemoryFactor}} {
+		if !(f.v >= 0 && f.v <= MaxRecompFactor) {
+			return fmt.Errorf("evict: %s %v: must be a number from 0 (meaning 1) to %d: a larger exponent "+
+				"overflows the score of an op that takes seconds (cost^%v)", f.name, f.v, MaxRecompFactor, f.v)
 		}
+	}
+	if f := c.SwapBandwidth; f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+		return fmt.Errorf("evict: swap_bandwidth %v: must be a finite number >= 0 (bytes/s; 0: never swap)", f)
 	}
 	return nil
 }
+
+// MaxRecompFactor is the largest recomp_time_factor and recomp_memory_factor
+// accepted. A score is cost^T / size^M, squared by anc-sqrt; with costs up to
+// 2^63 ns and sizes from 1 byte to 2^48 that square stays a finite, non-zero
+// float64 only for exponents up to 8 (2^(63*8*2) < 2^1024). MegEngine's
+// factors are around 1.
+const MaxRecompFactor = 8
 
 // GraphSize counts a step's ops, tensors and storages (Config.Reserve).
 type GraphSize struct {

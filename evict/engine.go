@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -277,6 +278,14 @@ func (e *Engine) Usage() uint64 {
 // ResidentBytes returns the bytes of resident storages, whatever the usage
 // source.
 func (e *Engine) ResidentBytes() uint64 { return e.usage }
+
+// tick advances the clock by d nanoseconds and adds d to the counter c,
+// both saturating at math.MaxInt64: a clock pinned at its end keeps every
+// staleness non-negative and every score defined.
+func (e *Engine) tick(c *int64, d int64) {
+	e.clock = satmath.AddInt64(e.clock, d)
+	*c = satmath.AddInt64(*c, d)
+}
 
 func (e *Engine) grow(n uint64) {
 	e.usage += n

@@ -1,6 +1,7 @@
 package evict
 
 import (
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -43,9 +44,9 @@ func (t *eqTracker) cost(s rc.StorageID) int64 {
 	st := t.g.Storage(s)
 	c := st.Compute
 	t.epoch++
-	c += t.sum(st.Parents)
+	c = satmath.AddInt64(c, t.sum(st.Parents))
 	if !t.ancOnly {
-		c += t.sum(st.Children)
+		c = satmath.AddInt64(c, t.sum(st.Children))
 	}
 	return c
 }
@@ -65,7 +66,7 @@ func (t *eqTracker) sum(ns []rc.StorageID) int64 {
 			continue
 		}
 		t.seen[r] = t.epoch
-		c += t.cl.Cost(r)
+		c = satmath.AddInt64(c, t.cl.Cost(r))
 	}
 	return c
 }

@@ -147,17 +147,69 @@ func before(x, y key, now int64, stale bool) bool {
 	}
 	var c int
 	if stale {
-		c = cmpScore(x.a, uint64(now-x.l), y.a, uint64(now-y.l))
-	} else if x.a < y.a {
-		c = -1
-	} else if x.a > y.a {
-		c = 1
+		c = cmpScore(x.a, staleness(now, x.l), y.a, staleness(now, y.l))
+	} else {
+		c = cmpFloat(x.a, y.a)
 	}
 	if c != 0 {
 		return c < 0
 	}
 	return x.seq > y.seq
 }
+
+// staleness returns now - l, 0 when l is not before now (a clock that
+// saturated, or an access at the current clock).
+func staleness(now, l int64) uint64 {
+	if l >= now {
+		return 0
+	}
+	return uint64(now) - uint64(l)
+}
+
+// rank places a numerator in the total order the comparators use: 0 for
+// zero, 1 for a finite positive number, 2 for +Inf and 3 for anything else
+// (NaN, negative numbers: never produced by numerator, ordered last so that
+// a comparison is a total order whatever it is given).
+func rank(a float64) int {
+	switch {
+	case a == 0:
+		return 0
+	case a > 0 && a < math.Inf(1):
+		return 1
+	case a > 0:
+		return 2
+	}
+	return 3
+}
+
+// cmpFloat compares two numerators in the total order of rank, then by
+// value: -1, 0 or 1. NaN equals NaN, so that the order is reflexive.
+func cmpFloat(x, y float64) int {
+	rx, ry := rank(x), rank(y)
+	switch {
+	case rx != ry:
+		return cmpInt(rx, ry)
+	case rx == 1 && x < y:
+		return -1
+	case rx == 1 && x > y:
+		return 1
+	}
+	return 0
+}
+
+func cmpInt(x, y int) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// sameNumerator reports whether two numerators are the same value
+// (bit for bit: NaN is the same as NaN, so a key always equals itself).
+func sameNumerator(x, y float64) bool { return math.Float64bits(x) == math.Float64bits(y) }
 
 // score returns the heuristic score as a float (for reports; decisions use
 // before, which is exact).
@@ -172,8 +224,10 @@ func (k key) score(now int64, stale bool) float64 {
 	return k.a / float64(d)
 }
 
-// cmpScore compares a1/d1 with a2/d2 exactly (a >= 0 finite, a/0 = +Inf,
-// 0/0 = +Inf as in simrd), returning -1, 0 or 1.
+// cmpScore compares a1/d1 with a2/d2 exactly (a/0 = +Inf and 0/0 = +Inf as
+// in simrd, and above every a/d with d > 0, even a = +Inf), returning -1, 0
+// or 1. It is a total preorder for every a, NaN and infinities included (see
+// cmpMul).
 func cmpScore(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
 	switch {
 	case d1 == 0 && d2 == 0:
@@ -187,7 +241,11 @@ func cmpScore(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
 	return cmpMul(a1, d2, a2, d1)
 }
 
-// cmpMul compares a1*d1 with a2*d2 exactly, for finite a >= 0.
+// cmpMul compares a1*d1 with a2*d2 exactly for finite a >= 0. A product
+// with a zero factor is 0; otherwise a numerator that is not finite and
+// positive (+Inf, or NaN and negatives, which numerator never produces)
+// makes the product rank by rank above every finite one, so the comparison
+// stays a total preorder whatever the floats.
 func cmpMul(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
 	z1 := a1 == 0 || d1 == 0
 	z2 := a2 == 0 || d2 == 0
@@ -198,6 +256,9 @@ func cmpMul(a1 float64, d1 uint64, a2 float64, d2 uint64) int {
 		return -1
 	case z2:
 		return 1
+	}
+	if r1, r2 := rank(a1), rank(a2); r1 != 1 || r2 != 1 {
+		return cmpInt(r1, r2)
 	}
 	m1, e1 := decompose(a1)
 	m2, e2 := decompose(a2)

@@ -155,16 +155,22 @@ func (x *indexSelector) rekey(sl int32) {
 	x.fix(sl)
 }
 
+// pick returns the root's winner once its stored key is its true key. Each
+// round stores one candidate's true key, and a stored true key compares
+// equal to itself (sameNumerator: bit for bit, NaN included), so a
+// candidate is corrected at most once per pick: the loop ends after at most
+// len()+1 rounds whatever the scores. The bound is checked anyway: past it
+// the current winner is returned.
 func (x *indexSelector) pick(now int64) (rc.StorageID, bool) {
 	x.advance(now)
-	for {
+	for round := 0; ; round++ {
 		w := x.win[1]
 		if w < 0 {
 			return 0, false
 		}
 		k := x.e.key(x.owner[w])
 		st := x.keys[w]
-		if k.a == st.a && k.dead == st.dead && k.reserve == st.reserve && k.due == st.due && (k.l == st.l || !x.stale) {
+		if round > x.count || sameNumerator(k.a, st.a) && k.dead == st.dead && k.reserve == st.reserve && k.due == st.due && (k.l == st.l || !x.stale) {
 			return x.owner[w], true
 		}
 		// The stored key understated the score: store the true one and
@@ -249,11 +255,16 @@ func flipTime(x, y key, now int64, cur bool) int64 {
 	}
 	if x.l >= now || y.l >= now {
 		// a staleness of zero scores +Inf: the next tick is finite
+		// (a saturated clock has no next tick)
+		if now == never {
+			return never
+		}
 		return now + 1
 	}
-	if x.a == y.a {
+	if sameNumerator(x.a, y.a) || rank(x.a) != 1 || rank(y.a) != 1 {
 		// same numerator: the older one stays first (or a tie, broken
-		// by seq, forever)
+		// by seq, forever); a numerator that is not finite and positive
+		// scores the same at every clock (0 or above every finite one)
 		return never
 	}
 	// As T grows the smaller numerator wins; if it already does, nothing

@@ -6,14 +6,21 @@ package evict
 import (
 	"fmt"
 
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
-// NewTensor registers an external tensor (an input or parameter) of nbytes,
+// AddTensor registers an external tensor (an input or parameter) of nbytes,
 // resident, holding one reference. A pinned tensor is never evicted; an
 // unpinned one can only be swapped (it has no lineage to recompute it from).
-func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
-	t := e.g.AddExternal(nbytes, e.clock)
+// A size above rc.MaxSize, or one that would take the engine's live storages
+// above rc.MaxLiveBytes, is an error wrapping rc.ErrTooLarge, and nothing is
+// registered.
+func (e *Engine) AddTensor(nbytes uint64, pinned bool) (rc.TensorID, error) {
+	t, err := e.g.AddExternal(nbytes, e.clock)
+	if err != nil {
+		return 0, fmt.Errorf("evict: tensor: %w", err)
+	}
 	s := e.g.Tensor(t).Storage
 	if pinned {
 		e.g.Storage(s).Pins++
@@ -23,6 +30,17 @@ func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
 	e.grow(nbytes)
 	e.refresh(s)
 	e.recConstant(t, nbytes)
+	return t, nil
+}
+
+// NewTensor is AddTensor for a size the caller knows to be valid (tests,
+// programs built in code); it panics where AddTensor fails. Callers that
+// pass sizes from outside (the C ABI, a trace) use AddTensor.
+func (e *Engine) NewTensor(nbytes uint64, pinned bool) rc.TensorID {
+	t, err := e.AddTensor(nbytes, pinned)
+	if err != nil {
+		panic(err)
+	}
 	return t
 }
 
@@ -44,13 +62,11 @@ func (e *Engine) Call(name string, inputs []rc.TensorID, outs []Output, cost int
 }
 
 func (e *Engine) call(name string, inputs []rc.TensorID, outs []Output, cost int64, flags rc.OpFlags) (rc.OpID, []rc.TensorID, error) {
-	start := e.clock
-	op, err := e.g.AddOp(name, inputs, outs, cost, flags, start+cost)
+	op, err := e.g.AddOp(name, inputs, outs, cost, flags, satmath.AddInt64(e.clock, cost))
 	if err != nil {
 		return 0, nil, fmt.Errorf("evict: call: %w", err)
 	}
-	e.clock = start + cost
-	e.stats.BaseCostNS += cost
+	e.tick(&e.stats.BaseCostNS, cost)
 	o := e.g.Op(op)
 	var fresh uint64
 	for _, out := range o.Outputs {

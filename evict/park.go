@@ -6,6 +6,8 @@ package evict
 import (
 	"fmt"
 
+	"github.com/memscale/memscale/internal/satmath"
+
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -31,7 +33,7 @@ func (e *Engine) Park(t rc.TensorID) (bool, error) {
 	}
 	e.swapOut(s, st)
 	e.stats.Parked++
-	e.stats.BytesEvicted += st.Size
+	e.stats.BytesEvicted = satmath.AddUint64(e.stats.BytesEvicted, st.Size)
 	if e.cfg.OnEvict != nil {
 		e.cfg.OnEvict(Victim{Tensor: st.Root, Action: Swap, Size: st.Size}, ReasonPark)
 	}

@@ -1,6 +1,7 @@
 package evict
 
 import (
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -67,11 +68,11 @@ func (t *regionTracker) cost(s rc.StorageID) int64 {
 	if !isMaterial(st) {
 		return c
 	}
-	c += t.regionCompute(s, false)
+	c = satmath.AddInt64(c, t.regionCompute(s, false))
 	if t.both {
 		// A walk of its own: a view can close a cycle between storages,
 		// and a storage in both regions counts in both.
-		c += t.regionCompute(s, true)
+		c = satmath.AddInt64(c, t.regionCompute(s, true))
 	}
 	return c
 }
@@ -116,7 +117,7 @@ func (t *regionTracker) regionCompute(base rc.StorageID, down bool) int64 {
 			}
 			if us := g.Storage(u); isEvicted(us) {
 				seen[u] = w
-				c += us.Compute
+				c = satmath.AddInt64(c, us.Compute)
 				stack = append(stack, u)
 			}
 		}

@@ -45,8 +45,7 @@ func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) e
 	if err != nil {
 		return fmt.Errorf("evict: rematerialized: %w", err)
 	}
-	e.clock += cost
-	e.stats.RematCostNS += cost
+	e.tick(&e.stats.RematCostNS, cost)
 	e.stats.Rematerializations++
 	var added uint64
 	for _, s := range newly {
@@ -110,9 +109,7 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 	e.markRebuilt(x.Storage)
 	e.grow(st.Size)
 	e.stats.SwapsIn++
-	d := e.transferNS(st.Size)
-	e.stats.SwapCostNS += d
-	e.clock += d
+	e.tick(&e.stats.SwapCostNS, e.transferNS(st.Size))
 	e.refresh(x.Storage)
 	if len(e.plans) > 0 {
 		if err := e.planStepDone(rc.Step{Kind: rc.StepSwapIn, Tensor: st.Root}); err != nil {

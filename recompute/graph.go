@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/memscale/memscale/internal/satmath"
 )
 
 // TensorID identifies a tensor: one value produced by an op or registered
@@ -157,7 +159,39 @@ type Graph struct {
 	epoch    uint64
 	opStamp  []uint64
 	swapped  uint64 // bytes of the storages in state Swapped
+	live     uint64 // bytes of the storages not Released (at most MaxLiveBytes)
 }
+
+// MaxSize is the largest storage the graph accepts, in bytes: 256 TiB, the
+// largest request the allocator accepts (allocator.MaxSize) and beyond any
+// device. A larger size is a corrupt trace or a caller's bug.
+const MaxSize = 1 << 48
+
+// MaxLiveBytes bounds the summed size of the storages that are not released
+// (2^62 bytes): every byte count of the engine (usage, its peak, the pinned
+// and locked totals) is a sum over a subset of them, so none of those sums
+// can wrap around a uint64.
+const MaxLiveBytes = 1 << 62
+
+// ErrTooLarge is wrapped by the errors of AddExternal and AddOp for a size
+// above MaxSize or storages above MaxLiveBytes in all.
+var ErrTooLarge = errors.New("size too large")
+
+// checkSize returns an error naming what, its size and the limits unless a
+// fresh storage of size bytes is accepted now.
+func (g *Graph) checkSize(what string, size, more uint64) error {
+	if size > MaxSize {
+		return fmt.Errorf("%s: size %d bytes is above the maximum of %d bytes (256 TiB): %w", what, size, uint64(MaxSize), ErrTooLarge)
+	}
+	if g.live+more > MaxLiveBytes {
+		return fmt.Errorf("%s: %d more bytes would take the live storages to %d bytes, above the maximum of %d bytes: %w",
+			what, size, g.live+more, uint64(MaxLiveBytes), ErrTooLarge)
+	}
+	return nil
+}
+
+// LiveBytes returns the summed size of the storages not released.
+func (g *Graph) LiveBytes() uint64 { return g.live }
 
 // ErrUnknownTensor reports a tensor id the graph never issued.
 var ErrUnknownTensor = errors.New("unknown tensor")
@@ -233,8 +267,14 @@ func (g *Graph) IsResident(t TensorID) bool {
 }
 
 // AddExternal registers a tensor that no recorded op produced (an input or a
-// parameter), resident in a storage of its own, with one reference.
-func (g *Graph) AddExternal(size uint64, clock int64) TensorID {
+// parameter), resident in a storage of its own, with one reference. A size
+// above MaxSize, or one that takes the live storages above MaxLiveBytes, is
+// an error wrapping ErrTooLarge.
+func (g *Graph) AddExternal(size uint64, clock int64) (TensorID, error) {
+	if err := g.checkSize("external tensor", size, size); err != nil {
+		return 0, err
+	}
+	g.live += size
 	t := TensorID(len(g.tensors))
 	s := StorageID(len(g.storages))
 	g.storages = append(g.storages, Storage{
@@ -242,14 +282,16 @@ func (g *Graph) AddExternal(size uint64, clock int64) TensorID {
 		Refs: 1, LastAccess: clock, NoRecompute: true,
 	})
 	g.tensors = append(g.tensors, Tensor{Op: NoOp, Alias: -1, Storage: s, Defined: true, Refs: 1})
-	return t
+	return t, nil
 }
 
 // AddOp records an op that ran: it read inputs (which must all be resident)
 // and produced one output per spec, each defined, resident and holding one
 // reference. Fresh outputs get storages of their own; views share the storage
 // of the input they alias. It returns the op's id; the outputs are
-// Op(id).Outputs.
+// Op(id).Outputs. A fresh output above MaxSize, or outputs that take the live
+// storages above MaxLiveBytes, are an error wrapping ErrTooLarge; the op's
+// cost is added to its outputs' Compute saturating at math.MaxInt64.
 func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64, flags OpFlags, clock int64) (OpID, error) {
 	if cost < 0 {
 		return 0, fmt.Errorf("op %s: negative cost %d", name, cost)
@@ -264,11 +306,22 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 				name, i, in, g.storages[x.Storage].State, x.Defined)
 		}
 	}
+	var fresh uint64
 	for i, o := range outs {
 		if o.Alias < -1 || int(o.Alias) >= len(inputs) {
 			return 0, fmt.Errorf("op %s output %d: alias %d out of range (%d inputs)", name, i, o.Alias, len(inputs))
 		}
+		if o.Alias < 0 {
+			// checkSize refuses o.Size > MaxSize before it looks at the
+			// sum, and fresh passed the check before (<= MaxLiveBytes),
+			// so neither fresh+o.Size nor live+fresh+o.Size can wrap
+			if err := g.checkSize(fmt.Sprintf("op %s output %d", name, i), o.Size, fresh+o.Size); err != nil {
+				return 0, err
+			}
+			fresh += o.Size
+		}
 	}
+	g.live += fresh
 	id := OpID(len(g.ops))
 	op := Op{Name: name, Inputs: append([]TensorID(nil), inputs...), Cost: cost, Flags: flags}
 	op.Outputs = make([]TensorID, len(outs))
@@ -293,7 +346,7 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 			// first output of this op in s: the op's cost is part of
 			// rebuilding s.
 			s.stamp = g.epoch
-			s.Compute += cost
+			s.Compute = satmath.AddInt64(s.Compute, cost)
 		}
 		g.tensors = append(g.tensors, Tensor{Op: id, Index: int32(i), Alias: o.Alias, Storage: sid, Defined: true, Refs: 1})
 	}
@@ -384,6 +437,9 @@ func (g *Graph) leave(st *Storage) {
 func (g *Graph) Release(s StorageID) {
 	st := &g.storages[s]
 	g.leave(st)
+	if st.State != Released {
+		g.live -= st.Size
+	}
 	st.State = Released
 	for _, t := range st.Tensors {
 		g.tensors[t].Defined = false

@@ -22,7 +22,8 @@ func out(g *Graph, op OpID, i int) TensorID { return g.Op(op).Outputs[i] }
 
 func TestAddOpStoragesAndEdges(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(100, 1)
+	x, err0 := g.AddExternal(100, 1)
+	require.NoError(t, err0)
 	op := mustOp(t, g, "f", []TensorID{x, x}, fresh(40), OutSpec{Size: 999, Alias: 1})
 	a, v := out(g, op, 0), out(g, op, 1)
 
@@ -45,7 +46,8 @@ func TestAddOpStoragesAndEdges(t *testing.T) {
 
 func TestAddOpRejects(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(8, 1)
+	x, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	tests := []struct {
 		name string
 		ins  []TensorID
@@ -71,7 +73,8 @@ func TestAddOpRejects(t *testing.T) {
 
 func TestRerunDefinesOutputsAndCountsDuplicates(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(8, 1)
+	x, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	op := mustOp(t, g, "bn", []TensorID{x}, fresh(100), fresh(30), OutSpec{Alias: 0})
 	a, b, v := out(g, op, 0), out(g, op, 1), out(g, op, 2)
 	g.Drop(g.Tensor(a).Storage)
@@ -93,7 +96,8 @@ func TestRerunDefinesOutputsAndCountsDuplicates(t *testing.T) {
 
 func TestRerunWithAReleasedOutputThrowsItAway(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(8, 1)
+	x, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	op := mustOp(t, g, "topk", []TensorID{x}, fresh(100), fresh(30))
 	vals, idx := out(g, op, 0), out(g, op, 1)
 	g.Release(g.Tensor(vals).Storage) // the program dropped vals; nothing needs it
@@ -120,7 +124,8 @@ func stepsOf(ops ...OpID) []Step {
 
 func TestPlan(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(8, 1)
+	x, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	f1 := mustOp(t, g, "f1", []TensorID{x}, fresh(10))
 	a := out(g, f1, 0)
 	f2 := mustOp(t, g, "f2", []TensorID{a}, fresh(10), fresh(10)) // two outputs
@@ -160,7 +165,8 @@ func TestPlan(t *testing.T) {
 
 func TestPlanErrors(t *testing.T) {
 	g := NewGraph()
-	x := g.AddExternal(8, 1)
+	x, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	f1 := mustOp(t, g, "f1", []TensorID{x}, fresh(10))
 	a := out(g, f1, 0)
 	rng, err := g.AddOp("dropout", []TensorID{a}, []OutSpec{fresh(10)}, 5, NoRecompute, 0)
@@ -194,7 +200,8 @@ func TestPlanErrors(t *testing.T) {
 func TestPlanDeepChain(t *testing.T) {
 	const n = 100_000
 	g := NewGraph()
-	prev := g.AddExternal(8, 1)
+	prev, err0 := g.AddExternal(8, 1)
+	require.NoError(t, err0)
 	ops := make([]OpID, n)
 	for i := range ops {
 		ops[i] = mustOp(t, g, "f", []TensorID{prev}, fresh(8))
@@ -244,7 +251,8 @@ func TestReserve(t *testing.T) {
 	g.Reserve(0, -1, 0) // nothing
 	caps := func() [4]int { return [4]int{cap(g.ops), cap(g.opStamp), cap(g.tensors), cap(g.storages)} }
 	before := caps()
-	x := g.AddExternal(100, 1)
+	x, err0 := g.AddExternal(100, 1)
+	require.NoError(t, err0)
 	for range n {
 		x = out(g, mustOp(t, g, "f", []TensorID{x}, fresh(100)), 0)
 	}

@@ -498,6 +498,9 @@ func (p *parser) continuation(instr string, raw *rawLine, fn func(Instr) error) 
 		if m < 0 {
 			return p.errf("negative MEMORY %d for %s", m, name)
 		}
+		if m > MaxSize {
+			return p.errf("MEMORY %d for %s is above the maximum storage size of %d bytes (256 TiB)", m, name, int64(MaxSize))
+		}
 		p.pend = pendNone
 		if !p.started {
 			return nil
@@ -516,6 +519,9 @@ func (p *parser) continuation(instr string, raw *rawLine, fn func(Instr) error) 
 		}
 		if m < 0 {
 			return p.errf("negative MEMORY %d for %s", m, name)
+		}
+		if m > MaxSize {
+			return p.errf("MEMORY %d for %s is above the maximum storage size of %d bytes (256 TiB)", m, name, int64(MaxSize))
 		}
 		p.cur.Outs[p.curIdx].Size = uint64(m)
 		p.pend = pendCallAlias
