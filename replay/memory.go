@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/memscale/memscale/evict"
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -198,7 +199,7 @@ func (r *runner) check(full bool) error {
 	var n uint64
 	for s := 0; s < g.NumStorages(); s++ {
 		if st := g.Storage(rc.StorageID(s)); st.State == rc.Resident {
-			n += st.Size
+			n = satmath.AddUint64(n, st.Size)
 		}
 	}
 	if n != r.eng.ResidentBytes() {

@@ -11,9 +11,11 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/memscale/memscale/evict"
+	"github.com/memscale/memscale/internal/satmath"
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -149,12 +151,13 @@ func (e *errStop) Unwrap() error { return e.err }
 // budget of 0 means unlimited.
 func Budget(ratio float64, peak uint64) uint64 { return max(uint64(ratio*float64(peak)), 1) }
 
-// BaseCompute returns the sum of the trace's op times in ns.
+// BaseCompute returns the sum of the trace's op times in ns, saturating at
+// math.MaxInt64.
 func BaseCompute(tr *rc.Trace) int64 {
 	var n int64
 	for i := range tr.Instrs {
 		if k := tr.Instrs[i].Kind; k == rc.KindCall || k == rc.KindMutate {
-			n += tr.Instrs[i].Time
+			n = satmath.AddInt64(n, tr.Instrs[i].Time)
 		}
 	}
 	return n
@@ -209,7 +212,10 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 	}
 	r.limit = -1
 	if lim > 0 {
-		r.limit = int64(float64(base) * (lim - 1))
+		r.limit = math.MaxInt64
+		if l := float64(base) * (lim - 1); l < math.MaxInt64 {
+			r.limit = int64(l)
+		}
 	}
 	err = r.run()
 	if ferr := r.freeAll(); ferr != nil && err == nil {
@@ -220,7 +226,7 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 		r.res.Status, r.res.Reason, err = stop.status, stop.err.Error(), nil
 	}
 	st := eng.Stats()
-	r.res.Compute = st.BaseCostNS + st.RematCostNS + st.SwapCostNS
+	r.res.Compute = satmath.AddInt64(satmath.AddInt64(st.BaseCostNS, st.RematCostNS), st.SwapCostNS)
 	if base > 0 {
 		r.res.Overhead = float64(st.Clock) / float64(base)
 	}
@@ -292,7 +298,10 @@ func (r *runner) step(in *rc.Instr) error {
 				return err
 			}
 		}
-		id := r.eng.NewTensor(in.Size, true)
+		id, err := r.eng.AddTensor(in.Size, true)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", in.Line, err)
+		}
 		r.ids[in.T] = id
 		if !r.counter {
 			r.assign(id, r.take()[0])
@@ -372,7 +381,7 @@ func (r *runner) call(in *rc.Instr) error {
 	for _, o := range in.Outs {
 		outs = append(outs, evict.Output{Size: o.Size, Alias: o.Alias})
 		if o.Alias < 0 {
-			fresh += o.Size
+			fresh = satmath.AddUint64(fresh, o.Size)
 		}
 	}
 	r.outs = outs
@@ -556,9 +565,9 @@ func (r *runner) overLimit() error {
 	if r.limit < 0 {
 		return nil
 	}
-	if s := r.eng.Stats(); s.RematCostNS+s.SwapCostNS > r.limit {
+	if s := r.eng.Stats(); satmath.AddInt64(s.RematCostNS, s.SwapCostNS) > r.limit {
 		return &errStop{status: OverLimit, err: fmt.Errorf("overhead above the limit: rematerialization cost %d ns > %d ns allowed",
-			s.RematCostNS+s.SwapCostNS, r.limit)}
+			satmath.AddInt64(s.RematCostNS, s.SwapCostNS), r.limit)}
 	}
 	return nil
 }
