@@ -132,9 +132,22 @@ func (m *Model) Stats() Stats { return m.stats }
 // SetCapacity changes the device memory (0 = unlimited).
 func (m *Model) SetCapacity(c uint64) { m.cfg.Capacity = c }
 
+// MaxSize is the largest request the model places (256 TiB, the memscale
+// allocator's allocator.MaxSize): beyond any device, and small enough that
+// rounding it cannot wrap. A larger request is out of memory, as a
+// cudaMalloc of it would be.
+const MaxSize = 1 << 48
+
 // Malloc allocates size bytes on stream and returns the address. When even
-// an emptied cache cannot serve it, the error wraps ErrOutOfMemory.
+// an emptied cache cannot serve it, the error wraps ErrOutOfMemory; so does a
+// request above MaxSize, or with expandable segments one larger than a
+// segment (1 1/8 of the capacity, or 1 TiB without one).
 func (m *Model) Malloc(orig uint64, stream int32) (uint64, error) {
+	if orig > MaxSize {
+		m.stats.NumOOMs++
+		return 0, fmt.Errorf("nativemodel: tried to allocate %d bytes, above the largest request of %d bytes (256 TiB): %w",
+			orig, uint64(MaxSize), ErrOutOfMemory)
+	}
 	size := m.cfg.RoundSize(orig)
 	p := m.large
 	if size <= KSmallSize {
@@ -373,7 +386,8 @@ func (m *Model) releaseCachedBlocks() {
 }
 
 // findExpandableBlock returns the lowest-addressed run of free and unmapped
-// blocks of stream's segments with room for size, or a new segment.
+// blocks of stream's segments with room for size, or a new segment; nil when
+// size is larger than a whole segment.
 func (m *Model) findExpandableBlock(p *pool, size uint64, stream int32) *block {
 	allocatable := func(b *block) bool { return b != nil && !b.allocated }
 	hasRoom := func(b *block) bool {
@@ -405,7 +419,11 @@ func (m *Model) findExpandableBlock(p *pool, size uint64, stream int32) *block {
 	if p.small {
 		chunk = KSmallBuffer
 	}
-	es := &expSeg{base: m.nextAddr, size: (m.addressSize + chunk - 1) / chunk * chunk, chunk: chunk}
+	segSize := (m.addressSize + chunk - 1) / chunk * chunk
+	if size > segSize {
+		return nil // no segment can hold it: out of memory
+	}
+	es := &expSeg{base: m.nextAddr, size: segSize, chunk: chunk}
 	m.nextAddr += (es.size + KRoundLarge - 1) / KRoundLarge * KRoundLarge
 	m.segs[es] = true
 	c := &block{addr: es.base, size: es.size, stream: stream, pool: p, seg: es}
@@ -447,12 +465,12 @@ func (m *Model) mapBlock(b *block, size uint64) bool {
 
 func (m *Model) tryAllocateExpandable(p *pool, size uint64, stream int32) *block {
 	c := m.findExpandableBlock(p, size, stream)
-	if !c.mapped && !m.mapBlock(c, min(c.size, size)) {
+	if c == nil || !c.mapped && !m.mapBlock(c, min(c.size, size)) {
 		return nil
 	}
 	for c.size < size {
 		next := c.next
-		if !m.mapBlock(next, min(size-c.size, next.size)) {
+		if next == nil || !m.mapBlock(next, min(size-c.size, next.size)) {
 			return nil
 		}
 		c = next
