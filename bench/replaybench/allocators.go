@@ -39,6 +39,13 @@ type Counters struct {
 	// DeviceAllocs counts physical allocations from the device: cudaMalloc
 	// calls, or chunks/granules created for virtual-memory segments.
 	DeviceAllocs int64
+	// Mapping says whether Maps, Unmaps and Remaps are counted (memscale's
+	// allocator with expandable segments).
+	Mapping bool
+	// Maps, Unmaps and Remaps are the granules mapped, unmapped, and moved
+	// from cached free memory to where a request needed them (num_map,
+	// num_unmap, num_remap).
+	Maps, Unmaps, Remaps int64
 }
 
 // Backend is where memscale's allocator and plain device allocation run.
@@ -221,6 +228,10 @@ func (m *memscaleAlloc) Counters() Counters {
 		PeakAllocated: uint64(s["allocated_bytes.all.peak"]),
 		PeakReserved:  uint64(s["reserved_bytes.all.peak"]),
 		DeviceAllocs:  s["num_device_alloc"],
+		Mapping:       s["expandable_segments"] == 1,
+		Maps:          s["num_map"],
+		Unmaps:        s["num_unmap"],
+		Remaps:        s["num_remap"],
 	}
 }
 func (m *memscaleAlloc) Close() error {

@@ -81,16 +81,16 @@ func WriteTable(w io.Writer, info WorkloadInfo, results []Result) error {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "allocator\tpeak reserved\tpeak allocated\tfragmentation\tdevice allocs\tmalloc p50\tp99\tmax\tops/s\tfirst OOM under limit\t")
+	fmt.Fprintln(tw, "allocator\tpeak reserved\tpeak allocated\tfragmentation\tdevice allocs\tmaps/unmaps/remaps\tmalloc p50\tp99\tmax\tops/s\tfirst OOM under limit\t")
 	for i := range results {
 		r := &results[i]
 		if r.Workload != info.Name {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%s\t%s\t%s\t%.0f\t%s\t\n", r.Allocator, fmtBytes(r.PeakReserved), fmtBytes(r.PeakAllocated),
-			100*r.Fragmentation, r.DeviceAllocs, fmtDur(r.MallocP50), fmtDur(r.MallocP99), fmtDur(r.MallocMax), r.OpsPerSec, oomCell(r))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%s\t%s\t%s\t%s\t%.0f\t%s\t\n", r.Allocator, fmtBytes(r.PeakReserved), fmtBytes(r.PeakAllocated),
+			100*r.Fragmentation, r.DeviceAllocs, mapCell(r), fmtDur(r.MallocP50), fmtDur(r.MallocP99), fmtDur(r.MallocMax), r.OpsPerSec, oomCell(r))
 		if r.Error != "" {
-			fmt.Fprintf(tw, "  %s: ERROR %s\t\t\t\t\t\t\t\t\t\t\n", r.Allocator, r.Error)
+			fmt.Fprintf(tw, "  %s: ERROR %s\t\t\t\t\t\t\t\t\t\t\t\n", r.Allocator, r.Error)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -102,7 +102,7 @@ func WriteTable(w io.Writer, info WorkloadInfo, results []Result) error {
 
 // csvHeader are the CSV columns.
 var csvHeader = []string{"workload", "format", "allocator", "backend", "ops", "mallocs", "frees", "peak_requested", "peak_allocated",
-	"peak_reserved", "fragmentation", "overhead", "device_allocs", "malloc_p50_ns", "malloc_p99_ns", "malloc_max_ns", "ops_per_sec",
+	"peak_reserved", "fragmentation", "overhead", "device_allocs", "maps", "unmaps", "remaps", "malloc_p50_ns", "malloc_p99_ns", "malloc_max_ns", "ops_per_sec",
 	"limit", "oom_op", "oom_fraction", "error"}
 
 // WriteCSV writes one row per result.
@@ -124,7 +124,8 @@ func WriteCSV(w io.Writer, rep *Report) error {
 		if err := cw.Write([]string{r.Workload, formats[r.Workload], r.Allocator, r.Backend, strconv.Itoa(r.Ops), strconv.Itoa(r.Mallocs),
 			strconv.Itoa(r.Frees), u(r.PeakRequested), u(r.PeakAllocated), u(r.PeakReserved),
 			strconv.FormatFloat(r.Fragmentation, 'f', 6, 64), strconv.FormatFloat(r.Overhead, 'f', 6, 64),
-			strconv.FormatInt(r.DeviceAllocs, 10), strconv.FormatInt(r.MallocP50.Nanoseconds(), 10),
+			strconv.FormatInt(r.DeviceAllocs, 10), strconv.FormatInt(r.Maps, 10), strconv.FormatInt(r.Unmaps, 10),
+			strconv.FormatInt(r.Remaps, 10), strconv.FormatInt(r.MallocP50.Nanoseconds(), 10),
 			strconv.FormatInt(r.MallocP99.Nanoseconds(), 10), strconv.FormatInt(r.MallocMax.Nanoseconds(), 10),
 			strconv.FormatFloat(r.OpsPerSec, 'f', 0, 64), u(r.Limit), oomOp, oomFrac, r.Error}); err != nil {
 			return err
@@ -149,8 +150,8 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	for _, info := range rep.Workloads {
 		fmt.Fprintf(&b, "### %s\n\n%s, %d ops, %d allocations, %d stream(s), peak requested %s.\n\n",
 			info.Name, info.Format, info.Ops, info.Allocs, info.Streams, fmtBytes(info.PeakRequested))
-		b.WriteString("| allocator | peak reserved | peak allocated | fragmentation | vs memscale | device allocs | malloc p50 / p99 | first OOM under limit |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
+		b.WriteString("| allocator | peak reserved | peak allocated | fragmentation | vs memscale | device allocs | maps / unmaps / remaps | malloc p50 / p99 | first OOM under limit |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		var ref uint64
 		for _, r := range rep.Results {
 			if r.Workload == info.Name && r.Allocator == "memscale" {
@@ -166,8 +167,8 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 			if ref > 0 {
 				vs = fmt.Sprintf("%+.1f%%", 100*(float64(r.PeakReserved)/float64(ref)-1))
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %.2f%% | %s | %d | %s / %s | %s |\n", r.Allocator, fmtBytes(r.PeakReserved),
-				fmtBytes(r.PeakAllocated), 100*r.Fragmentation, vs, r.DeviceAllocs, fmtDur(r.MallocP50), fmtDur(r.MallocP99), oomCell(r))
+			fmt.Fprintf(&b, "| %s | %s | %s | %.2f%% | %s | %d | %s | %s / %s | %s |\n", r.Allocator, fmtBytes(r.PeakReserved),
+				fmtBytes(r.PeakAllocated), 100*r.Fragmentation, vs, r.DeviceAllocs, mapCell(r), fmtDur(r.MallocP50), fmtDur(r.MallocP99), oomCell(r))
 		}
 		b.WriteString("\n")
 	}
@@ -263,4 +264,13 @@ func writeSummary(b *strings.Builder, rep *Report) {
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
+}
+
+// mapCell formats the granules mapped, unmapped and remapped ("-" for an
+// allocator that does not count them).
+func mapCell(r *Result) string {
+	if !r.Mapping {
+		return "-"
+	}
+	return fmt.Sprintf("%d / %d / %d", r.Maps, r.Unmaps, r.Remaps)
 }

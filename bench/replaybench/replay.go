@@ -72,6 +72,12 @@ type Result struct {
 	Overhead float64 `json:"overhead"`
 	// DeviceAllocs counts physical allocations from the device (Counters).
 	DeviceAllocs int64 `json:"device_allocs"`
+	// Maps, Unmaps and Remaps are the granules mapped, unmapped and remapped
+	// (memscale with expandable segments; Mapping false and 0 otherwise).
+	Mapping bool  `json:"mapping"`
+	Maps    int64 `json:"maps"`
+	Unmaps  int64 `json:"unmaps"`
+	Remaps  int64 `json:"remaps"`
 	// MallocP50, MallocP99 and MallocMax are the latency of Malloc calls.
 	MallocP50 time.Duration `json:"malloc_p50_ns"`
 	MallocP99 time.Duration `json:"malloc_p99_ns"`
@@ -124,6 +130,7 @@ func RunOne(ctx context.Context, w *workload.Workload, s Spec, opt Options) (Res
 	runErr := replay(ctx, w, a, opt, &res)
 	c := a.Counters()
 	res.PeakAllocated, res.PeakReserved, res.DeviceAllocs = c.PeakAllocated, c.PeakReserved, c.DeviceAllocs
+	res.Mapping, res.Maps, res.Unmaps, res.Remaps = c.Mapping, c.Maps, c.Unmaps, c.Remaps
 	if res.PeakReserved > 0 {
 		res.Fragmentation = 1 - float64(res.PeakAllocated)/float64(res.PeakReserved)
 		res.Overhead = 1 - float64(res.PeakRequested)/float64(res.PeakReserved)
