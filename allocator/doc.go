@@ -52,7 +52,8 @@
 // (PyTorch's expandable segments do the same; cuMemSetAccess is synchronous),
 // and a run of free granules is unmapped with one Unmap. Handles stay one
 // granule each so that any granule can move on its own (below); larger
-// handles would cut cuMemCreate calls but pin granules together. Unmapped stretches are blocks
+// handles would cut cuMemCreate calls but pin granules together (a handle
+// is unmapped whole). Unmapped stretches are blocks
 // of their own, granule aligned, kept in a per-pool index by (stream,
 // address). When the cache cannot serve a request, planGrow picks the
 // unmapped block where the request needs the fewest new granules, counting
@@ -72,10 +73,19 @@
 //
 //  1. new ones, while reserved memory stays within the cache bound: the
 //     high-water mark of allocated bytes plus max(CacheSlack x that mark,
-//     4 granules);
-//  2. cached free granules whose stream has finished with them, largest
-//     free blocks first (steal);
+//     4 granules), or, when a DTR budget is known and that is larger, the
+//     budget plus BudgetSlack x the budget (below);
+//  2. cached free granules whose stream has finished with them, smallest
+//     free blocks first (steal): the fragments that serve few requests go,
+//     the large free runs the next large request needs stay;
 //  3. new ones, up to the limit.
+//
+// Where a segment grows (planGrow): among all windows of the request's size
+// that hold no block in use - cached free blocks and unmapped holes alike,
+// the holes being where granules were taken from - the one with the fewest
+// unmapped granules, ties to the lowest address; only those granules are
+// mapped, one MapRange per hole. A remap therefore moves what the window
+// lacks, not a whole block's worth.
 //
 // With the default CacheSlack of 0, reserved memory stays within a few
 // granules of the most ever allocated at once: replaying the five DTR
@@ -86,6 +96,23 @@
 // iterations reuse cached blocks without driver calls. A negative CacheSlack
 // restores PyTorch's behaviour (cached memory moves only at the limit or in
 // EmptyCache).
+//
+// # Under a DTR budget
+//
+// A DTR engine holds allocated bytes at its budget for the whole step, so the
+// high-water mark is the budget and a bound of mark + 4 granules leaves no
+// room: nearly every cache miss remapped (up to 98% of the mapped granules
+// per step at 50% of the baseline peak). When the allocator knows the budget
+// (Config.Budget, SetBudget, memscale_set_budget; else the eviction
+// threshold stands for it), the cache may keep budget x (1 + BudgetSlack)
+// mapped, never past the limit, and reuses it in place. DefaultBudgetSlack
+// (0.10) keeps reserved memory within 1.1x the budget (a few percent more
+// when granules freed since the last stream mark cannot move yet); it removes
+// the steady-state remaps where fragmentation is mild (ResNet, the
+// Transformer at 50%) and cuts the others by 2-5x, while traces whose live
+// blocks are a large share of the budget (U-Net, DenseNet) need 1.3-1.5x to
+// stop remapping. docs/allocator-budget.md and
+// bench/results/alloc-budget-remaps.md have the trade-off, measured.
 //
 // A free block may still be read or written by work queued on its stream, so
 // its granules may not be unmapped until that work has finished. PyTorch
@@ -159,7 +186,8 @@
 // # Observability
 //
 // Stats returns torch.cuda.memory_stats() keys plus memscale's own (limits,
-// mapped/physical/virtual bytes, map/unmap/remap counts). Snapshot returns
+// mapped/physical/virtual bytes, map/unmap/remap counts in granules, map and
+// unmap driver calls, the budget and the cache bound in force). Snapshot returns
 // torch.cuda.memory._snapshot()'s shape, each mapped run of an expandable
 // segment being one segment entry, with a bounded ring of alloc,
 // free_requested, free_completed, segment_map/segment_unmap (VMM),
