@@ -109,7 +109,7 @@
 // (0.10) keeps reserved memory within 1.1x the budget (a few percent more
 // when granules freed since the last stream mark cannot move yet); it removes
 // the steady-state remaps where fragmentation is mild (ResNet, the
-// Transformer at 50%) and cuts the others by 2-5x, while traces whose live
+// Transformer at 50%) and cuts the others by 1.5-5x, while traces whose live
 // blocks are a large share of the budget (U-Net, DenseNet) need 1.3-1.5x to
 // stop remapping. docs/allocator-budget.md and
 // bench/results/alloc-budget-remaps.md have the trade-off, measured.
