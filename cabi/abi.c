@@ -13,8 +13,11 @@
 // fixed message.
 //
 // Last error: per thread, as errno. Each thread has a ring of ERR_SLOTS
-// thread-local buffers; an error is copied into the recording thread's next
-// slot, which becomes that thread's last error. A Go export runs on the C
+// buffers, allocated at its first error and freed when it exits (a
+// pthread key's destructor; only the pointer is thread-local: the Go
+// runtime makes the library's TLS static, where a dlopen'ed library gets
+// little room); an error is copied into the recording thread's next slot,
+// which becomes that thread's last error. A Go export runs on the C
 // thread that called it (cgo runs a callback on the caller's thread), so the
 // message lands with the thread whose call failed, and another thread's
 // failures never show through memscale_last_error(). A pointer it returned
@@ -41,10 +44,35 @@ static const char forked_child_msg[] =
 
 static int forked; // set by the atfork child handler; read with __atomic_load_n
 
-static __thread char err_ring[ERR_SLOTS][ERR_LEN];
-static __thread unsigned err_next;
-static __thread const char* err_current; // NULL: no error on this thread
-static int err_count;                    // atomic, process-wide
+struct err_state {
+	char ring[ERR_SLOTS][ERR_LEN];
+	unsigned next;
+	const char* current; // NULL: no error on this thread
+};
+static __thread struct err_state* err_tls; // this thread's, NULL until its first error
+static pthread_key_t err_key;              // frees a thread's state when it exits
+static pthread_once_t err_key_once = PTHREAD_ONCE_INIT;
+static int err_count; // atomic, process-wide
+
+static const char err_unstored_msg[] =
+    "memscale: a call failed, but its error message could not be stored (out of memory)";
+
+static void err_key_init(void) { (void)pthread_key_create(&err_key, free); }
+
+// err_state_of_thread returns the calling thread's error state, allocating
+// it on the first call; NULL when out of memory.
+static struct err_state* err_state_of_thread(void) {
+	if (err_tls == NULL) {
+		struct err_state* s = calloc(1, sizeof *s);
+		if (s == NULL) {
+			return NULL;
+		}
+		(void)pthread_once(&err_key_once, err_key_init);
+		(void)pthread_setspecific(err_key, s);
+		err_tls = s;
+	}
+	return err_tls;
+}
 
 static void memscale_atfork_child(void) { __atomic_store_n(&forked, 1, __ATOMIC_RELAXED); }
 
@@ -72,8 +100,12 @@ const char* memscale_record_error(const char* msg, size_t n) {
 	if (in_child()) {
 		return forked_child_msg;
 	}
-	char* slot = err_ring[err_next % ERR_SLOTS];
-	err_next++;
+	struct err_state* st = err_state_of_thread();
+	if (st == NULL) {
+		return err_unstored_msg;
+	}
+	char* slot = st->ring[st->next % ERR_SLOTS];
+	st->next++;
 	if (n >= ERR_LEN) {
 		// Truncate at a UTF-8 character boundary and mark the cut.
 		size_t keep = ERR_LEN - sizeof ellipsis;
@@ -86,7 +118,7 @@ const char* memscale_record_error(const char* msg, size_t n) {
 		memcpy(slot, msg, n);
 		slot[n] = '\0';
 	}
-	err_current = slot;
+	st->current = slot;
 	return slot;
 }
 
@@ -96,12 +128,17 @@ const char* memscale_last_error(void) {
 	if (in_child()) {
 		return forked_child_msg;
 	}
-	return err_current != NULL ? err_current : "";
+	const struct err_state* st = err_tls;
+	return st != NULL && st->current != NULL ? st->current : "";
 }
 
 int memscale_error_count(void) { return __atomic_load_n(&err_count, __ATOMIC_RELAXED); }
 
-void memscale_clear_error(void) { err_current = NULL; }
+void memscale_clear_error(void) {
+	if (err_tls != NULL) {
+		err_tls->current = NULL;
+	}
+}
 
 void memscale_string_free(char* s) { free(s); }
 

@@ -329,7 +329,11 @@ func memscale_go_dtr_tensor(h C.int64_t, nbytes C.int64_t, pinned C.int32_t) C.i
 		if nbytes < 0 {
 			return fmt.Errorf("nbytes %d: want >= 0", int64(nbytes))
 		}
-		id = int64(d.eng.NewTensor(uint64(nbytes), pinned != 0))
+		t, err := d.eng.AddTensor(uint64(nbytes), pinned != 0)
+		if err != nil {
+			return err
+		}
+		id = int64(t)
 		return nil
 	})
 	return C.int64_t(id)

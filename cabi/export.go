@@ -9,6 +9,7 @@ import "C"
 import (
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -26,18 +27,40 @@ func setError(err error) {
 	}
 }
 
-// recordError stores msg in the C last-error ring. The bytes are copied
-// before the call returns, so passing Go memory is allowed.
+// recordError stores msg as the calling thread's last error (abi.c: per
+// thread, as errno; an export runs on its C caller's thread) and as the
+// process's last recorded one (lastRecorded). The bytes are copied before
+// the call returns, so passing Go memory is allowed.
 func recordError(msg string) {
+	var stored *C.char
 	if msg == "" {
-		C.memscale_record_error(nil, 0)
-		return
+		stored = C.memscale_record_error(nil, 0)
+	} else {
+		stored = C.memscale_record_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
 	}
-	C.memscale_record_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	s := C.GoString(stored)
+	lastRecorded.Store(&s)
 }
 
-// lastError returns what memscale_last_error returns now.
-func lastError() string { return C.GoString(C.memscale_last_error()) }
+// lastRecorded is the last error recorded by any thread, as stored
+// (truncated as memscale_last_error returns it). Go code, the tests
+// included, reads it through lastError: a goroutine may run on another OS
+// thread at each cgo call, so the thread-local last error of the C side is
+// only meaningful to a thread that stays put (a C caller).
+var lastRecorded atomic.Pointer[string]
+
+// lastError returns the last error recorded in the process ("" when none or
+// after clearError).
+func lastError() string {
+	if p := lastRecorded.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// threadLastError returns what memscale_last_error returns on the calling
+// OS thread (meaningful under runtime.LockOSThread).
+func threadLastError() string { return C.GoString(C.memscale_last_error()) }
 
 // errorCount returns what memscale_error_count returns now.
 func errorCount() int { return int(C.memscale_error_count()) }

@@ -65,6 +65,7 @@ FN(memscale_set_limit);
 FN(memscale_allocated);
 FN(memscale_allocated_address);
 FN(memscale_config_json);
+FN(memscale_config_error);
 FN(memscale_last_error);
 FN(memscale_error_count);
 FN(memscale_clear_error);
@@ -496,6 +497,8 @@ static void test_snapshot_and_config(void) {
 	check(contains(cfg, "\"devices\":[{\"ordinal\":0"), "config JSON lists device 0");
 	check(contains(cfg, "\"version\":\"memscale "), "config JSON has the version");
 	p_memscale_string_free(cfg);
+	check(p_memscale_config_error() == NULL, "memscale_config_error is NULL: the configuration was accepted (%s)",
+	      p_memscale_config_error() ? p_memscale_config_error() : "");
 	expect_no_error(before, "snapshot and config");
 }
 
@@ -639,6 +642,58 @@ static void test_last_error_storage(void) {
 	p_memscale_clear_error();
 	check(strcmp(p_memscale_last_error(), "") == 0, "clear_error empties last_error");
 	check(p_memscale_error_count() == count, "clear_error keeps the count");
+}
+
+// test_last_error_per_thread: memscale_last_error() is per thread, as errno.
+// Two threads make failing calls that name a device of their own and read
+// the last error after each; issue 32 saw hundreds of reads return the other
+// thread's message when it was process-wide.
+#define LAST_ERROR_CALLS 20000
+struct last_error_worker {
+	int device;
+	int wrong;
+	int before_clear;
+};
+
+static void* last_error_worker(void* arg) {
+	struct last_error_worker* w = arg;
+	char want[64];
+	snprintf(want, sizeof want, "device %d", w->device);
+	for (int i = 0; i < LAST_ERROR_CALLS; i++) {
+		if (p_memscale_set_threshold(w->device, 0) != -1 || !contains(p_memscale_last_error(), want)) {
+			w->wrong++;
+		}
+	}
+	w->before_clear = p_memscale_last_error()[0] != '\0';
+	p_memscale_clear_error();
+	if (p_memscale_last_error()[0] != '\0') {
+		w->wrong++;
+	}
+	return NULL;
+}
+
+static void test_last_error_per_thread(void) {
+	struct last_error_worker ws[2] = {{.device = 901}, {.device = 902}};
+	pthread_t th[2];
+	int before = p_memscale_error_count();
+	p_memscale_free((void*)(uintptr_t)0xabc000, 1, 0, stream_a); // an error of the main thread
+	char mine[4096];
+	snprintf(mine, sizeof mine, "%s", p_memscale_last_error());
+	for (int i = 0; i < 2; i++) {
+		check(pthread_create(&th[i], NULL, last_error_worker, &ws[i]) == 0, "pthread_create");
+	}
+	for (int i = 0; i < 2; i++) {
+		pthread_join(th[i], NULL);
+	}
+	for (int i = 0; i < 2; i++) {
+		check(ws[i].wrong == 0, "thread of device %d: %d of %d reads were not its own error", ws[i].device, ws[i].wrong,
+		      LAST_ERROR_CALLS);
+		check(ws[i].before_clear, "thread of device %d had a last error before clearing", ws[i].device);
+	}
+	check(strcmp(p_memscale_last_error(), mine) == 0 && contains(mine, "0xabc000"),
+	      "the main thread's last error is its own after the other threads' (%s)", p_memscale_last_error());
+	check(p_memscale_error_count() == before + 1 + 2 * LAST_ERROR_CALLS, "every thread's errors are counted");
+	p_memscale_clear_error();
 }
 
 // test_dtr_allocator_usage checks the link between the engine and the
@@ -1208,6 +1263,9 @@ static int bad_config_main(void) {
 	if (!contains(e, "MEMSCALE_EVICTION_THRESHOLD") || !contains(e, "banana")) bad |= 2;
 	if (!contains(e, "GiB") || !contains(e, "%")) bad |= 4; // says what is accepted
 	if (p_memscale_config_json() != NULL) bad |= 8;
+	const char* ce = p_memscale_config_error();
+	if (!contains(ce, "MEMSCALE_EVICTION_THRESHOLD") || !contains(ce, "banana")) bad |= 128;
+	if (p_memscale_config_error() != ce) bad |= 256; // static, the same every time
 	if (p_memscale_allocated(0) != -1) bad |= 16;
 	if (p_memscale_malloc(4096, 0, stream_a) != NULL) bad |= 32; // every malloc fails
 	if (p_memscale_error_count() < 4) bad |= 64;
@@ -1305,6 +1363,7 @@ int main(int argc, char** argv) {
 	LOAD(memscale_set_limit);
 	LOAD(memscale_allocated);
 	LOAD(memscale_config_json);
+	LOAD(memscale_config_error);
 	LOAD(memscale_last_error);
 	LOAD(memscale_error_count);
 	LOAD(memscale_clear_error);
@@ -1356,6 +1415,7 @@ int main(int argc, char** argv) {
 	test_limits();
 	test_bad_inputs();
 	test_last_error_storage();
+	test_last_error_per_thread();
 	if (!skip_dtr) {
 		test_dtr_allocator_usage(h);
 		test_dtr_tune();
