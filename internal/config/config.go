@@ -33,6 +33,12 @@ const (
 	EnvTraceCapacity      = "MEMSCALE_TRACE_CAPACITY"
 	EnvLogLevel           = "MEMSCALE_LOG_LEVEL"
 	EnvLogFormat          = "MEMSCALE_LOG_FORMAT"
+	// EnvOpBatch and EnvNoExtension are read by the Python plugin; the
+	// library checks them too, so that a malformed value is rejected with
+	// the rest of the configuration (memscale_config_error) instead of
+	// being read as something else.
+	EnvOpBatch     = "MEMSCALE_OP_BATCH"
+	EnvNoExtension = "MEMSCALE_NO_EXTENSION"
 )
 
 // otherKnownVars are MEMSCALE_* variables read by other parts of memscale
@@ -40,9 +46,7 @@ const (
 var otherKnownVars = []string{
 	"MEMSCALE_LIBRARY",
 	"MEMSCALE_DTR_TRACES",
-	"MEMSCALE_NO_EXTENSION", // the plugin's C extension for the per-op call (memscale/_crossing.py)
-	"MEMSCALE_CACHE_DIR",    // where the plugin keeps that extension
-	"MEMSCALE_OP_BATCH",     // ops the plugin registers per engine call (memscale/_engine.py)
+	"MEMSCALE_CACHE_DIR", // where the plugin keeps its C extension
 	// bench/gpu's scripts (bench/gpu/README.md)
 	"MEMSCALE_GPU_BUDGET_S",
 	"MEMSCALE_GPU_WORK",
@@ -104,6 +108,14 @@ var LogFormats = []string{"console", "json"}
 // unset: 16 GiB.
 const DefaultSimCapacity uint64 = 16 << 30
 
+// DefaultOpBatch is MEMSCALE_OP_BATCH's default: ops a DTR region registers
+// per engine call.
+const DefaultOpBatch = 32
+
+// MaxOpBatch bounds MEMSCALE_OP_BATCH: a batch is a buffer of that many ops'
+// frames, and more than this many ops per call saves nothing measurable.
+const MaxOpBatch = 1 << 16
+
 // MaxTraceCapacity bounds MEMSCALE_TRACE_CAPACITY (events kept in the
 // allocator's trace ring).
 const MaxTraceCapacity = 1 << 26
@@ -143,6 +155,13 @@ type Config struct {
 	// LogFormat is MEMSCALE_LOG_FORMAT (default logging.DefaultFormat,
 	// "console"), lower-cased.
 	LogFormat string `json:"log_format"`
+	// OpBatch is MEMSCALE_OP_BATCH, the ops a DTR region registers per
+	// engine call (default DefaultOpBatch; 1 to MaxOpBatch). The plugin
+	// reads it; the library only checks it.
+	OpBatch int `json:"op_batch"`
+	// NoExtension is MEMSCALE_NO_EXTENSION: "1" asks the plugin to call the
+	// engine through ctypes instead of its C extension; "0" or unset: not.
+	NoExtension bool `json:"no_extension"`
 }
 
 // Default returns the configuration used when no MEMSCALE_* variable is set.
@@ -155,6 +174,7 @@ func Default() Config {
 		SimCapacity:        DefaultSimCapacity,
 		LogLevel:           logging.DefaultLevel,
 		LogFormat:          logging.DefaultFormat,
+		OpBatch:            DefaultOpBatch,
 	}
 }
 
@@ -218,6 +238,8 @@ func Load(lookup LookupFunc) (Config, error) {
 	l.count(EnvTraceCapacity, MaxTraceCapacity, &c.TraceCapacity)
 	choice(&l, EnvLogLevel, LogLevels, func(v string) { c.LogLevel = v })
 	choice(&l, EnvLogFormat, LogFormats, func(v string) { c.LogFormat = v })
+	l.positive(EnvOpBatch, MaxOpBatch, "ops registered per engine call; 1: one call per op", &c.OpBatch)
+	choice(&l, EnvNoExtension, []string{"1", "0"}, func(v string) { c.NoExtension = v == "1" })
 
 	if err := c.checkStatic(); err != nil {
 		l.errs = append(l.errs, err)
@@ -303,7 +325,7 @@ func KnownVars() []string {
 	return []string{
 		EnvBackend, EnvMemoryLimit, EnvEvictionThreshold, EnvEvicteeMinSize,
 		EnvHeuristic, EnvRecompTimeFactor, EnvRecompMemoryFactor, EnvSimCapacity,
-		EnvTraceCapacity, EnvLogLevel, EnvLogFormat,
+		EnvTraceCapacity, EnvLogLevel, EnvLogFormat, EnvOpBatch, EnvNoExtension,
 	}
 }
 
@@ -367,7 +389,7 @@ func (l *loader) factor(name string, dst *float64) {
 	if !ok {
 		return
 	}
-	const accepted = `a finite decimal number greater than 0 ("1", "0.5", "2.25")`
+	accepted := fmt.Sprintf(`a decimal number greater than 0 and at most %d ("1", "0.5", "2.25")`, evict.MaxRecompFactor)
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil || strings.ContainsAny(v, "xX_") {
 		l.fail(name, raw, accepted, errors.New("not a number"))
@@ -377,7 +399,34 @@ func (l *loader) factor(name string, dst *float64) {
 		l.fail(name, raw, accepted, errors.New("not a finite number greater than 0"))
 		return
 	}
+	if f > evict.MaxRecompFactor {
+		l.fail(name, raw, accepted, fmt.Errorf("above %d: the exponent would overflow the eviction score (cost^%v)", evict.MaxRecompFactor, f))
+		return
+	}
 	*dst = f
+}
+
+// positive accepts a whole number from 1 to limit; what says what it counts.
+func (l *loader) positive(name string, limit int, what string, dst *int) {
+	v, raw, ok := l.get(name)
+	if !ok {
+		return
+	}
+	accepted := fmt.Sprintf("a whole number from 1 to %d (%s)", limit, what)
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		if errors.Is(err, strconv.ErrRange) {
+			l.fail(name, raw, accepted, errors.New("too large"))
+			return
+		}
+		l.fail(name, raw, accepted, errors.New("not a whole number"))
+		return
+	}
+	if n < 1 || n > uint64(limit) {
+		l.fail(name, raw, accepted, errors.New("out of range"))
+		return
+	}
+	*dst = int(n)
 }
 
 func (l *loader) count(name string, limit int, dst *int) {
