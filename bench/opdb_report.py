@@ -70,7 +70,7 @@ def _memscale_source() -> str:
 def _library() -> str:
     """The engine library the region loaded, with its modification time."""
     try:
-        from memscale import _lib
+        from memscale._native import lib as _lib
 
         path = Path(_lib.find_library())
         stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)

@@ -235,7 +235,7 @@ def gpt2_steps(steps: int, fractions: list[float]) -> tuple[int, list[dict[str, 
     for f in fractions[:2]:  # the same, one engine call per op (MEMSCALE_OP_BATCH=1)
         runs.append({"name": f"{f:.0%}, one call per op", "region": dtr(int(peak * f)), "budget": int(peak * f), "batch": "1"})
     # The drop-in API: a threshold at the peak and one far above it (a card's
-    # size); steps whose shapes fitted twice run untracked (memscale._fitting).
+    # size); steps whose shapes fitted twice run untracked (memscale._dropin.fitting).
     for name, budget in (("100%, memscale.wrap", peak), ("1 TiB (card size), memscale.wrap", 1 << 40)):
         runs.append({"name": name, "region": "wrapped", "budget": budget})
     for r in runs:
@@ -516,7 +516,7 @@ same from the process's CPU time (torch's intra-op threads and the Go runtime's 
 which other jobs on the machine disturb less than wall time. The `memscale.wrap` rows run
 the drop-in API (`MEMSCALE_EVICTION_THRESHOLD` through `Config.threshold`): a step whose
 shapes fitted the budget in two tracked steps runs untracked, as plain PyTorch
-("untracked steps": of the {args.steps}; `memscale._fitting`); their "engine peak" and
+("untracked steps": of the {args.steps}; `memscale._dropin.fitting`); their "engine peak" and
 counters are the tracked steps'.
 """
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)

@@ -181,7 +181,7 @@ def _revision() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True, check=False).stdout
     except OSError:
         return "unknown revision"
-    from memscale import _lib
+    from memscale._native import lib as _lib
 
     lib = Path(_lib.find_library())
     built = datetime.datetime.fromtimestamp(lib.stat().st_mtime).isoformat(timespec="minutes")

@@ -272,7 +272,7 @@ def _run(a: argparse.Namespace) -> dict[str, Any]:
             info["peak_over_budget_bytes"] = info["peak_allocated_fwd_bwd"] - budget
     if a.allocator == "memscale":
         import memscale
-        from memscale import _lib
+        from memscale._native import lib as _lib
 
         st = memscale.memory_stats(0)
         info["memscale_stats"] = {

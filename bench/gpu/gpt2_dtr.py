@@ -484,7 +484,7 @@ def worker_probe(a: argparse.Namespace, with_memscale: bool) -> dict[str, Any]:
         out.update(fits=False, reason=_classify(exc), error=f"{type(exc).__name__}: {str(exc)[:2000]}")
         if memscale_alloc:  # what the allocator said (an OOM there may surface as another error in torch)
             try:
-                from memscale import _lib
+                from memscale._native import lib as _lib
 
                 last = _lib.last_error()
                 out["memscale_last_error"] = last[:2000]

@@ -11,7 +11,7 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
   the goal);
 * ``wrap-card``: ``memscale.wrap(model, Config(threshold="100%"))``, the drop-in
   API at the card's size: after two tracked steps that fit, steps of the same
-  shapes run untracked (``memscale._fitting``);
+  shapes run untracked (``memscale._dropin.fitting``);
 * ``budget``: inside ``memscale.dtr(F x plain peak)`` (``--fraction``, 0.5);
 * ``budget-one-call``: as ``budget``, one engine call per op
   (``MEMSCALE_OP_BATCH=1``) instead of one per batch of 32;
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIP profile_step: {why}")
         return 0
     import memscale
-    from memscale import _crossing
+    from memscale._native import crossing as _crossing
     from memscale._region import dispatch
 
     if cuda:

@@ -1,10 +1,10 @@
 """memscale: train PyTorch models beyond GPU memory with libmemscale.so.
 
-Four layers, use the one you need:
+Use the layer you need:
 
 * ``python -m memscale run script.py`` (or ``memscale.enable()`` first thing in the
   script): every training step of an unmodified script runs under DTR, with
-  ``MEMSCALE_EVICTION_THRESHOLD`` as the budget (see ``memscale/_enable.py``).
+  ``MEMSCALE_EVICTION_THRESHOLD`` as the budget (see ``memscale/_dropin/enable.py``).
 * ``memscale.install(threshold=..., limit=...)``: make libmemscale.so PyTorch's CUDA
   allocator (call it first thing, before any CUDA use). ``memory_stats()``,
   ``memory_summary()``, ``snapshot()``, ``dump_snapshot()`` replace the
@@ -22,35 +22,32 @@ Four layers, use the one you need:
   ``memscale.optimize(model, optimizer)``, ``memscale.detach(...)``,
   ``memscale.summary(...)``: run every training step under a region.
 
-Everything importable without torch works without it; the library is loaded on
-first use (``MEMSCALE_LIBRARY``, next to this package, or the repository's
-``build/libmemscale.so``).
+``import memscale`` is cheap: the names above are resolved on first use (torch and
+the library are loaded then, not before), so ``memscale version`` and the
+command line answer at once. The library is found through ``MEMSCALE_LIBRARY``,
+next to this package, or in the repository's ``build/``.
+
+The package, bottom to top (a module imports only from the layers below it):
+
+* ``errors``, ``_version``: no dependencies;
+* ``_native/``: the binding of libmemscale.so (ctypes, the engine handle, the C
+  crossing extension);
+* ``config``, ``_stats``: settings, sizes, the counters and :class:`Summary`;
+* ``_allocator/``: installing the allocator, its statistics, snapshots, which
+  device, where a budget comes from (the eviction threshold);
+* ``_region/``: the op-level DTR region and ``memscale.check``;
+* ``_blocks/``: block-level DTR;
+* ``_dropin/``, ``hf``, ``lightning``, ``metrics``: a region per training step
+  with no code change (``enable``, ``wrap``, ``optimize``) and its integrations;
+* ``trace``, ``demo``, ``_cli`` (the ``memscale`` command line), this file.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .allocator import (
-    Installation,
-    device_total_memory,
-    install,
-    installed,
-    library_config,
-    max_memory_allocated,
-    max_memory_reserved,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    memory_summary,
-    reset_peak_memory_stats,
-    set_limit,
-    set_threshold,
-)
-from ._torch_memory import patch_torch_memory, restore_torch_memory, torch_memory_patched
-from ._budget import THRESHOLD, Budget
-from ._enable import Enabled, enable
-from .api import Summary, detach, end_step, optimize, summary, wrap
+from ._version import __version__
 from .config import Config, OptimizationMode, parse_size
 from .errors import (
     AlreadyInstalledError,
@@ -61,11 +58,42 @@ from .errors import (
     LibraryNotFoundError,
     MemscaleError,
 )
-from .record import record_snapshot
-from .snapshot import dump_snapshot, snapshot
 
-from ._version import __version__
+#: The public names resolved on first use: name -> the module that defines it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        ("Installation", "install", "installed", "set_limit", "set_threshold"), "._allocator.install"
+    ),
+    **dict.fromkeys(
+        (
+            "device_total_memory",
+            "library_config",
+            "max_memory_allocated",
+            "max_memory_reserved",
+            "memory_allocated",
+            "memory_reserved",
+            "memory_stats",
+            "memory_summary",
+            "reset_peak_memory_stats",
+        ),
+        "._allocator.stats",
+    ),
+    **dict.fromkeys(("patch_torch_memory", "restore_torch_memory", "torch_memory_patched"), "._allocator.torch_memory"),
+    **dict.fromkeys(("THRESHOLD", "Budget"), "._allocator.budget"),
+    "record_snapshot": "._allocator.record",
+    **dict.fromkeys(("dump_snapshot", "snapshot"), "._allocator.snapshot"),
+    **dict.fromkeys(("Enabled", "enable"), "._dropin.enable"),
+    **dict.fromkeys(("detach", "optimize", "wrap"), "._dropin.api"),
+    **dict.fromkeys(("end_step", "summary"), "._dropin.attached"),
+    "Summary": "._stats",
+    **dict.fromkeys(("DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"), "._region"),
+    **dict.fromkeys(("CheckReport", "check"), "._region.check"),
+    "MemscaleCallback": ".hf",  # imports transformers
+}
 
+#: Names whose module is the DTR region (torch's dispatch modes): unavailable
+#: where it cannot be imported, with the reason.
+_REGION_NAMES = frozenset(name for name, module in _LAZY.items() if module.startswith("._region"))
 
 
 def blocks(
@@ -108,68 +136,38 @@ def blocks(
     return BlockDTR(model, budget, modules, heuristic, allocated)
 
 
-__all__: list[str] = [
-    "AlreadyInstalledError",
-    "Budget",
-    "Enabled",
-    "THRESHOLD",
-    "CUDAAlreadyInitializedError",
-    "Config",
-    "ConfigError",
-    "InstallError",
-    "Installation",
-    "LibraryLoadError",
-    "LibraryNotFoundError",
-    "MemscaleError",
-    "OptimizationMode",
-    "Summary",
-    "__version__",
-    "blocks",
-    "detach",
-    "device_total_memory",
-    "dump_snapshot",
-    "enable",
-    "end_step",
-    "install",
-    "installed",
-    "library_config",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_stats",
-    "memory_summary",
-    "optimize",
-    "parse_size",
-    "patch_torch_memory",
-    "record_snapshot",
-    "restore_torch_memory",
-    "torch_memory_patched",
-    "reset_peak_memory_stats",
-    "set_limit",
-    "set_threshold",
-    "snapshot",
-    "summary",
-    "wrap",
-]
-
-
-_REGION_NAMES = ("CheckReport", "DTRRegion", "DTRTensor", "EvictedTensorError", "check", "dtr", "unwrap")
-_region_import_error: ImportError | None = None
-try:
-    from ._region import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
-    from ._check import CheckReport, check
-except ImportError as exc:  # the region cannot load here
-    _region_import_error = exc
-else:
-    __all__ += list(_REGION_NAMES)
+__all__: list[str] = sorted(
+    {
+        "__version__",
+        "blocks",
+        "Config",
+        "OptimizationMode",
+        "parse_size",
+        "AlreadyInstalledError",
+        "ConfigError",
+        "CUDAAlreadyInitializedError",
+        "InstallError",
+        "LibraryLoadError",
+        "LibraryNotFoundError",
+        "MemscaleError",
+        *(name for name in _LAZY if name != "MemscaleCallback"),
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _REGION_NAMES and _region_import_error is not None:
-        raise AttributeError(f"memscale.{name} is unavailable: importing the DTR region failed ({_region_import_error})")
-    if name == "MemscaleCallback":  # imports transformers, so only on demand
-        from .hf import MemscaleCallback
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memscale' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ImportError as exc:
+        if name in _REGION_NAMES:
+            raise AttributeError(f"memscale.{name} is unavailable: importing the DTR region failed ({exc})") from exc
+        raise
+    globals()[name] = value  # resolved once
+    return value
 
-        return MemscaleCallback
-    raise AttributeError(f"module 'memscale' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

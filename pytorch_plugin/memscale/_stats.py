@@ -59,7 +59,7 @@ class Summary:
             ``instructions`` and ``config``, or ``{"error": message}``.
         untracked_steps: steps (counted in ``steps``) that ran untracked,
             as plain PyTorch, because steps of the same shapes had fitted the
-            budget (:mod:`memscale._fitting`).
+            budget (:mod:`memscale._dropin.fitting`).
         untracked_over_budget: untracked steps whose measured peak (GPU,
             memscale allocator) went over the budget; their shapes are
             tracked from then on.

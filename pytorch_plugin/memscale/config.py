@@ -12,7 +12,7 @@ What "device memory" means for percentages:
   library's own view of the device before CUDA is initialized);
 * on CPU (the DTR region on CPU tensors, used for tests and for sizing runs):
   ``Config.device_memory`` when given, otherwise the measured peak usage of a
-  baseline step. The wrappers in :mod:`memscale.api` run the first step with no
+  baseline step. The wrappers in :mod:`memscale._dropin.api` run the first step with no
   budget, read its peak from the region summary and budget every later step at
   ``budget_for(peak)``.
 """
@@ -62,7 +62,7 @@ def heuristics() -> tuple[str, ...] | None:
     region is created. There is deliberately no copy of the list here."""
     global _HEURISTICS
     if _HEURISTICS is None:
-        from . import _lib  # the library is optional for building a Config
+        from ._native import lib as _lib  # the library is optional for building a Config
 
         try:
             report = _lib.take_json(_lib.lib().memscale_config_json(), "memscale_config_json")
@@ -154,13 +154,20 @@ def parse_size(
         if value >= 2**63:
             raise ConfigError(f"{name}={value!r}: too large (at most 2**63-1 bytes)")
         return value
+    if value.strip().startswith("-"):
+        raise ConfigError(f"{name}={value!r}: must be positive (a size cannot be negative); expected {accepted}")
     pm = _PERCENT_RE.match(value)
     if pm is not None:
         if not allow_percent:
             raise ConfigError(f"{name}={value!r}: a percentage is not accepted here; expected {accepted}")
         pct = Fraction(pm.group(1))
-        if not 0 < pct <= 100:
-            raise ConfigError(f"{name}={value!r}: a percentage must be in (0, 100]")
+        if pct > 100:
+            raise ConfigError(
+                f"{name}={value!r}: {pm.group(1)}% is over 100 %: a percentage is of the whole memory, so "
+                "at most 100%; give a percentage in (0, 100] or bytes"
+            )
+        if pct <= 0:
+            raise ConfigError(f"{name}={value!r}: a percentage must be above 0; give one in (0, 100] or bytes")
         if total is None:
             raise ConfigError(f"{name}={value!r}: a percentage needs the device memory size, which is not known here")
         if total <= 0:
@@ -251,7 +258,7 @@ class Config:
             free port).
         untracked_steps: let a step whose shapes already fitted the budget
             twice, tracked, run untracked as plain PyTorch (no per-op cost;
-            :mod:`memscale._fitting`). ``None`` (the default):
+            :mod:`memscale._dropin.fitting`). ``None`` (the default):
             ``MEMSCALE_UNTRACKED_STEPS`` (``1``, the default, or ``0``).
         unit: what DTR tracks. ``None`` (the default): ``MEMSCALE_UNIT``
             (``op``, the default, or ``block``), so a script run unchanged can

@@ -40,7 +40,7 @@ class MemscaleCallback(TrainerCallback):  # type: ignore[misc]
         self.history: list[dict[str, Any]] = []
 
     def _emit(self, event: str, state: Any) -> None:
-        from .api import summary
+        from ._dropin.attached import summary
 
         current = summary(self.source)
         record = {"event": event, "global_step": getattr(state, "global_step", None), **current.as_dict()}

@@ -9,7 +9,7 @@ closure returns, before the update), as :func:`memscale.enable` does for any
 closure; validation, checkpointing and logging see ordinary tensors. A manual
 optimization loop (no closure) ends its step at ``optimizer.step()`` too.
 
-Holds nothing; the attachment lives in :mod:`memscale.api`.
+Holds nothing; the attachment lives in :mod:`memscale._dropin.api`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def is_lightning_trainer(obj: Any) -> bool:
 
 def step_hook(trainer: Any, steps: Any) -> Any:
     """The optimizer step pre-hook of a wrapped Lightning trainer."""
-    from ._enable import _closure_in_its_own_step
+    from ._dropin.enable import _closure_in_its_own_step
 
     def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         module = trainer.lightning_module
@@ -48,7 +48,7 @@ def wrap_trainer(trainer: Any, config: Config) -> Any:
     """Hook ``trainer`` (see the module doc); returns the hook's handle."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from ._steps import Steps
+    from ._dropin.steps import Steps
 
     steps = Steps(config, None)
     return steps, register_optimizer_step_pre_hook(step_hook(trainer, steps))

@@ -38,8 +38,9 @@ def _collector() -> Any:
         """Reads memscale's totals at every scrape."""
 
         def collect(self) -> Iterator[Any]:
-            from . import api
-            from .allocator import installed, memory_allocated
+            from ._dropin import attached
+            from ._allocator.install import installed
+            from ._allocator.stats import memory_allocated
 
             labels = ["wrapped"]
             families = {
@@ -63,7 +64,7 @@ def _collector() -> Any:
                     "memscale_compute_overhead_ratio", "(base + recompute) / base compute time", labels=labels
                 ),
             }
-            for name, summary in api.attached_summaries():
+            for name, summary in attached.attached_summaries():
                 families["evictions"].add_metric([name], summary.evictions)
                 families["rematerializations"].add_metric([name], summary.rematerializations)
                 families["swaps"].add_metric([name, "out"], summary.swaps_out)

@@ -16,14 +16,14 @@ from typing import Any
 
 
 import memscale
-from memscale import _lib
+from memscale._native import lib as _lib
 
 
 def require_engine() -> None:
     """Skip the calling test module when the DTR engine's exports cannot be loaded."""
     import pytest
 
-    from memscale import _engine
+    from memscale._native import engine as _engine
 
     reason = _engine.unavailable_reason()
     if reason is not None:

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 try:
-    from memscale import _engine
+    from memscale._native import engine as _engine
     from memscale import dtr as _dtr  # noqa: F401
 
     _engine.dtr_lib()
@@ -35,9 +35,9 @@ MODE = "conservative"
 def _detach_leftovers() -> Iterator[None]:
     """A failed test must not leave a step region open for the next ones."""
     yield
-    from memscale import api
+    from memscale._dropin import attached
 
-    for obj, attachment in list(api._attached.items()):
+    for obj, attachment in list(attached.attached.items()):
         if attachment.kind != "optimize":
             try:
                 memscale.detach(obj)
@@ -179,9 +179,9 @@ def test_a_childs_no_grad_forward_inside_a_step_leaves_it_open() -> None:
     out = model.encoder(x)  # a step with gradients: open until the optimizer step
     with torch.no_grad():
         model.decoder(torch.zeros(4, 10))  # a no-grad forward of another part: the step stays open
-    from memscale import api
+    from memscale._dropin import attached
 
-    assert api._attached[model].steps.is_open
+    assert attached.attached[model].steps.is_open
     out.sum().backward()
     memscale.end_step(model)
     assert memscale.summary(model).steps == 3

@@ -252,7 +252,7 @@ def test_a_device_budget_makes_room_for_what_follows_the_forward(
         return outside + (int(engine.status.usage) if engine is not None else 0)
 
     monkeypatch.setattr("memscale._blocks.device.PeakProbe", Probe)
-    monkeypatch.setattr("memscale._blocks.tracker._module_device_index", lambda model: 0)
+    monkeypatch.setattr("memscale._blocks.tracker.module_device_index", lambda model: 0)
     budget = outside + 4 * block
     tracker = memscale.blocks(model, budget, allocated=allocated)
     resident_at_end: list[int] = []

@@ -37,7 +37,7 @@ def test_the_eviction_threshold_is_the_default_budget(monkeypatch: pytest.Monkey
     assert tracker.budget == 3 << 20 and "MEMSCALE_EVICTION_THRESHOLD=3MiB" in tracker.budget_source
     tracker.detach()
     monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
-    with pytest.raises(ConfigError, match="percentage needs a GPU"):
+    with pytest.raises(ConfigError, match="percentage is of the GPU.s memory"):
         memscale.blocks(model)
 
 
@@ -71,7 +71,7 @@ def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCapture
     """``memscale.enable(Config(unit="block"))``: the first training forward of
     each model puts blocks on it; a model without blocks is said so and runs
     untracked; ``disable()`` removes every hook."""
-    from memscale import _enable
+    from memscale._dropin import enable as _enable
 
     torch.manual_seed(0)
     base = Net(p=0.2)
@@ -112,14 +112,14 @@ class _Flat(nn.Module):
 
 
 def test_auto_wraps_a_model_with_blocks_as_blocks_and_one_without_as_regions() -> None:
-    from memscale import api
+    from memscale._dropin import attached
 
     model, flat = Net(), _Flat()
     memscale.wrap(model, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
     memscale.wrap(flat, memscale.Config(unit="auto", mode="aggressive", log_summary=False))
     try:
-        assert api._attached[model].kind == "blocks"
-        assert api._attached[flat].kind == "module"
+        assert attached.attached[model].kind == "blocks"
+        assert attached.attached[flat].kind == "module"
     finally:
         memscale.detach(model)
         memscale.detach(flat)

@@ -1,4 +1,4 @@
-"""The eviction threshold is the default budget (memscale._budget), and an
+"""The eviction threshold is the default budget (memscale._allocator.budget), and an
 explicit budget, Config.threshold or Config.mode wins; summaries say which."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import memscale  # noqa: E402
 from memscale import Config, ConfigError, dtr  # noqa: E402
-from memscale._budget import THRESHOLD_ENV, Budget, default_budget, threshold_budget  # noqa: E402
+from memscale._allocator.budget import THRESHOLD_ENV, Budget, default_budget, threshold_budget  # noqa: E402
 
 require_engine()
 
@@ -54,7 +54,7 @@ def test_an_explicit_budget_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "match"),
-    [("50%", "percentage needs a GPU"), ("lots", THRESHOLD_ENV), ("0", "must be positive"), ("-1MiB", THRESHOLD_ENV)],
+    [("50%", "percentage is of the GPU.s memory"), ("lots", THRESHOLD_ENV), ("0", "must be positive"), ("-1MiB", "must be positive"), ("200%", "over 100 %")],
 )
 def test_a_bad_threshold_is_a_clear_error(raw: str, match: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(THRESHOLD_ENV, raw)

@@ -17,7 +17,8 @@ import pytest
 
 import memscale
 from _helpers import require_engine
-from memscale import Config, ConfigError, OptimizationMode, _lib
+from memscale import Config, ConfigError, OptimizationMode
+from memscale._native import lib as _lib
 
 torch = pytest.importorskip("torch")
 require_engine()

@@ -20,8 +20,9 @@ import pytest
 
 import memscale
 from _helpers import require_engine
-from memscale import ConfigError, _lib
-from memscale._distributed import LOCAL_RANK_ENVS, local_device
+from memscale import ConfigError
+from memscale._native import lib as _lib
+from memscale._allocator.device import LOCAL_RANK_ENVS, local_device
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

@@ -1,4 +1,4 @@
-"""memscale._engine: the one binding of the engine's C ABI (memscale_dtr_*).
+"""memscale._native.engine: the one binding of the engine's C ABI (memscale_dtr_*).
 
 Drives the real library directly, without PyTorch: registration, the budget
 loop's victims, plans (and their capacity retry), rematerialization, swaps,
@@ -16,14 +16,14 @@ import pytest
 from memscale import MemscaleError
 
 try:
-    from memscale import _engine
+    from memscale._native import engine as _engine
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine
     pytest.skip(f"the DTR engine is unavailable: {exc}", allow_module_level=True)
 
-from memscale import _crossing  # noqa: E402
-from memscale._engine import ACTION_DROP, ACTION_SWAP, STEP_RERUN, STEP_SWAP_IN, Engine
+from memscale._native import crossing as _crossing  # noqa: E402
+from memscale._native.engine import ACTION_DROP, ACTION_SWAP, STEP_RERUN, STEP_SWAP_IN, Engine
 
 MB = 1 << 20
 

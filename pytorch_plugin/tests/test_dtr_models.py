@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 try:
-    from memscale import _engine
+    from memscale._native import engine as _engine
     from memscale import dtr
 
     _engine.dtr_lib()

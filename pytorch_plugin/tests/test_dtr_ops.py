@@ -21,7 +21,7 @@ from memscale import ConfigError, MemscaleError
 torch = pytest.importorskip("torch")
 
 try:
-    from memscale import _engine
+    from memscale._native import engine as _engine
     from memscale import DTRRegion, DTRTensor, EvictedTensorError, dtr, unwrap
 
     _engine.dtr_lib()
@@ -708,7 +708,7 @@ def test_cuda_timer_samples_and_scales_unmeasured_sizes(monkeypatch: pytest.Monk
 def test_the_ctypes_fallback_runs_a_region_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the C extension (no compiler, MEMSCALE_NO_EXTENSION) every op
     crosses into the engine through ctypes, with the same results."""
-    from memscale import _crossing
+    from memscale._native import crossing as _crossing
 
     monkeypatch.setenv(_crossing.DISABLE_ENV, "1")
     _crossing.reset_for_tests()

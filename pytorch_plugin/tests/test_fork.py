@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import memscale
-from memscale import _lib
+from memscale._native import lib as _lib
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(
@@ -32,7 +32,7 @@ import ctypes, sys, threading, time
 import torch
 from torch.utils.data import DataLoader, Dataset
 import memscale
-from memscale import _lib
+from memscale._native import lib as _lib
 
 lib = _lib.lib()
 inherited = lib.memscale_malloc(1 << 20, 0, None)   # a "CUDA tensor" the workers inherit

@@ -34,7 +34,7 @@ def _needs_trainer_stack() -> Any:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (not installed)")
     try:
-        from memscale import _engine
+        from memscale._native import engine as _engine
         from memscale import dtr  # noqa: F401
 
         _engine.dtr_lib()
@@ -141,7 +141,7 @@ def test_callback_can_be_silenced(tmp_path: Path, caplog: pytest.LogCaptureFixtu
 
 def test_a_wrapped_trainer_runs_fitting_steps_untracked(tmp_path: Path) -> None:
     """A threshold far above the step: after two tracked steps of the batch's
-    shapes, the Trainer's steps run as plain PyTorch (memscale._fitting)."""
+    shapes, the Trainer's steps run as plain PyTorch (memscale._dropin.fitting)."""
     transformers = _needs_trainer_stack()
     plain = _trainer(transformers, tmp_path / "plain")
     plain.train()

@@ -24,7 +24,7 @@ from memscale import (
     InstallError,
     _lib,
 )
-from memscale import allocator as allocator_module
+from memscale._allocator import install as allocator_module
 
 torch = pytest.importorskip("torch")
 

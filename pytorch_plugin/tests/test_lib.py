@@ -1,4 +1,4 @@
-"""memscale._lib: finding libmemscale.so, loading it, and the error/string helpers."""
+"""memscale._native.lib: finding libmemscale.so, loading it, and the error/string helpers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memscale import LibraryLoadError, LibraryNotFoundError, MemscaleError, _lib
+from memscale import LibraryLoadError, LibraryNotFoundError, MemscaleError
+
+from memscale._native import lib as _lib
 
 needs_library = pytest.mark.skipif(
     _lib.unavailable_reason() is not None,

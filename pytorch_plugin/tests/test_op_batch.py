@@ -15,7 +15,7 @@ try:
     import torch
 
     from memscale import dtr
-    from memscale._engine import Engine, dtr_lib
+    from memscale._native.engine import Engine, dtr_lib
     from memscale._region import session as session_module
 
     dtr_lib()

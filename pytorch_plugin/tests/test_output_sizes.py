@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 try:
     from memscale import dtr
-    from memscale._engine import dtr_lib
+    from memscale._native.engine import dtr_lib
     from memscale._region.arguments import OUTPUT_SIZES
 
     dtr_lib()

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from memscale import MemscaleError
-from memscale._engine import NoRoomError
+from memscale._native.engine import NoRoomError
 from memscale._region import rebuild
 from memscale._region.cells import HeldCells
 

@@ -30,7 +30,7 @@ def test_allocation_succeeds_after_the_engine_evicts_then_fails_clearly() -> Non
     proc = run_child(
         """
         import ctypes
-        from memscale import _engine, _lib
+        from memscale._native import engine as _engine, lib as _lib
         from memscale._region import reclaim
 
         MB = 1 << 20

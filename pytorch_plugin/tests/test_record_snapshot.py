@@ -93,7 +93,7 @@ def test_python_m_memscale_record(tmp_path):
         "m(torch.randn(8, 16)).sum().backward()\n"
         "sys.exit(3)\n"
     )
-    from memscale.__main__ import main
+    from memscale._cli import main
 
     out = tmp_path / "snap.pickle"
     assert main(["record", "--device", "cpu", str(out), str(script)]) == 3

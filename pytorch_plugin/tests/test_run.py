@@ -131,29 +131,40 @@ def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
     _assert_bitwise(plain["out"], roomy["out"], args[0])
 
 
-def test_run_without_a_threshold_on_the_cpu_changes_nothing(tmp_path: Path) -> None:
-    plain = _run(["gpt2_adamw_loop.py", "2"], tmp_path)
+def test_run_without_a_threshold_on_the_cpu_measures_the_peak(tmp_path: Path) -> None:
+    """No threshold: nothing is evicted, the values are the plain run's, and
+    the run prints the peak it measured with the threshold that halves it -
+    the one a percentage of 50 % gives on the CPU."""
+    plain = _run(["gpt2_adamw_loop.py", "3"], tmp_path)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
     child_env["PYTHONPATH"] = str(PLUGIN)
-    out = tmp_path / "bare.pt"
+    out, summary = tmp_path / "bare.pt", tmp_path / "bare.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "memscale", "run", str(SCRIPTS / "gpt2_adamw_loop.py"), str(out), "2"],
+        [
+            sys.executable, "-m", "memscale", "run", "--summary-json", str(summary),
+            str(SCRIPTS / "gpt2_adamw_loop.py"), str(out), "3",
+        ],
         env=child_env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "nothing to evict against" in proc.stderr
+    s = json.loads(summary.read_text())
+    assert s["active"] and s["evictions"] == 0 and s["budget"] is None and s["peak_usage"] > 0, s
+    assert "no threshold was set: the training steps peaked at" in proc.stderr, proc.stderr
+    assert "--threshold 50%" in proc.stderr and "MEMSCALE_EVICTION_THRESHOLD=" in proc.stderr, proc.stderr
     _assert_bitwise(plain["out"], torch.load(out), "gpt2 without a threshold")
+    half = _run(["gpt2_adamw_loop.py", "3"], tmp_path, threshold="50%")
+    h = half["summary"]
+    assert h["budget"] == h["baseline_peak"] // 2 and "--threshold 50%: of the first step's measured peak" in h[
+        "budget_source"
+    ], h
+    assert h["evictions"] > 0 and 0 < h["peak_usage"] <= h["budget"], h
+    _assert_bitwise(plain["out"], half["out"], "gpt2 at 50 % of its measured peak")
 
 
 def test_run_reports_bad_input(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(PLUGIN))
     proc = subprocess.run([sys.executable, "-m", "memscale", "run"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "give the script" in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "memscale", "run", "--threshold", "50%", str(SCRIPTS / "gpt2_adamw_loop.py"), "x"],
-        env=env, capture_output=True, text=True,
-    )
-    assert proc.returncode != 0 and "percentage needs a GPU" in proc.stderr
     failing = tmp_path / "fails.py"
     failing.write_text("import sys\nsys.exit(3)\n")
     proc = subprocess.run(

@@ -14,7 +14,8 @@ import pytest
 
 import memscale
 from _helpers import run_child
-from memscale import MemscaleError, _lib
+from memscale import MemscaleError
+from memscale._native import lib as _lib
 
 pytestmark = pytest.mark.skipif(
     _lib.unavailable_reason() is not None,
@@ -119,7 +120,7 @@ def test_dump_snapshot_round_trip_with_trace(tmp_path: Path) -> None:
     proc = run_child(
         f"""
         import memscale
-        from memscale import _lib
+        from memscale._native import lib as _lib
         lib = _lib.lib()
         ptrs = [lib.memscale_malloc(n, 0, None) for n in (4096, 1 << 20, 30 << 20)]
         assert all(ptrs), _lib.last_error()

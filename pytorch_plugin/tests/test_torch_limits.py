@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from _helpers import run_child
-from memscale import _lib
+from memscale._native import lib as _lib
 
 torch = pytest.importorskip("torch")
 

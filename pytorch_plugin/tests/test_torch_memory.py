@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from _helpers import run_child
-from memscale import _lib
+from memscale._native import lib as _lib
 
 torch = pytest.importorskip("torch")
 
@@ -32,7 +32,7 @@ def test_third_party_calls_return_memscale_numbers_and_restore() -> None:
     proc = run_child(
         """
         import torch, memscale
-        from memscale import _lib
+        from memscale._native import lib as _lib
         original = torch.cuda.max_memory_allocated
         memscale.install(backend="sim")
         assert memscale.torch_memory_patched()
@@ -71,7 +71,7 @@ def test_torch_memory_viz_reads_a_snapshot_with_an_oom(tmp_path: Path) -> None:
     proc = run_child(
         f"""
         import memscale
-        from memscale import _lib
+        from memscale._native import lib as _lib
         lib = _lib.lib()
         memscale.set_limit(64 << 20, 0)
         a = lib.memscale_malloc(4 << 20, 0, None)

@@ -25,7 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 try:
-    from memscale import _engine, trace
+    from memscale import trace
+    from memscale._native import engine as _engine
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine

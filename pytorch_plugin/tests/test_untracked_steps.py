@@ -1,4 +1,4 @@
-"""Steps that fit the budget run untracked (memscale._fitting), through the drop-in API.
+"""Steps that fit the budget run untracked (memscale._dropin.fitting), through the drop-in API.
 
 A step whose signature (module, grad mode, argument shapes) fitted the budget in
 two tracked steps in a row runs as plain PyTorch: its values are bitwise a plain
@@ -17,7 +17,7 @@ from _helpers import require_engine
 
 import memscale
 from memscale import Config, MemscaleError
-from memscale._fitting import CONFIRMATIONS, UNTRACKED_ENV, FitRecord, signature, untracked_steps_enabled
+from memscale._dropin.fitting import CONFIRMATIONS, UNTRACKED_ENV, FitRecord, signature, untracked_steps_enabled
 from memscale.errors import ConfigError
 
 torch = pytest.importorskip("torch")
@@ -33,9 +33,9 @@ ROOMY = "1GiB"
 def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(UNTRACKED_ENV, raising=False)
     yield
-    from memscale import api
+    from memscale._dropin import attached
 
-    for obj in list(api._attached):
+    for obj in list(attached.attached):
         try:
             memscale.detach(obj)
         except MemscaleError:
@@ -253,8 +253,9 @@ def test_signature_sees_into_mappings_and_refuses_what_it_cannot_see() -> None:
 
 def test_the_peak_probe_reads_the_allocators_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the simulated device 0, standing for a GPU with the memscale allocator."""
-    from memscale import _lib, allocator
-    from memscale._fitting import PeakProbe
+    from memscale._native import lib as _lib
+    from memscale._allocator import install as allocator
+    from memscale._allocator.peak import PeakProbe
 
     assert PeakProbe().close() is None  # the CPU: nothing to read
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -392,7 +393,7 @@ def test_an_untracked_step_measured_over_the_budget_is_tracked_again(
 ) -> None:
     """Through wrap's steps: a probe (a GPU's watermark, faked) reporting more
     than the budget makes the next steps of those shapes tracked, for good."""
-    from memscale import _steps
+    from memscale._dropin import steps as _steps
 
     class OverBudget:
         def close(self) -> int:

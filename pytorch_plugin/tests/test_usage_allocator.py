@@ -20,7 +20,8 @@ from memscale import MemscaleError
 torch = pytest.importorskip("torch")
 
 try:
-    from memscale import _engine, _lib, dtr
+    from memscale import dtr
+    from memscale._native import engine as _engine, lib as _lib
 
     _engine.dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without the engine

@@ -29,7 +29,7 @@ def main() -> None:
 
     assert "MEMSCALE_LIBRARY" not in os.environ
     import memscale
-    from memscale import _lib
+    from memscale._native import lib as _lib
 
     assert Path(memscale.__file__).resolve().is_relative_to(site.resolve()), memscale.__file__
     library = _lib.library_path()

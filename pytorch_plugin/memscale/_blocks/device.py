@@ -28,7 +28,7 @@ those decisions, where no block hook runs:
   without it).
 
 Measuring needs the memscale allocator (its watermark, through
-:class:`~memscale._fitting.PeakProbe`, one probe at a time: forward, tail,
+:class:`~memscale._allocator.peak.PeakProbe`, one probe at a time: forward, tail,
 backward); under PyTorch's allocator nothing is measured and the share is the
 budget less what is allocated outside the blocks. The first step has no
 measure yet. Holds no policy: which units make room is the engine's choice.
@@ -40,7 +40,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .._fitting import PeakProbe
+from .._allocator.peak import PeakProbe
 
 log = logging.getLogger("memscale")
 

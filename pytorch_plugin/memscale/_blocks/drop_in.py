@@ -1,6 +1,6 @@
 """``Config(unit="block")``: block-level DTR behind the drop-in API and ``enable()``.
 
-:class:`BlockSteps` stands where :class:`memscale._steps.Steps` stands for the
+:class:`BlockSteps` stands where :class:`memscale._dropin.steps.Steps` stands for the
 region: the drop-in API keeps it per wrapped model and asks it for the
 :class:`~memscale.Summary`; :class:`BlockModels` is ``memscale.enable()``'s
 (``python -m memscale run --unit block``): block-level DTR on every model that
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .._budget import threshold_budget
+from .._allocator.budget import threshold_budget
 from .._stats import Summary
-from .._steps import _module_device_index
+from .._allocator.device import module_device_index
 from ..config import Config, is_percentage, parse_size
 from ..errors import ConfigError
 from .tracker import BlockDTR, device_allocated, find_blocks
@@ -40,12 +40,12 @@ def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | N
     of. ``None``: the eviction threshold (no threshold or mode in the Config
     and one is set).
     """
-    index = _module_device_index(model)
+    index = module_device_index(model)
     if config.threshold is None and config.mode is None and threshold_budget(index) is not None:
         return None, None
     device_bytes = config.device_bytes()
     if index is not None:
-        from ..allocator import device_total_memory
+        from .._allocator.stats import device_total_memory
 
         total = device_bytes or device_total_memory(index)
         if total:
@@ -89,7 +89,7 @@ def block_unit(config: Config, model: torch.nn.Module) -> bool:
 
 class BlockSteps:
     """The drop-in API's state of a model wrapped with ``Config(unit="block")``
-    (the part of :class:`memscale._steps.Steps`'s interface the API uses)."""
+    (the part of :class:`memscale._dropin.steps.Steps`'s interface the API uses)."""
 
     #: Blocks open no region per step: there is never one to close.
     is_open = False

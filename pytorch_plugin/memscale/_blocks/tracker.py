@@ -38,12 +38,13 @@ from typing import Any
 import torch
 from torch.nn.utils.parametrize import ParametrizationList
 
-from .._budget import THRESHOLD_ENV, threshold_budget
-from .._engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
+from .._allocator.budget import THRESHOLD_ENV, threshold_budget
+from .._native.engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._region import reclaim as reclaim_registry
 from .._stats import overhead
-from .._steps import _module_device_index
-from ..allocator import installed, memory_allocated
+from .._allocator.device import module_device_index
+from .._allocator.install import installed
+from .._allocator.stats import memory_allocated
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import DeviceShare
@@ -206,7 +207,7 @@ class BlockDTR:
                 '(bytes of block activations such as "2GiB", or a percentage of them such as "50%") '
                 f"or set {THRESHOLD_ENV}"
             )
-        index = _module_device_index(model)
+        index = module_device_index(model)
         if self.device_share is None and index is not None:
             self.device_share = DeviceShare(device_allocated(index))
         return threshold.nbytes, threshold.source
@@ -325,7 +326,7 @@ class BlockDTR:
         self._forward_calls = 0
         share = self.device_share
         if share is not None and self._budget:
-            self._device_index = _module_device_index(model)
+            self._device_index = module_device_index(model)
             if self._device_index is not None:
                 share.forward_started(self._device_index)
         self._model_forwards += 1

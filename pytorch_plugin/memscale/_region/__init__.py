@@ -9,7 +9,7 @@ it. An evicted tensor can therefore never be read by accident: the next op that
 needs it asks the engine for a plan and rebuilds it first.
 
 Python makes no eviction decision. The Go engine (``memscale_dtr_*``, bound once
-in :mod:`memscale._engine`) chooses victims, counts usage, makes room for what an
+in :mod:`memscale._native.engine`) chooses victims, counts usage, makes room for what an
 op is about to allocate, plans rebuilds, applies the region's defaults (the
 minimum evictee size, the tuning policy) and tunes itself; Python reports ops and
 references and carries out drops, swaps and re-runs. What Python keeps is only
@@ -91,7 +91,7 @@ mode          the dispatch mode of an entry (suspended ops, failed backwards)
 region        :class:`DTRRegion`, :func:`dtr`
 ============  ===============================================================
 
-The drop-in API (:mod:`memscale.api`) opens one region per training step; the
+The drop-in API (:mod:`memscale._dropin.api`) opens one region per training step; the
 trace recorder (:mod:`memscale.trace`) listens to a region's registrations.
 """
 

@@ -34,7 +34,7 @@ import torch
 from ..errors import MemscaleError
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._native.engine import Engine
     from .session import Session
 
 #: Kinds of recorded ops (how a re-run runs them).

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._engine import NO_RECOMPUTE
+from .._native.engine import NO_RECOMPUTE
 from ..errors import MemscaleError
 from .arguments import OUTPUT_SIZES, Arguments, collect, flatten_tensors, rebuild_result, shape_stand_in
 from .cells import (

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
-from .._engine import STEP_SWAP_IN, NoRoomError
+from .._native.engine import STEP_SWAP_IN, NoRoomError
 from ..errors import MemscaleError
 from .cells import Cell, HeldCells, RecordedOp
 from .device import copy_to_device

@@ -73,7 +73,7 @@ _CALLBACK: Final = _Reclaimer(_reclaim)
 
 def register(session: Session, device: int) -> None:
     """``session`` evicts for allocation failures on ``device`` until :func:`unregister`."""
-    from .. import _lib
+    from .._native import lib as _lib
 
     with _lock:
         refs = _sessions.setdefault(device, [])

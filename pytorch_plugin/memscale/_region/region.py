@@ -21,7 +21,7 @@ from typing import Any, Final
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .._budget import THRESHOLD, Budget, default_budget
+from .._allocator.budget import THRESHOLD, Budget, default_budget
 from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
@@ -73,7 +73,7 @@ def _higher_floor(floor: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any
 
 def _allocator_installed() -> bool:
     try:
-        from ..allocator import installed
+        from .._allocator.install import installed
     except ImportError:
         return False
     return installed() is not None
@@ -123,7 +123,7 @@ class DTRRegion:
                 "whatever the budget; give no budget"
             )
         self._stress = stress
-        #: Set by the drop-in steps (:mod:`memscale._steps`), which enter and
+        #: Set by the drop-in steps (:mod:`memscale._dropin.steps`), which enter and
         #: leave the region around the program's own code: a backward pass
         #: that raised ends the entry's tracking (:attr:`failed_backward`), so
         #: the code that caught the error does not run inside a step that is
@@ -193,7 +193,7 @@ class DTRRegion:
     def _budget_bytes(budget: int | str) -> int:
         total = None
         if isinstance(budget, str) and budget.strip().endswith("%"):
-            from ..allocator import device_total_memory
+            from .._allocator.stats import device_total_memory
 
             total = device_total_memory() if torch.cuda.is_available() else None
             if total is None:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import torch
 
-from .._engine import NO_RECOMPUTE
+from .._native.engine import NO_RECOMPUTE
 
 #: Ops that write running statistics into arguments their schema does not mark
 #: as mutable: the argument positions a re-run gets scratch copies of, so a

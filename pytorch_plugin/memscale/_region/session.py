@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _lib
-from .._engine import ACTION_SWAP, NO_RECOMPUTE, Engine, NoRoomError
+from .._native import lib as _lib
+from .._native.engine import ACTION_SWAP, NO_RECOMPUTE, Engine, NoRoomError
 from ..errors import ConfigError, MemscaleError
 from . import rebuild, reclaim, volatile
 from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef

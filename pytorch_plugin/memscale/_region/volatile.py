@@ -6,7 +6,7 @@ and all-gathers them again before its backward, outside any op the region
 sees. An op that read such a parameter can be re-run only while it is
 unsharded, which the engine cannot know; so its outputs are registered as not
 recomputable (pinned while live, or swapped when swapping is on), like a
-collective's. :mod:`memscale._distributed` marks the storages; the session
+collective's. :mod:`memscale._dropin.distributed` marks the storages; the session
 tags the externals registered on them (``Session.volatile_roots``).
 
 Holds the process's set of marked storages (by ``StorageImpl`` address; a

@@ -14,7 +14,7 @@ The library is opened once per process with ctypes' default flags (immediate
 symbol binding, as PyTorch's ``CUDAPluggableAllocator`` opens it) and never
 unloaded: a Go c-shared library cannot be unloaded. Only the allocator-side
 exports are declared here; the engine side (``memscale_dtr_*``) is declared by
-:mod:`memscale._engine`.
+:mod:`memscale._native.engine`.
 
 Note: the Go runtime inside the library copies the process environment when the
 library is loaded. ``MEMSCALE_*`` variables set with ``os.environ`` afterwards are
@@ -31,12 +31,13 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import LibraryLoadError, LibraryNotFoundError, MemscaleError
+from ..errors import LibraryLoadError, LibraryNotFoundError, MemscaleError
 
 LIBRARY_ENV: Final[str] = "MEMSCALE_LIBRARY"
 LIBRARY_NAME: Final[str] = "libmemscale.so"
 
-_PACKAGE_DIR: Final[Path] = Path(__file__).resolve().parent
+#: The package directory (memscale/), where a wheel puts libmemscale.so.
+_PACKAGE_DIR: Final[Path] = Path(__file__).resolve().parent.parent
 
 # name -> (restype, argtypes) for every allocator-side export of the C ABI.
 _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
@@ -143,7 +144,7 @@ def lib() -> ctypes.CDLL:
 def _check_version(path: Path, handle: ctypes.CDLL) -> None:
     """Refuse a library whose version is not this package's (one number for
     both: ``MEMSCALE_VERSION`` in ``cabi/memscale.h``)."""
-    from . import _version
+    from .. import _version
 
     raw = handle.memscale_version()
     found = raw.decode("utf-8", "replace") if raw else ""

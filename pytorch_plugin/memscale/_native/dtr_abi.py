@@ -2,7 +2,7 @@
 the ``memscale_dtr_*`` prototypes and the library's errors as
 :class:`~memscale.errors.MemscaleError`.
 
-The declarations only; :class:`memscale._engine.Engine` is the binding that
+The declarations only; :class:`memscale._native.engine.Engine` is the binding that
 calls them (and re-exports the public names of this module).
 """
 
@@ -12,8 +12,8 @@ import ctypes
 import threading
 from typing import Any, Final
 
-from . import _lib
-from .errors import LibraryLoadError, MemscaleError
+from . import lib as _lib
+from ..errors import LibraryLoadError, MemscaleError
 
 #: ``flags`` bit of :meth:`Engine.call`: the op cannot be re-run (its outputs are
 #: never evicted by dropping; they may still be swapped out).

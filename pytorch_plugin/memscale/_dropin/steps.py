@@ -1,11 +1,11 @@
 """One DTR region per training step: what the drop-in API's hooks open and close.
 
 :class:`Steps` is the state behind :func:`memscale.wrap`, :func:`memscale.optimize`,
-:func:`memscale.enable` and the Trainer integrations (:mod:`memscale.api` says
+:func:`memscale.enable` and the Trainer integrations (:mod:`memscale._dropin.api` says
 where a step begins and ends): the step's budget (the eviction threshold, the
 config's mode or threshold, a baseline step's peak on the CPU), the region the
 steps run in, warmup and baseline steps, and whether a step needs a region at
-all (steps whose shapes fitted the budget run untracked, :mod:`memscale._fitting`).
+all (steps whose shapes fitted the budget run untracked, :mod:`memscale._dropin.fitting`).
 Its totals are the :class:`~memscale.Summary` users read.
 
 Not thread-safe by design: a step is opened and closed on the training thread.
@@ -22,50 +22,40 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _stats
-from ._budget import Budget, default_budget, threshold_budget
-from ._distributed import patch_fsdp
-from ._fitting import FitRecord, PeakProbe, signature, untracked_steps_enabled
-from ._stats import Summary
-from .config import Config, is_percentage, parse_size
-from .errors import MemscaleError
+from .. import _stats
+from .._allocator.budget import Budget, default_budget, percentage_of_peak, threshold_budget, threshold_name
+from .distributed import patch_fsdp
+from .._allocator.device import module_device_index
+from .._allocator.peak import PeakProbe
+from .fitting import FitRecord, signature, untracked_steps_enabled
+from .._stats import Summary
+from ..config import Config, format_bytes, is_percentage, parse_size
+from ..errors import MemscaleError
 
 if TYPE_CHECKING:
     import torch
 
-    from ._region import DTRRegion
+    from .._region import DTRRegion
 
 log = logging.getLogger("memscale")
 
 
 def _dtr() -> Any:
     try:
-        from ._region import dtr
+        from .._region import dtr
     except ImportError as exc:
         raise MemscaleError(f"the DTR region (memscale.dtr) is unavailable: {exc}") from exc
     return dtr
-
-
-def _module_device_index(module: torch.nn.Module | None) -> int | None:
-    """The CUDA device holding ``module``'s first parameter (None: CPU or unknown)."""
-    if module is None:
-        return None
-    tensor = next(module.parameters(), None)
-    if tensor is None:
-        tensor = next(module.buffers(), None)
-    if tensor is None or tensor.device.type != "cuda":
-        return None
-    return tensor.device.index or 0
 
 
 def _module_device_bytes(module: torch.nn.Module) -> int | None:
     """Total memory of the GPU holding ``module``'s first parameter (None on CPU)."""
     import torch
 
-    index = _module_device_index(module)
+    index = module_device_index(module)
     if index is None:
         return None
-    from .allocator import device_total_memory
+    from .._allocator.stats import device_total_memory
 
     if torch.cuda.is_initialized():
         return int(torch.cuda.get_device_properties(index).total_memory)
@@ -79,8 +69,18 @@ class Steps:
     thread (the region is a thread-local dispatch mode).
     """
 
-    def __init__(self, config: Config, module: torch.nn.Module | None, on_demand: bool = False) -> None:
+    def __init__(
+        self, config: Config, module: torch.nn.Module | None, on_demand: bool = False, measure: bool = False
+    ) -> None:
         self.config = config
+        # No threshold where nothing can be evicted against (the CPU): the steps
+        # run unbudgeted to measure their peak, and steps whose signature ran
+        # twice run untracked (memscale run prints the peak and the threshold
+        # that would halve it).
+        self._measure = measure
+        # The threshold is a percentage with no GPU to take it of: of the
+        # baseline step's peak (set when that step's budget is resolved).
+        self._percentage: str | None = None
         # With neither Config.threshold nor Config.mode nor an eviction
         # threshold: True evicts only when an allocation would fail (on a GPU
         # with the memscale allocator; memscale.enable), False uses DEFAULT_MODE.
@@ -133,8 +133,11 @@ class Steps:
         """The step's budget; ``None``: run an unbudgeted baseline step first
         (its peak is then the "device memory" the mode takes a fraction of)."""
         config = self.config
-        device = _module_device_index(module)
+        device = module_device_index(module)
         if config.threshold is None and config.mode is None:
+            self._percentage = percentage_of_peak(device)
+            if self._percentage is not None:
+                return None  # measured by a baseline step: see end()
             default = default_budget(device) if self._on_demand else threshold_budget(device)
             if default is not None:
                 return default
@@ -158,7 +161,7 @@ class Steps:
 
         ``args``: the step's arguments (``None``: not known), whose signature
         lets a step that fitted the budget before run untracked
-        (:mod:`memscale._fitting`).
+        (:mod:`memscale._dropin.fitting`).
         """
         if self._open:
             if self._thread != threading.get_ident():
@@ -179,7 +182,7 @@ class Steps:
                 self._region = self._make_region(module if module is not None else self.module)
         region = self._region
         self._signature = None
-        if self.fits.enabled and args is not None and region.budget > 0 and not self._warmup:
+        if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
             if region is not self._baseline_region:
                 keyed = module if module is not None else self.module
                 self._signature = signature(keyed, args)
@@ -197,7 +200,7 @@ class Steps:
         return True
 
     def _enter(self) -> None:
-        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._distributed)
+        patch_fsdp()  # FSDP2's hooks run outside the region (memscale._dropin.distributed)
         assert self._region is not None
         try:
             self._region.__enter__()
@@ -254,6 +257,7 @@ class Steps:
             ok=exc is None,
             forwards=self._forwards,
             device_bytes=self._device_bytes,
+            unbounded=self._measure,
         )
         self._steps += 1
         if self._warmup and self._steps >= self.config.warmup_steps:
@@ -265,10 +269,20 @@ class Steps:
             peak = int(baseline.get("peak_usage", 0))
             if peak > 0:  # later steps run under budget_for(peak) in a region of their own
                 self._finished.append({**baseline, "baseline": True})
-                budget = Budget(
-                    self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak")
-                )
-                self._region = self._new_region(budget)
+                self._region = self._new_region(self._baseline_budget(peak))
+
+    def _baseline_budget(self, peak: int) -> Budget:
+        """The budget of the steps after the baseline step that peaked at ``peak``."""
+        if self._percentage is not None:
+            name = threshold_name()
+            nbytes = max(1, parse_size(self._percentage, name=name, total=peak))
+            given = f"{name} {self._percentage}" if name.startswith("--") else f"{name}={self._percentage}"
+            return Budget(
+                nbytes,
+                f"{given}: of the first step's measured peak {format_bytes(peak)} (no GPU: a percentage is of the "
+                "measured peak)",
+            )
+        return Budget(self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak"))
 
     @contextlib.contextmanager
     def step(self, module: torch.nn.Module | None = None, args: Any = None) -> Iterator[None]:

@@ -40,7 +40,7 @@ import threading
 import warnings
 from typing import Any, Final
 
-from .errors import MemscaleError
+from ..errors import MemscaleError
 
 _log = logging.getLogger("memscale")
 

@@ -1,10 +1,10 @@
 """The engine's per-op call without ctypes: a tiny C extension built at first use.
 
-``memscale_dtr_op`` is called once per op (:meth:`memscale._engine.Engine.op`),
-``memscale_dtr_ops`` once per batch of queued ops (:meth:`~memscale._engine.Engine.flush`).
+``memscale_dtr_op`` is called once per op (:meth:`memscale._native.engine.Engine.op`),
+``memscale_dtr_ops`` once per batch of queued ops (:meth:`~memscale._native.engine.Engine.flush`).
 Through ctypes that call costs about 2 us of argument conversion on the 2-core
 development machine, as much as the engine's own work for an op; a CPython
-extension (``_crossing.c``, next to this file: four functions, linked against
+extension (``crossing.c``, next to this file: four functions, linked against
 nothing, reaching the engine through the address ctypes gives) halves the
 whole crossing (bench/results/region-cost.md).
 
@@ -38,7 +38,7 @@ from typing import Any, Final
 
 log = logging.getLogger("memscale")
 
-SOURCE: Final[Path] = Path(__file__).with_name("_crossing.c")
+SOURCE: Final[Path] = Path(__file__).with_name("crossing.c")
 MODULE: Final[str] = "_memscale_crossing"
 DISABLE_ENV: Final[str] = "MEMSCALE_NO_EXTENSION"
 

@@ -48,8 +48,8 @@ from typing import Any, Final
 
 import torch
 
-from .config import format_bytes
-from .errors import ConfigError
+from ..config import format_bytes
+from ..errors import ConfigError
 
 log = logging.getLogger("memscale")
 
@@ -188,12 +188,14 @@ class FitRecord:
         ok: bool,
         forwards: list[Hashable] | None = None,
         device_bytes: int | None = None,
+        unbounded: bool = False,
     ) -> None:
         """A tracked step of ``sig`` ended; ``last`` is its region's
         :meth:`~memscale.DTRRegion.last_summary`, ``ok`` whether it ended
         without an error, ``forwards`` the signatures of its forwards (``[sig]``
         when not given), ``device_bytes`` the memory of the GPU it ran on
-        (``None``: the CPU)."""
+        (``None``: the CPU), ``unbounded`` whether the step had no budget to
+        fit on purpose (no threshold: the steps are measured, and any step fits)."""
         if sig is None:
             return
         seen = tuple(forwards) if forwards else (sig,)
@@ -203,8 +205,7 @@ class FitRecord:
         fitted = (
             ok
             and None not in seen  # a forward whose arguments could not be seen
-            and budget > 0
-            and int(last.get("peak_usage", 0)) <= budget
+            and (unbounded or (budget > 0 and int(last.get("peak_usage", 0)) <= budget))
             and not any(int(last.get(key, 0) or 0) for key in ("evictions", "swaps_out", "rematerializations"))
         )
         if not fitted:
@@ -223,7 +224,7 @@ class FitRecord:
         self.untracked += 1
         if not ok:
             self._fits[sig] = 0
-        if peak is not None and peak > budget:
+        if peak is not None and budget > 0 and peak > budget:
             self.over_budget += 1
             self._refused.add(sig)
             log.warning(
@@ -233,44 +234,3 @@ class FitRecord:
                 format_bytes(peak),
                 format_bytes(budget),
             )
-
-
-class PeakProbe:
-    """The device's allocated-bytes peak from now until :meth:`close`, read
-    from the memscale allocator through an engine that registers nothing
-    (``None`` when the allocator is not installed or the device is the CPU):
-    over an untracked step, or over what follows a model's forward under
-    :func:`memscale.blocks` (``device``: its index, default the current one)."""
-
-    def __init__(self, device: int | None = None) -> None:
-        self._engine: Any = None
-        if not torch.cuda.is_available():
-            return
-        try:
-            from .allocator import installed
-
-            if installed() is None:
-                return
-            from ._engine import Engine
-
-            self._engine = Engine(
-                {
-                    "defaults": "region",
-                    "budget": 0,
-                    "usage": "allocator",
-                    "device": torch.cuda.current_device() if device is None else device,
-                }
-            )
-        except Exception as exc:  # a probe that cannot start measures nothing
-            log.debug("memscale: no peak probe for an untracked step: %s", exc)
-            self._engine = None
-
-    def close(self) -> int | None:
-        """The peak since the probe started, in bytes (``None``: not measured)."""
-        engine, self._engine = self._engine, None
-        if engine is None:
-            return None
-        try:
-            return int(engine.stats().get("peak_usage", 0))
-        finally:
-            engine.close()

@@ -16,8 +16,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from . import _lib
-from .errors import MemscaleError
+from .._native import lib as _lib
+from ..errors import MemscaleError
 
 Snapshot = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Installing libmemscale.so as PyTorch's CUDA allocator, and its statistics.
+"""Installing libmemscale.so as PyTorch's CUDA allocator.
 
 :func:`install` swaps memscale in through ``torch.cuda.memory.CUDAPluggableAllocator``.
 PyTorch allows that only before CUDA is initialized (its native caching allocator
@@ -12,30 +12,28 @@ same :class:`Installation`; one with different settings raises
 :class:`~memscale.errors.AlreadyInstalledError` - change the threshold or limit of a
 running allocator with :func:`set_threshold` / :func:`set_limit` instead.
 
-The statistics functions (:func:`memory_stats`, :func:`memory_summary`, ...) replace
-the ``torch.cuda`` ones, which raise under a pluggable allocator. They read the
-library directly and work whether or not ``install()`` was called.
+The statistics are in :mod:`memscale._allocator.stats`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from . import _lib, _torch_limits
-from ._distributed import local_device
-from ._torch_memory import patch_torch_memory
-from .config import SizeLike, format_bytes, is_percentage, parse_size
-from .errors import (
+from .._native import lib as _lib
+from . import torch_limits as _torch_limits
+from .device import device_index as _device_index, local_device
+from .stats import device_total_memory, library_config, memory_stats
+from .torch_memory import patch_torch_memory
+from ..config import SizeLike, is_percentage, parse_size
+from ..errors import (
     AlreadyInstalledError,
     ConfigError,
     CUDAAlreadyInitializedError,
     InstallError,
-    MemscaleError,
 )
 
 THRESHOLD_ENV: Final[str] = "MEMSCALE_EVICTION_THRESHOLD"
@@ -87,57 +85,6 @@ _installed: Installation | None = None
 def installed() -> Installation | None:
     """The current :class:`Installation`, or ``None`` if :func:`install` has not run."""
     return _installed
-
-
-def _device_index(device: Any) -> int:
-    """Map ``None`` / int / ``"cuda:1"`` / ``torch.device`` to a device ordinal
-    (``None``: this process's device, :func:`memscale._distributed.local_device`)."""
-    if device is None:
-        return local_device()
-    if isinstance(device, bool):
-        raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
-    if isinstance(device, int):
-        if device < 0:
-            raise ConfigError(f"device={device!r}: must not be negative")
-        return device
-    if isinstance(device, str):
-        import torch
-
-        device = torch.device(device)
-    index = getattr(device, "index", None)
-    dtype = getattr(device, "type", None)
-    if dtype is None:
-        raise ConfigError(f"device={device!r}: expected a device index, 'cuda:N' or torch.device")
-    if dtype != "cuda":
-        raise ConfigError(f"device={device!r}: memscale manages CUDA devices only")
-    return local_device() if index is None else int(index)
-
-
-def library_config() -> dict[str, Any]:
-    """The library's effective configuration (``memscale_config_json``)."""
-    value = _lib.take_json(_lib.lib().memscale_config_json(), "memscale_config_json")
-    if not isinstance(value, dict):
-        raise MemscaleError(f"memscale_config_json: expected an object, got {value!r:.200}")
-    return value
-
-
-def device_total_memory(device: Any = None) -> int | None:
-    """Total memory of ``device`` in bytes, without initializing PyTorch's CUDA.
-
-    Asked from the library first (``device_total_bytes``: the real card, or the
-    simulated one; asking opens the device in the library), then from
-    ``torch.cuda`` only if CUDA is already initialized. ``None`` when neither
-    can tell.
-    """
-    index = _device_index(device)
-    total = memory_stats(index).get("device_total_bytes")
-    if total:
-        return int(total)
-    import torch
-
-    if torch.cuda.is_initialized():
-        return int(torch.cuda.get_device_properties(index).total_memory)
-    return None
 
 
 def _resolve(value: SizeLike, name: str, devices: list[int]) -> dict[int, int]:
@@ -220,7 +167,7 @@ def install(
 
     A threshold or limit is applied with ``memscale_set_threshold`` /
     ``memscale_set_limit`` to this process's device only
-    (:func:`memscale._distributed.local_device`: ``LOCAL_RANK``,
+    (:func:`memscale._allocator.device.local_device`: ``LOCAL_RANK``,
     ``SLURM_LOCALID``, ``OMPI_COMM_WORLD_LOCAL_RANK``, else the current device),
     which opens it in the library (on CUDA: its primary context); a percentage
     is taken of that device's memory. No other device is opened.
@@ -350,113 +297,3 @@ def set_limit(limit: SizeLike, device: Any = None) -> int:
     nbytes = _resolve(limit, "limit", [index])[index]
     _lib.check(_lib.lib().memscale_set_limit(index, nbytes), "memscale_set_limit")
     return nbytes
-
-
-def memory_stats(device: Any = None) -> OrderedDict[str, int]:
-    """The allocator's statistics with ``torch.cuda.memory_stats`` key names.
-
-    Keys such as ``allocated_bytes.all.current``, ``reserved_bytes.large_pool.peak``,
-    ``num_alloc_retries``, ``num_ooms``; sorted like torch's.
-    """
-    index = _device_index(device)
-    raw = _lib.take_json(_lib.lib().memscale_stats_json(index), f"memscale_stats_json(device={index})")
-    if not isinstance(raw, dict):
-        raise MemscaleError(f"memscale_stats_json: expected an object, got {raw!r:.200}")
-    return OrderedDict(sorted(raw.items()))
-
-
-def _stat(device: Any, key: str) -> int:
-    stats = memory_stats(device)
-    if key not in stats:
-        raise MemscaleError(f"libmemscale.so reports no {key!r} statistic")
-    return int(stats[key])
-
-
-def memory_allocated(device: Any = None) -> int:
-    """Bytes currently allocated to tensors (``allocated_bytes.all.current``)."""
-    index = _device_index(device)
-    return _lib.check(int(_lib.lib().memscale_allocated(index)), f"memscale_allocated(device={index})")
-
-
-def max_memory_allocated(device: Any = None) -> int:
-    """Peak of :func:`memory_allocated` since start or the last peak reset."""
-    return _stat(device, "allocated_bytes.all.peak")
-
-
-def memory_reserved(device: Any = None) -> int:
-    """Bytes the allocator holds from the device (``reserved_bytes.all.current``)."""
-    return _stat(device, "reserved_bytes.all.current")
-
-
-def max_memory_reserved(device: Any = None) -> int:
-    """Peak of :func:`memory_reserved` since start or the last peak reset."""
-    return _stat(device, "reserved_bytes.all.peak")
-
-
-def reset_peak_memory_stats(device: Any = None) -> None:
-    """Reset the ``*.peak`` statistics to their current values."""
-    index = _device_index(device)
-    _lib.check(_lib.lib().memscale_reset_peak_stats(index), f"memscale_reset_peak_stats(device={index})")
-
-
-_SUMMARY_ROWS: Final[tuple[tuple[str, str, bool], ...]] = (
-    # (stats prefix, label, is bytes)
-    ("allocated_bytes", "Allocated memory", True),
-    ("active_bytes", "Active memory", True),
-    ("requested_bytes", "Requested memory", True),
-    ("reserved_bytes", "Reserved memory", True),
-    ("inactive_split_bytes", "Non-releasable memory", True),
-    ("allocation", "Allocations", False),
-    ("active", "Active allocs", False),
-    ("segment", "Reserved segments", False),
-    ("inactive_split", "Non-releasable allocs", False),
-)
-_POOLS: Final[tuple[tuple[str, str], ...]] = (
-    ("all", ""),
-    ("large_pool", "      from large pool"),
-    ("small_pool", "      from small pool"),
-)
-_COLUMNS: Final[tuple[str, ...]] = ("current", "peak", "allocated", "freed")
-
-
-def _format_summary(stats: dict[str, Any], device: int, version: str, abbreviated: bool) -> str:
-    width = 79
-    rule = "|" + "=" * (width - 2) + "|"
-    thin = "|" + "-" * (width - 2) + "|"
-    lines = [
-        rule,
-        f"|{f'memscale memory summary, device ID {device:<3d}':^{width - 2}}|",
-        f"|{version:^{width - 2}}|",
-        thin,
-        f"|{'  Metric':<25}|{'Cur Usage':>12} |{'Peak Usage':>12} |{'Tot Alloc':>11} |{'Tot Freed':>9} |",
-        rule,
-    ]
-    used: set[str] = set()
-    for prefix, label, is_bytes in _SUMMARY_ROWS:
-        if not any(k.startswith(prefix + ".") for k in stats):
-            continue
-        for pool, pool_label in _POOLS if not abbreviated else _POOLS[:1]:
-            cells = []
-            for column in _COLUMNS:
-                key = f"{prefix}.{pool}.{column}"
-                used.add(key)
-                value = stats.get(key)
-                if value is None:
-                    cells.append("-")
-                else:
-                    cells.append(format_bytes(value).replace(" ", "") if is_bytes else str(value))
-            name = pool_label or label
-            lines.append(f"| {name:<24}|{cells[0]:>12} |{cells[1]:>12} |{cells[2]:>11} |{cells[3]:>9} |")
-        lines.append(thin)
-    other = {k: v for k, v in stats.items() if k not in used}
-    for key, value in sorted(other.items()):
-        shown = format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
-        lines.append(f"| {key:<48}{shown:>27} |")
-    lines.append(rule)
-    return "\n".join(lines) + "\n"
-
-
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """A readable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
-    index = _device_index(device)
-    return _format_summary(memory_stats(index), index, _lib.version(), abbreviated)

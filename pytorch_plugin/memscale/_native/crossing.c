@@ -1,8 +1,8 @@
 /*
- * _crossing.c - the plugin's one call into the engine per op, without ctypes.
+ * crossing.c - the plugin's one call into the engine per op, without ctypes.
  *
  * A CPython extension of four functions, built from this file at first use
- * by memscale._crossing (cached per Python version and source) and linked
+ * by memscale._native.crossing (cached per Python version and source) and linked
  * against nothing: the engine's memscale_dtr_op and memscale_dtr_ops are
  * reached through the function pointers the ctypes handle of libmemscale.so
  * gives (set_op, set_ops), so the extension never loads the library itself. ctypes converts each

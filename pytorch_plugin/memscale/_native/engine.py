@@ -46,8 +46,8 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-from . import _crossing
-from ._dtr_abi import (  # noqa: F401  (re-exported: the names callers import from here)
+from . import crossing as _crossing
+from .dtr_abi import (
     ACTION_DROP,
     ACTION_SWAP,
     NO_RECOMPUTE,
@@ -60,9 +60,9 @@ from ._dtr_abi import (  # noqa: F401  (re-exported: the names callers import fr
     last_error,
     unavailable_reason,
 )
-from ._dtr_abi import fail as _fail
-from ._dtr_abi import json_object as _json_object
-from .errors import MemscaleError
+from .dtr_abi import fail as _fail
+from .dtr_abi import json_object as _json_object
+from ..errors import MemscaleError
 
 #: ``memscale_dtr_op``'s frame: header fields, and the storages handed out per call.
 _FRAME_HEADER: Final[int] = 6

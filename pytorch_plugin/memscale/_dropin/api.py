@@ -31,7 +31,7 @@ Budget
 ------
 ``Config.threshold`` or an explicit ``Config.mode`` gives the budget; with neither,
 the eviction threshold does (``MEMSCALE_EVICTION_THRESHOLD`` or
-``install(threshold=...)``, see :mod:`memscale._budget`), and without one the
+``install(threshold=...)``, see :mod:`memscale._allocator.budget`), and without one the
 default mode (``"balanced"``). A mode's budget is ``Config.budget_for(device_bytes)``;
 ``device_bytes`` is
 ``Config.device_memory`` when set, else the total memory of the GPU holding the
@@ -47,64 +47,38 @@ from __future__ import annotations
 
 
 import warnings
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ._compat import measure_step_peak, observe
-from ._stats import Summary
-from ._distributed import step_module
-from ._steps import Steps
-from .config import Config
-from .errors import MemscaleError
-from .lightning import is_lightning_trainer
-from .lightning import wrap_trainer as wrap_lightning
+from .compat import measure_step_peak, observe
+from .._stats import Summary
+from .distributed import step_module
+from .attached import Attachment, Hooks, Summarized, attached, detached
+from .steps import Steps
+from ..config import Config
+from ..errors import MemscaleError
+from ..lightning import is_lightning_trainer
+from ..lightning import wrap_trainer as wrap_lightning
 
 if TYPE_CHECKING:
     import torch
 
 
-class _Hooks:
-    """The handles a wrap/optimize put on a model; removing them detaches."""
-
-    def __init__(self) -> None:
-        self.handles: list[Any] = []
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-
-
-@dataclass
-class _Attachment:
-    steps: Steps
-    hooks: _Hooks
-    kind: str  # "module", "trainer", "lightning", "optimize" or "blocks" (Config(unit="block"))
-    callback: Any = None
-    original_training_step: Any = None  # an instance-level training_step that wrap replaced
-
-
-# Module / Trainer / optimize handle -> attachment. Weak, so a wrapped model that
-# is dropped is not kept alive by memscale.
-_attached: weakref.WeakKeyDictionary[Any, _Attachment] = weakref.WeakKeyDictionary()
-# Totals of detached objects, so summary() still answers after detach().
-_detached: weakref.WeakKeyDictionary[Any, Summary] = weakref.WeakKeyDictionary()
 _global_optimizer_hook: Any = None
 
 
 def _on_any_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    for attachment in list(_attached.values()):
+    for attachment in list(attached.values()):
         if attachment.kind == "module" and attachment.steps.is_open and attachment.steps.updates(optimizer):
             attachment.steps.end()
 
 
-def _hook_module(module: torch.nn.Module, steps: Steps, hooks: _Hooks) -> None:
+def _hook_module(module: torch.nn.Module, steps: Steps, hooks: Hooks) -> None:
     """Hook ``module`` and its direct children: a step opens at the first of
     their forwards, so a loop that calls the parts of a model (a GAN's
     generator and discriminator, a VAE's encoder and decoder) instead of the
     model itself is stepped too."""
-    module = step_module(module)  # DDP: its wrapped module (see memscale._distributed)
+    module = step_module(module)  # DDP: its wrapped module (see memscale._dropin.distributed)
     for part in (module, *module.children()):
         hooks.handles.append(part.register_forward_pre_hook(steps.forward_pre_hook, with_kwargs=True))
         hooks.handles.append(part.register_forward_hook(steps.forward_hook, always_call=True))
@@ -141,13 +115,13 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
     config = config or Config()
     if not isinstance(config, Config):
         raise MemscaleError(f"config={config!r}: expected a memscale.Config")
-    if trainer_or_module in _attached:
+    if trainer_or_module in attached:
         raise MemscaleError(f"{type(trainer_or_module).__name__} is already wrapped by memscale; detach() it first")
     if sample_input is not None and not isinstance(trainer_or_module, torch.nn.Module):
         raise MemscaleError("memscale.wrap(sample_input=...): a sample input is for a torch.nn.Module")
     observe(config)
     if config.unit == "auto":
-        from ._blocks.drop_in import block_unit
+        from .._blocks.drop_in import block_unit
 
         target = trainer_or_module.model if _is_trainer(trainer_or_module) else trainer_or_module
         uses_blocks = isinstance(target, torch.nn.Module) and block_unit(config, target)
@@ -166,33 +140,33 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
             )
         if sample_input is not None:
             raise MemscaleError("memscale.wrap(Config(unit='block'), sample_input=...): blocks measure their first step")
-        from ._blocks.drop_in import BlockSteps
+        from .._blocks.drop_in import BlockSteps
 
         block_steps = BlockSteps(config, model)
-        hooks = _Hooks()
+        hooks = Hooks()
         hooks.handles.append(block_steps)
-        _attached[trainer_or_module] = _Attachment(steps=block_steps, hooks=hooks, kind="blocks")  # type: ignore[arg-type]
+        attached[trainer_or_module] = Attachment(steps=block_steps, hooks=hooks, kind="blocks")  # type: ignore[arg-type]
         return trainer_or_module
     if isinstance(trainer_or_module, torch.nn.Module):
         module = trainer_or_module
         steps = Steps(config, module)
         if sample_input is not None:
             steps.sample_peak = measure_step_peak(module, sample_input)
-        hooks = _Hooks()
+        hooks = Hooks()
         _hook_module(module, steps, hooks)
         if _global_optimizer_hook is None:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
             _global_optimizer_hook = register_optimizer_step_pre_hook(_on_any_optimizer_step)
-        _attached[module] = _Attachment(steps=steps, hooks=hooks, kind="module")
+        attached[module] = Attachment(steps=steps, hooks=hooks, kind="module")
         return module
     if _is_trainer(trainer_or_module):
         return _wrap_trainer(trainer_or_module, config)
     if is_lightning_trainer(trainer_or_module):
         steps, handle = wrap_lightning(trainer_or_module, config)
-        hooks = _Hooks()
+        hooks = Hooks()
         hooks.handles.append(handle)
-        _attached[trainer_or_module] = _Attachment(steps=steps, hooks=hooks, kind="lightning")
+        attached[trainer_or_module] = Attachment(steps=steps, hooks=hooks, kind="lightning")
         return trainer_or_module
     raise MemscaleError(
         "memscale.wrap: expected a torch.nn.Module, a transformers.Trainer or a Lightning Trainer, "
@@ -201,7 +175,7 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
 
 
 def _wrap_trainer(trainer: Any, config: Config) -> Any:
-    from .hf import MemscaleCallback
+    from ..hf import MemscaleCallback
 
     steps = Steps(config, trainer.model)
     original = trainer.training_step  # bound method (or an earlier instance patch)
@@ -217,8 +191,8 @@ def _wrap_trainer(trainer: Any, config: Config) -> Any:
     trainer.training_step = training_step
     callback = MemscaleCallback(trainer, enabled=config.log_summary)
     trainer.add_callback(callback)
-    _attached[trainer] = _Attachment(
-        steps=steps, hooks=_Hooks(), kind="trainer", callback=callback, original_training_step=instance_patch
+    attached[trainer] = Attachment(
+        steps=steps, hooks=Hooks(), kind="trainer", callback=callback, original_training_step=instance_patch
     )
     return trainer
 
@@ -231,7 +205,7 @@ def detach(obj: Any) -> Any:
         warning (as memscale 0.1 did).
     """
     global _global_optimizer_hook
-    attachment = _attached.get(obj)
+    attachment = attached.get(obj)
     if attachment is None or attachment.kind == "optimize":
         warnings.warn(f"memscale.detach: {type(obj).__name__} is not wrapped by memscale.wrap()", stacklevel=2)
         return obj
@@ -245,33 +219,16 @@ def detach(obj: Any) -> Any:
             else:
                 obj.training_step = attachment.original_training_step
             obj.remove_callback(attachment.callback)
-        _detached[obj] = attachment.steps.summary()
-        del _attached[obj]
-        if _global_optimizer_hook is not None and not any(a.kind == "module" for a in _attached.values()):
+        detached[obj] = attachment.steps.summary()
+        del attached[obj]
+        if _global_optimizer_hook is not None and not any(a.kind == "module" for a in attached.values()):
             _global_optimizer_hook.remove()
             _global_optimizer_hook = None
     attachment.steps.log_summary("detach")
     return obj
 
 
-def end_step(obj: Any = None) -> None:
-    """Close the open step region of a wrapped model, or with no argument of
-    :func:`memscale.enable` (for loops without a ``torch.optim`` optimizer)."""
-    if obj is None:
-        from ._enable import enabled
-
-        current = enabled()
-        if current is None:
-            raise MemscaleError("memscale.end_step(): memscale.enable() was not called; pass the wrapped model")
-        current.end_step()
-        return
-    attachment = _attached.get(obj)
-    if attachment is None:
-        raise MemscaleError(f"{type(obj).__name__} is not wrapped by memscale")
-    attachment.steps.end()
-
-
-class Optimization:
+class Optimization(Summarized):
     """The handle :func:`optimize` returns; a context manager.
 
     Inside ``with``, each step of ``model`` (first forward to ``optimizer.step()``)
@@ -283,13 +240,13 @@ class Optimization:
         self.optimizer = optimizer
         self.config = config
         self._steps = Steps(config, model)
-        self._hooks = _Hooks()
+        self._hooks = Hooks()
         self._active = False
 
     def __enter__(self) -> Optimization:
         if self._active:
             raise MemscaleError("this memscale.optimize() block is already active")
-        if self.model in _attached:
+        if self.model in attached:
             raise MemscaleError(f"{type(self.model).__name__} is already wrapped by memscale; detach() it first")
         _hook_module(self.model, self._steps, self._hooks)
         if self.optimizer is not None:
@@ -302,8 +259,8 @@ class Optimization:
                     self._steps.end()
 
             self._hooks.handles.append(register_optimizer_step_pre_hook(end_if_updates))
-        _attached[self.model] = _Attachment(steps=self._steps, hooks=self._hooks, kind="optimize")
-        _attached[self] = _attached[self.model]
+        attached[self.model] = Attachment(steps=self._steps, hooks=self._hooks, kind="optimize")
+        attached[self] = attached[self.model]
         self._active = True
         return self
 
@@ -313,8 +270,8 @@ class Optimization:
             self._steps.end(exc)
         finally:
             self._hooks.remove()
-            _attached.pop(self.model, None)
-            _attached.pop(self, None)
+            attached.pop(self.model, None)
+            attached.pop(self, None)
         self._steps.log_summary("optimize")
 
     def end_step(self) -> None:
@@ -354,39 +311,3 @@ def optimize(
         config = replace(config, unit="op")
     observe(config)
     return Optimization(model, optimizer, config)
-
-
-def attached_summaries() -> list[tuple[str, Summary]]:
-    """``(class name and id, totals)`` of every object wrapped now (for
-    :mod:`memscale.metrics`)."""
-    seen: set[int] = set()
-    out = []
-    for obj, attachment in list(_attached.items()):
-        if id(attachment) in seen or isinstance(obj, Optimization):
-            continue
-        seen.add(id(attachment))
-        out.append((f"{type(obj).__name__}@{id(obj):x}", attachment.steps.summary()))
-    return out
-
-
-def summary(obj: Any = None) -> Summary:
-    """What memscale did for a wrapped model/Trainer, an :func:`optimize` handle,
-    or with no argument under :func:`memscale.enable`.
-
-    After :func:`detach` it returns the totals as they were at detach.
-    """
-    if obj is None:
-        from ._enable import enabled
-
-        current = enabled()
-        if current is None:
-            raise MemscaleError("memscale.summary(): memscale.enable() was not called; pass the wrapped object")
-        return current.summary()
-    if isinstance(obj, Optimization):
-        return obj.summary()
-    attachment = _attached.get(obj)
-    if attachment is not None:
-        return attachment.steps.summary()
-    if obj in _detached:
-        return _detached[obj]
-    raise MemscaleError(f"{type(obj).__name__} was never wrapped by memscale")

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch.utils.module_tracker import ModuleTracker
 
-from ._region import DTRTensor, dtr, unwrap
+from .region import dtr
+from .tensor import DTRTensor, unwrap
 
 
 @dataclass

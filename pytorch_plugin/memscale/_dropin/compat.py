@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from .config import Config
+from ..config import Config
 
 log = logging.getLogger("memscale")
 _lock = threading.Lock()
@@ -39,7 +39,7 @@ def observe(config: Config) -> None:
                 if log.getEffectiveLevel() > logging.INFO:
                     log.setLevel(logging.INFO)
     if config.observability_port is not None:
-        from .metrics import serve
+        from ..metrics import serve
 
         port = serve(config.observability_port)
         log.info("memscale: Prometheus metrics on port %d", port)
@@ -49,8 +49,8 @@ def measure_step_peak(module: Any, sample_input: Any) -> int:
     """Peak usage of one forward and backward of ``module`` on ``sample_input``
     (a tensor, a tuple of positional arguments or a dict of keyword arguments),
     run in an unbudgeted region; the model's state is put back afterwards."""
-    from ._check import _loss_of, _preserved, _seeded
-    from ._region import dtr
+    from .._region.check import _loss_of, _preserved, _seeded
+    from .._region import dtr
 
     if isinstance(sample_input, dict):
         args: tuple[Any, ...] = ()

@@ -1,11 +1,7 @@
-"""memscale under ``torch.distributed``: each rank's device, DDP and FSDP2.
+"""memscale under ``torch.distributed``: DDP and FSDP2.
 
-**The local device.** A rank uses one GPU: the one its launcher names.
-:func:`local_device` reads ``LOCAL_RANK`` (torchrun), then ``SLURM_LOCALID``,
-then ``OMPI_COMM_WORLD_LOCAL_RANK``, then falls back to the current CUDA device
-(0 before CUDA is initialized). ``memscale.install`` opens only that device in
-the library and resolves percentages against its memory; the statistics
-functions default to it.
+(Each rank's device, its launcher's local rank, is
+:func:`memscale._allocator.device.local_device`.)
 
 **DDP.** ``DistributedDataParallel.forward`` rebuilds its gradient buckets in
 C++ code that reads the buckets' data directly, so a step's region must not be
@@ -27,15 +23,10 @@ Holds the one-time FSDP patch; no policy.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 from typing import Any, Final
 
-from .errors import ConfigError
-
-#: Environment variables naming the local rank, in the order they are read.
-LOCAL_RANK_ENVS: Final[tuple[str, ...]] = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 
 #: ``FSDPParamGroup`` methods that run with the region's mode suspended.
 _FSDP_METHODS: Final[tuple[str, ...]] = (
@@ -52,54 +43,6 @@ _FSDP_GROUP_MODULE: Final[str] = "torch.distributed.fsdp._fully_shard._fsdp_para
 
 _lock = threading.Lock()
 _fsdp_patched = False
-
-
-def local_rank() -> tuple[int, str] | None:
-    """``(local rank, the variable it came from)``, or ``None`` when no launcher set one.
-
-    Raises:
-        ConfigError: the variable is not a non-negative integer.
-    """
-    for name in LOCAL_RANK_ENVS:
-        raw = os.environ.get(name, "").strip()
-        if not raw:
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise ConfigError(f"{name}={raw!r}: expected the local rank, an integer >= 0")
-        return value, name
-    return None
-
-
-def local_device() -> int:
-    """The CUDA device this process uses: its local rank's, else the current one.
-
-    A process that sees one device (a launcher that gives each process its GPU
-    through ``CUDA_VISIBLE_DEVICES``) or none (the simulated device) uses
-    device 0.
-
-    Raises:
-        ConfigError: the local rank is malformed, or names a device this
-            process cannot see while it sees several.
-    """
-    import torch
-
-    found = local_rank()
-    if found is None:
-        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    rank, name = found
-    count = torch.cuda.device_count()
-    if rank < count:
-        return rank
-    if count <= 1:
-        return 0  # one visible device per process, or none (the simulated device 0)
-    raise ConfigError(
-        f"{name}={rank}: this process sees {count} CUDA devices (0..{count - 1}); set CUDA_VISIBLE_DEVICES "
-        "so each rank sees its own GPU, or launch at most one rank per visible device"
-    )
 
 
 def _is_ddp(module: Any) -> bool:
@@ -121,8 +64,8 @@ def opens_no_step(module: Any) -> bool:
 def _suspended(method: Any) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
-    from ._region import volatile
-    from ._region.mode import RegionMode
+    from .._region import volatile
+    from .._region.mode import RegionMode
 
     @functools.wraps(method)
     def run_plain(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -17,7 +17,7 @@ with no change to the model or the loop:
   ``torch.optim`` optimizer;
 * at exit the totals are logged (and printed by ``python -m memscale run``).
 
-The budget is the eviction threshold (:mod:`memscale._budget`); without one, on
+The budget is the eviction threshold (:mod:`memscale._allocator.budget`); without one, on
 a GPU with the allocator, the engine evicts only when an allocation would
 otherwise fail. On the CPU without a threshold there is nothing to evict
 against, so :func:`enable` says so and changes nothing.
@@ -34,13 +34,13 @@ import threading
 import weakref
 from typing import Any
 
-from ._budget import default_budget
-from ._distributed import opens_no_step
-from ._region.steps import wrap_closure
-from ._stats import Summary
-from ._steps import Steps
-from .config import Config
-from .errors import MemscaleError
+from .._allocator.budget import default_budget, percentage_of_peak
+from .distributed import opens_no_step
+from .._region.steps import wrap_closure
+from .._stats import Summary
+from .steps import Steps
+from ..config import Config
+from ..errors import MemscaleError
 
 log = logging.getLogger("memscale")
 
@@ -113,7 +113,7 @@ class Enabled:
 
         def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
             # A global pre-hook is not given keyword arguments, and a step's
-            # signature needs them (memscale._fitting): a module that opened a
+            # signature needs them (memscale._dropin.fitting): a module that opened a
             # step gets a pre-hook of its own that sees them and opens its
             # later steps. This step's arguments are not known: it is tracked.
             if steps.is_open or not in_a_step(module):
@@ -220,19 +220,24 @@ def enable(config: Config | None = None) -> Enabled:
             return _enabled
         installed = _install_if_gpu()
         explicit = config.threshold is not None or config.mode is not None or config.device_memory is not None
-        if not explicit and default_budget().nbytes == 0:
-            log.warning(
-                "memscale.enable(): no eviction threshold and no GPU allocator, so there is nothing to "
-                "evict against; the program runs unchanged. Set MEMSCALE_EVICTION_THRESHOLD (bytes, e.g. "
-                "4GiB; a percentage needs a GPU)."
+        if not explicit and percentage_of_peak() is None and default_budget().nbytes == 0:
+            # Nothing to evict against: the steps run unbudgeted, to measure
+            # their peak (steps of shapes seen twice run untracked).
+            log.info(
+                "memscale.enable(): no eviction threshold and no GPU allocator: nothing is evicted; the training "
+                "steps' peak is measured (set MEMSCALE_EVICTION_THRESHOLD: bytes such as 4GiB, or a percentage "
+                "of the measured peak such as 50%%)"
             )
-            _enabled = Enabled(config, None, installed)
-            return _enabled
+            enabled = Enabled(config, Steps(config, None, on_demand=True, measure=True), installed)
+            enabled._hook()
+            _enabled = enabled
+            atexit.register(_at_exit, enabled)
+            return enabled
         if config.unit == "op":
             enabled = Enabled(config, Steps(config, None, on_demand=True), installed)
             enabled._hook()
         else:
-            from ._blocks.drop_in import BlockModels
+            from .._blocks.drop_in import BlockModels
 
             steps = Steps(config, None, on_demand=True) if config.unit == "auto" else None
             enabled = Enabled(config, steps, installed)
@@ -254,8 +259,8 @@ def _install_if_gpu() -> bool:
     """Install the memscale allocator when there is a GPU and it is not yet installed."""
     import torch
 
-    from .allocator import install, installed
-    from .errors import CUDAAlreadyInitializedError
+    from .._allocator.install import install, installed
+    from ..errors import CUDAAlreadyInitializedError
 
     if installed() is not None:
         return False

@@ -26,7 +26,7 @@ _saved: dict[tuple[Any, str], Any] = {}
 
 def _nested(device: Any = None) -> dict[str, Any]:
     """``memory_stats_as_nested_dict``: the flat keys split at their dots."""
-    from .allocator import memory_stats
+    from .stats import memory_stats
 
     out: dict[str, Any] = {}
     for key, value in memory_stats(device).items():
@@ -64,7 +64,7 @@ PATCHED: Final[tuple[str, ...]] = (
 
 
 def _replacements() -> dict[str, Callable[..., Any]]:
-    from . import allocator
+    from . import stats as allocator
     from .snapshot import dump_snapshot, snapshot
 
     def memory_stats(device: Any = None) -> OrderedDict[str, int]:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import MemscaleError
+from ..errors import MemscaleError
 
 __all__ = ["record_snapshot", "cpu_snapshot_from_profile", "record_program"]
 
@@ -55,7 +55,7 @@ def record_snapshot(
         raise MemscaleError(f"record_snapshot: device={device!r}: want 'cuda', 'cpu' or None")
     out = Path(path)
     if device == "cuda":
-        from .allocator import installed
+        from .install import installed
 
         if installed() is not None:
             raise MemscaleError(

@@ -13,7 +13,9 @@ Order, for a device:
 1. the threshold in force in the installed allocator (``install`` applied the
    argument or the environment variable; ``set_threshold`` may have changed it);
 2. without the allocator installed, ``MEMSCALE_EVICTION_THRESHOLD`` itself: bytes
-   (``"12GiB"``) anywhere, a percentage only where there is a GPU to take it of;
+   (``"12GiB"``) anywhere; a percentage of the GPU's memory, or on a machine
+   without a GPU a percentage of the step's peak, measured by a first step that
+   runs unbudgeted (:func:`percentage_of_peak`: the drop-in API's steps do that);
 3. none. On a GPU with the allocator installed, a region then still protects the
    run: its budget is the device's memory, so the engine keeps every tensor's
    lineage and evicts only when an allocation would otherwise fail (the
@@ -28,11 +30,43 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from ._distributed import local_device
-from .config import format_bytes, is_percentage, parse_size
-from .errors import ConfigError
+from .device import local_device
+from ..config import format_bytes, is_percentage, parse_size
+from ..errors import ConfigError
 
 THRESHOLD_ENV: Final[str] = "MEMSCALE_EVICTION_THRESHOLD"
+
+#: ``memscale run --threshold``: the value the command line put into
+#: ``MEMSCALE_EVICTION_THRESHOLD``, so messages name the flag the user typed.
+THRESHOLD_FLAG: Final[str] = "--threshold"
+_flag_value: str | None = None
+
+
+def set_from_flag(value: str) -> None:
+    """``memscale run --threshold VALUE``: set the threshold for this process
+    (and the processes it starts) and remember that the flag gave it."""
+    global _flag_value
+    os.environ[THRESHOLD_ENV] = value
+    _flag_value = value
+
+
+def threshold_name() -> str:
+    """Where the threshold in the environment came from, for messages:
+    ``--threshold`` when :func:`set_from_flag` put it there, else the variable."""
+    raw = os.environ.get(THRESHOLD_ENV)
+    return THRESHOLD_FLAG if _flag_value is not None and raw == _flag_value else THRESHOLD_ENV
+
+
+def check_threshold(raw: str, name: str) -> None:
+    """Raises ConfigError naming ``name`` when ``raw`` is not a threshold at all:
+    malformed, zero, or a percentage outside (0, 100]. Needs no device: a
+    percentage is resolved later."""
+    nbytes = parse_size(raw, name=name, total=100)
+    if nbytes <= 0:
+        raise ConfigError(
+            f"{name}={raw}: a threshold must be positive (leave it unset for no threshold; "
+            "a run without one prints the peak it measured)"
+        )
 
 
 @dataclass(frozen=True)
@@ -73,6 +107,25 @@ def _env_threshold() -> str | None:
     return value or None
 
 
+def percentage_of_peak(device: int | None = None) -> str | None:
+    """The threshold when it is a percentage that has no GPU to be taken of
+    (no CUDA device, no memscale allocator): then it is a percentage of the
+    training step's peak, which the drop-in API measures with a first step
+    that runs unbudgeted. ``None`` otherwise.
+
+    Raises:
+        ConfigError: ``MEMSCALE_EVICTION_THRESHOLD`` (or ``--threshold``) is
+            malformed.
+    """
+    from .install import installed
+
+    raw = _env_threshold()
+    if raw is None or not is_percentage(raw) or installed() is not None or _cuda_device(device) is not None:
+        return None
+    check_threshold(raw, threshold_name())
+    return raw
+
+
 def _cuda_device(device: int | None) -> int | None:
     """``device``, or the current CUDA device when there is one (``None`` on the CPU)."""
     import torch
@@ -95,7 +148,8 @@ def threshold_budget(device: int | None = None) -> Budget | None:
             percentage where there is no GPU to take it of (on the CPU give
             bytes, such as ``4GiB``).
     """
-    from .allocator import device_total_memory, installed, memory_stats
+    from .install import installed
+    from .stats import device_total_memory, memory_stats
 
     installation = installed()
     if installation is not None:
@@ -110,19 +164,20 @@ def threshold_budget(device: int | None = None) -> Budget | None:
     raw = _env_threshold()
     if raw is None:
         return None
+    name = threshold_name()
+    check_threshold(raw, name)
     total = None
     if is_percentage(raw):
         index = _cuda_device(device)
         total = device_total_memory(index) if index is not None else None
         if total is None:
             raise ConfigError(
-                f"{THRESHOLD_ENV}={raw}: a percentage needs a GPU's memory size and there is no GPU "
-                "here; give bytes (for example 4GiB)"
+                f"{name}={raw}: a percentage is of the GPU's memory, and this budget has no GPU to take it "
+                "of; give bytes (for example 4GiB), or use it in memscale run / memscale.enable(), where "
+                "on a machine without a GPU it is a percentage of the step's measured peak"
             )
-    nbytes = parse_size(raw, name=THRESHOLD_ENV, total=total)
-    if nbytes <= 0:
-        raise ConfigError(f"{THRESHOLD_ENV}={raw}: must be positive (unset it for no threshold)")
-    return Budget(nbytes, f"{THRESHOLD_ENV}={raw}")
+    nbytes = parse_size(raw, name=name, total=total)
+    return Budget(nbytes, f"{name} {raw}" if name == THRESHOLD_FLAG else f"{name}={raw}")
 
 
 def default_budget(device: int | None = None) -> Budget:
@@ -132,7 +187,8 @@ def default_budget(device: int | None = None) -> Budget:
     threshold = threshold_budget(device)
     if threshold is not None:
         return threshold
-    from .allocator import device_total_memory, installed
+    from .install import installed
+    from .stats import device_total_memory
 
     index = _cuda_device(device)
     if index is not None and installed() is not None:
