@@ -150,6 +150,7 @@ func (s *deviceState) open(p *process) error {
 		Limit:             limits.MemoryLimit,
 		EvictionThreshold: limits.EvictionThreshold,
 		TraceCapacity:     cfg.TraceCapacity,
+		BudgetSlack:       cfg.BudgetSlack,
 		Logger:            log,
 	})
 	if err != nil {

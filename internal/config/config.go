@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memscale/memscale/allocator"
 	"github.com/memscale/memscale/evict"
 	"github.com/memscale/memscale/internal/logging"
 )
@@ -33,6 +34,7 @@ const (
 	EnvTraceCapacity      = "MEMSCALE_TRACE_CAPACITY"
 	EnvLogLevel           = "MEMSCALE_LOG_LEVEL"
 	EnvLogFormat          = "MEMSCALE_LOG_FORMAT"
+	EnvBudgetSlack        = "MEMSCALE_BUDGET_SLACK"
 	// EnvOpBatch and EnvNoExtension are read by the Python plugin; the
 	// library checks them too, so that a malformed value is rejected with
 	// the rest of the configuration (memscale_config_error) instead of
@@ -120,6 +122,11 @@ const MaxOpBatch = 1 << 16
 // allocator's trace ring).
 const MaxTraceCapacity = 1 << 26
 
+// MaxBudgetSlack bounds MEMSCALE_BUDGET_SLACK: a cache of 11 times the DTR
+// budget is no longer a bound worth the name (the memory limit applies on
+// top in any case).
+const MaxBudgetSlack = 10
+
 // Config is the effective memscale configuration.
 type Config struct {
 	// Backend is MEMSCALE_BACKEND (default auto).
@@ -162,6 +169,14 @@ type Config struct {
 	// NoExtension is MEMSCALE_NO_EXTENSION: "1" asks the plugin to call the
 	// engine through ctypes instead of its C extension; "0" or unset: not.
 	NoExtension bool `json:"no_extension"`
+	// BudgetSlack is MEMSCALE_BUDGET_SLACK, the allocator's
+	// Config.BudgetSlack: while a DTR budget is known, the cache keeps up to
+	// the budget plus BudgetSlack x the budget mapped before it remaps cached
+	// granules (docs/allocator-budget.md). Default
+	// allocator.DefaultBudgetSlack (0.10); "0" also selects the default;
+	// negative: the budget is ignored (the bound is the allocated high-water
+	// mark's).
+	BudgetSlack float64 `json:"budget_slack"`
 }
 
 // Default returns the configuration used when no MEMSCALE_* variable is set.
@@ -175,6 +190,7 @@ func Default() Config {
 		LogLevel:           logging.DefaultLevel,
 		LogFormat:          logging.DefaultFormat,
 		OpBatch:            DefaultOpBatch,
+		BudgetSlack:        allocator.DefaultBudgetSlack,
 	}
 }
 
@@ -240,6 +256,7 @@ func Load(lookup LookupFunc) (Config, error) {
 	choice(&l, EnvLogFormat, LogFormats, func(v string) { c.LogFormat = v })
 	l.positive(EnvOpBatch, MaxOpBatch, "ops registered per engine call; 1: one call per op", &c.OpBatch)
 	choice(&l, EnvNoExtension, []string{"1", "0"}, func(v string) { c.NoExtension = v == "1" })
+	l.budgetSlack(EnvBudgetSlack, &c.BudgetSlack)
 
 	if err := c.checkStatic(); err != nil {
 		l.errs = append(l.errs, err)
@@ -326,6 +343,7 @@ func KnownVars() []string {
 		EnvBackend, EnvMemoryLimit, EnvEvictionThreshold, EnvEvicteeMinSize,
 		EnvHeuristic, EnvRecompTimeFactor, EnvRecompMemoryFactor, EnvSimCapacity,
 		EnvTraceCapacity, EnvLogLevel, EnvLogFormat, EnvOpBatch, EnvNoExtension,
+		EnvBudgetSlack,
 	}
 }
 
@@ -402,6 +420,39 @@ func (l *loader) factor(name string, dst *float64) {
 	if f > evict.MaxRecompFactor {
 		l.fail(name, raw, accepted, fmt.Errorf("above %d: the exponent would overflow the eviction score (cost^%v)", evict.MaxRecompFactor, f))
 		return
+	}
+	*dst = f
+}
+
+// budgetSlack accepts a finite decimal number up to MaxBudgetSlack: the
+// share of the DTR budget the allocator's cache may hold beyond it; 0 is the
+// default (allocator.DefaultBudgetSlack), a negative number ignores the
+// budget.
+func (l *loader) budgetSlack(name string, dst *float64) {
+	v, raw, ok := l.get(name)
+	if !ok {
+		return
+	}
+	accepted := fmt.Sprintf(`a decimal number at most %d: the share of the DTR budget the cache may hold beyond it `+
+		`("0.1" = 10 %%; "0" = the default %v; negative, e.g. "-1" = ignore the budget)`, MaxBudgetSlack, allocator.DefaultBudgetSlack)
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || strings.ContainsAny(v, "xX_") {
+		l.fail(name, raw, accepted, errors.New("not a number"))
+		return
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		l.fail(name, raw, accepted, errors.New("not a finite number"))
+		return
+	}
+	if f > MaxBudgetSlack {
+		l.fail(name, raw, accepted, fmt.Errorf("above %d", MaxBudgetSlack))
+		return
+	}
+	switch {
+	case f == 0:
+		f = allocator.DefaultBudgetSlack
+	case f < 0:
+		f = -1
 	}
 	*dst = f
 }
