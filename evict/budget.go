@@ -45,12 +45,13 @@ func (e *Engine) key(s rc.StorageID) key { return e.keyOf(s, true) }
 // same key with the tracker's cheap lower bound of the cost in place of the
 // cost (see tracker.bound). The candidate index stores it when a storage
 // becomes a candidate or its score may have fallen, and computes the true
-// key only for a storage about to be chosen. Where the bound might not
-// order like the cost (a recomp_time_factor exponent, whose math.Pow is not
-// guaranteed monotonic to the last bit, or a zero size, where both would
-// divide by zero) it is the true key.
+// key only for a storage about to be chosen. With a recomp_time_factor
+// exponent (whose math.Pow is not guaranteed monotonic to the last bit) the
+// bound's numerator is lowered by a relative 2^-20, far more than the
+// error of a power, so that it stays below the cost's. With a zero size
+// (the score does not depend on the cost) it is the true key.
 func (e *Engine) lowKey(s rc.StorageID) key {
-	return e.keyOf(s, e.tf != 1 || e.g.Storage(s).Size == 0)
+	return e.keyOf(s, e.g.Storage(s).Size == 0)
 }
 
 // keyOf returns s's key with the cost (exact) or its lower bound.
@@ -77,8 +78,22 @@ func (e *Engine) keyOf(s rc.StorageID, exact bool) key {
 			// a/sqrt(s) orders like a^2/s: keep the exact comparator
 			k.a *= k.a
 		}
+		if !exact && e.tf != 1 {
+			k.a = below(k.a)
+		}
 	}
 	return k
+}
+
+// below returns a numerator under a by more than the relative error of a
+// power (2^-20): 0 for one so small that the margin would round away, a
+// itself for 0 and +Inf (which the cost's numerator reaches as well: the
+// powers saturate monotonically).
+func below(a float64) float64 {
+	if a < 0x1p-900 {
+		return 0
+	}
+	return a * (1 - 0x1p-20)
 }
 
 // numerator returns c^tf / m^mf (tf == 0: 1 / m^mf), the clock-free part

@@ -241,7 +241,7 @@ func New(cfg Config) (*Engine, error) {
 	} else {
 		e.sel = newIndexSelector(e)
 	}
-	e.tr.setLowered(e.sel.lowered)
+	e.tr.setLowered(e.sel.lowered, e.sel.fell)
 	if cfg.Record || cfg.Heuristic == Auto {
 		e.rec = &recorder{limit: MaxRecordedInstructions}
 	}

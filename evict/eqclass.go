@@ -31,7 +31,9 @@ func newEqTracker(g *rc.Graph, ancOnly bool) *eqTracker {
 	return &eqTracker{g: g, ancOnly: ancOnly, lowered: func(rc.StorageID) {}}
 }
 
-func (t *eqTracker) setLowered(fn func(rc.StorageID)) { t.lowered = fn }
+// setLowered installs lowered; the classes name the storages whose costs
+// fall, so fell is never needed.
+func (t *eqTracker) setLowered(fn func(rc.StorageID), _ func()) { t.lowered = fn }
 
 func (t *eqTracker) nodeOf(s rc.StorageID) rc.ClassID {
 	if int(s) < len(t.node) {

@@ -26,7 +26,8 @@ const never = math.MaxInt64
 // understates it the leaf is re-keyed and the root read again. When the
 // root's key is exact it is the true minimum, because every other stored key
 // is at most its true score. Whatever can lower a score (a neighbour
-// brought back, a storage released) re-keys the affected storages eagerly,
+// brought back, a storage released) re-keys the affected storages eagerly
+// (or, for a neighbourhood cost that fell, every key pick corrected: fell),
 // and so does a storage becoming a candidate, but with a lower bound of the
 // true key (Engine.lowKey) that is cheap to compute where the true one is
 // not (the region heuristics walk the evicted neighbourhood for it): the
@@ -44,13 +45,20 @@ type indexSelector struct {
 	slotOf []int32        // per storage: leaf slot, -1 if not a candidate
 	owner  []rc.StorageID // per slot: the storage in it
 	keys   []key          // per slot: stored key
-	free   []int32        // unused slots
-	win    []int32        // per node (1..2n-1): winning slot, -1 if empty
-	melt   []int64        // per node: clock at which win may change
-	n      int            // number of leaves (power of two)
-	count  int
-	seq    uint64
-	now    int64 // clock the tree is valid at
+	// exact[sl] is set while slot sl holds a true key that pick stored (a
+	// correction): the only keys that a fall of a neighbourhood cost (fell)
+	// can make overstate the score. exactSlots lists them, with stale
+	// entries (exact cleared since) skipped when read.
+	exact      []bool
+	exactSlots []int32
+	resets     uint64 // keys fell re-keyed (for the property test)
+	free       []int32 // unused slots
+	win        []int32 // per node (1..2n-1): winning slot, -1 if empty
+	melt       []int64 // per node: clock at which win may change
+	n          int     // number of leaves (power of two)
+	count      int
+	seq        uint64
+	now        int64 // clock the tree is valid at
 }
 
 func newIndexSelector(e *Engine) selector {
@@ -71,9 +79,11 @@ func (x *indexSelector) grow(n int) {
 	x.melt = make([]int64, 2*size)
 	keys := make([]key, size)
 	owner := make([]rc.StorageID, size)
+	exact := make([]bool, size)
 	copy(keys, x.keys)
 	copy(owner, x.owner)
-	x.keys, x.owner = keys, owner
+	copy(exact, x.exact)
+	x.keys, x.owner, x.exact = keys, owner, exact
 	for i := range x.win {
 		x.win[i] = -1
 		x.melt[i] = never
@@ -119,6 +129,7 @@ func (x *indexSelector) add(s rc.StorageID) {
 	k := x.e.lowKey(s)
 	k.seq = x.seq
 	x.keys[sl] = k
+	x.exact[sl] = false
 	x.count++
 	x.win[x.n+int(sl)] = sl
 	x.fix(sl)
@@ -131,6 +142,7 @@ func (x *indexSelector) remove(s rc.StorageID) {
 	}
 	x.advance(x.e.clock)
 	x.slotOf[s] = -1
+	x.exact[sl] = false
 	x.free = append(x.free, sl)
 	x.count--
 	x.win[x.n+int(sl)] = -1
@@ -152,7 +164,53 @@ func (x *indexSelector) rekey(sl int32) {
 	k := x.e.lowKey(x.owner[sl])
 	k.seq = x.keys[sl].seq
 	x.keys[sl] = k
+	x.exact[sl] = false
 	x.fix(sl)
+}
+
+// fell re-keys every slot holding a true key that pick stored to a lower
+// bound (Engine.lowKey): those are the only stored keys a fall of a
+// neighbourhood cost can make overstate a score, since every other one was
+// built from the cost's bound, which no neighbourhood changes. Each such
+// slot was set by one correction, so the work is amortised over the picks
+// that made them: O(log n) per correction, however many storages' costs
+// fell.
+func (x *indexSelector) fell() {
+	if len(x.exactSlots) == 0 {
+		return
+	}
+	x.advance(x.e.clock)
+	for _, sl := range x.exactSlots {
+		if x.exact[sl] {
+			x.rekey(sl)
+			x.resets++
+		}
+	}
+	x.exactSlots = x.exactSlots[:0]
+}
+
+// markExact records that slot sl holds a true key stored by pick.
+func (x *indexSelector) markExact(sl int32) {
+	if x.exact[sl] {
+		return
+	}
+	x.exact[sl] = true
+	x.exactSlots = append(x.exactSlots, sl)
+	if len(x.exactSlots) > 2*x.n {
+		// drop the stale entries, so that the list stays within the
+		// number of slots however long no cost falls
+		live := x.exactSlots[:0]
+		for _, s := range x.exactSlots {
+			if x.exact[s] {
+				x.exact[s] = false // set again below, once per slot
+				live = append(live, s)
+			}
+		}
+		for _, s := range live {
+			x.exact[s] = true
+		}
+		x.exactSlots = live
+	}
 }
 
 // pick returns the root's winner once its stored key is its true key. Each
@@ -177,6 +235,7 @@ func (x *indexSelector) pick(now int64) (rc.StorageID, bool) {
 		// look again.
 		k.seq = st.seq
 		x.keys[w] = k
+		x.markExact(w)
 		x.fix(w)
 	}
 }

@@ -232,6 +232,7 @@ func TestIndexMatchesExactScan(t *testing.T) {
 		seeds = 50
 	}
 	picks, reserve, abandoned := 0, 0, 0
+	var resets uint64
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		w := newTwin(t, seed)
 		finished := true
@@ -250,14 +251,16 @@ func TestIndexMatchesExactScan(t *testing.T) {
 		}
 		checkSoftHolds(t, w.idx, fmt.Sprintf("seed %d, end", seed))
 		picks += int(w.idx.Stats().VictimSearches)
+		resets += w.idx.sel.(*indexSelector).resets
 		reserve += int(w.idx.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Stats().Evictions, w.scan.Stats().Evictions)
 		require.Equal(t, w.idx.Stats().ReserveEvictions, w.scan.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Clock(), w.scan.Clock())
 	}
-	t.Logf("%d histories (%d ended by abandoned plans), %d victim selections compared, %d reserve victims",
-		seeds, abandoned, picks, reserve)
+	t.Logf("%d histories (%d ended by abandoned plans), %d victim selections compared, %d reserve victims, %d corrected keys reset by a fall",
+		seeds, abandoned, picks, reserve, resets)
 	require.Greater(t, picks, 1000)
 	require.Positive(t, reserve, "some victims are reserve candidates")
 	require.Positive(t, abandoned, "some histories abandon their plans")
+	require.Positive(t, resets, "falls of neighbourhood costs reset corrected keys (indexSelector.fell)")
 }

@@ -34,31 +34,38 @@ import (
 // Costs only rise when a storage is evicted or an op is recorded, so those
 // need no notice (the candidate index keeps lower bounds). They fall when an
 // evicted storage comes back or is released: the material storages whose
-// regions held it are exactly those reached from it through evicted storages
-// (downwards for ancestor regions, upwards for descendant regions), and each
-// is reported to lowered.
+// regions held it are those reached from it through evicted storages
+// (downwards for ancestor regions, upwards for descendant regions). The
+// tracker does not look for them: it reports that some costs fell (fell),
+// and the index resets the few keys it stored that could now overstate a
+// cost, the true keys it computed for storages about to be chosen (every
+// other stored key is built from bound, which no region changes). Walking
+// to the storages instead, as this tracker once did, visits the rest of an
+// evicted chain at every rebuild: quadratic in the ops of a step with long
+// evicted chains (bench/results/engine-scale.md).
 type regionTracker struct {
 	g *rc.Graph
 	// both counts the descendant region in the cost (e*).
 	both    bool
 	lowered func(rc.StorageID)
+	fell    func()
 
 	// seen[s] == walk when the current walk has reached s.
 	seen []uint32
 	walk uint32
-	// stack is the walk's work list, hit the material storages a boundary
-	// walk found (both reused between walks).
+	// stack is the walk's work list (reused between walks).
 	stack []rc.StorageID
-	hit   []rc.StorageID
 }
 
 // newRegionTracker returns the tracker for e* (both) or for the
 // ancestors-only costs.
 func newRegionTracker(g *rc.Graph, both bool) *regionTracker {
-	return &regionTracker{g: g, both: both, lowered: func(rc.StorageID) {}}
+	return &regionTracker{g: g, both: both, lowered: func(rc.StorageID) {}, fell: func() {}}
 }
 
-func (t *regionTracker) setLowered(fn func(rc.StorageID)) { t.lowered = fn }
+func (t *regionTracker) setLowered(lowered func(rc.StorageID), fell func()) {
+	t.lowered, t.fell = lowered, fell
+}
 
 // cost returns s's compute plus that of its evicted region(s). A storage that
 // is not material has no region: its cost is its own compute.
@@ -126,67 +133,6 @@ func (t *regionTracker) regionCompute(base rc.StorageID, down bool) int64 {
 	return c
 }
 
-// boundary appends to t.hit the material storages reached from the starts
-// through evicted storages only, following children (down) or parents, each
-// once. The starts themselves are not reported, whatever their state. It
-// starts its own walk.
-func (t *regionTracker) boundary(starts []rc.StorageID, down bool) {
-	t.begin()
-	g, seen, w := t.g, t.seen, t.walk
-	stack := t.stack[:0]
-	for _, s := range starts {
-		if seen[s] != w {
-			seen[s] = w
-			stack = append(stack, s)
-		}
-	}
-	for len(stack) > 0 {
-		x := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		xs := g.Storage(x)
-		next := xs.Parents
-		if down {
-			next = xs.Children
-		}
-		for _, u := range next {
-			if seen[u] == w {
-				continue
-			}
-			us := g.Storage(u)
-			switch {
-			case isEvicted(us):
-				seen[u] = w
-				stack = append(stack, u)
-			case isMaterial(us):
-				seen[u] = w
-				t.hit = append(t.hit, u)
-			}
-		}
-	}
-	t.stack = stack
-}
-
-// affected collects in t.hit the material storages whose regions held one
-// of ss until ss just left the evicted state: those reached from ss through
-// evicted storages downwards (whose ancestor regions held them) and, for e*,
-// upwards.
-func (t *regionTracker) affected(ss []rc.StorageID) {
-	t.hit = t.hit[:0]
-	t.boundary(ss, true)
-	if t.both {
-		t.boundary(ss, false)
-	}
-}
-
-// notify reports every storage in t.hit to lowered. lowered computes costs,
-// which reuse the walk state but not t.hit.
-func (t *regionTracker) notify() {
-	for _, f := range t.hit {
-		t.lowered(f)
-	}
-	t.hit = t.hit[:0]
-}
-
 // added needs no work: the outputs are resident and so are the inputs, so no
 // region changes.
 func (t *regionTracker) added(rc.OpID) {}
@@ -195,24 +141,26 @@ func (t *regionTracker) added(rc.OpID) {}
 func (t *regionTracker) dropped(rc.StorageID) {}
 
 // resident reports the storages that came back (their own cost changed) and
-// every material storage whose region lost them.
+// that some material storages' costs fell (fell: those whose regions held
+// them).
 func (t *regionTracker) resident(ss []rc.StorageID) {
-	t.affected(ss)
 	for _, s := range ss {
 		t.lowered(s)
 	}
-	t.notify()
+	if len(ss) > 0 {
+		t.fell()
+	}
 }
 
-// released reports, when s was evicted, the material storages whose regions
-// held it. A material storage sits in no region (it only ends walks, as a
-// released one does), so its release changes no cost.
+// released reports, when s was evicted, that the material storages whose
+// regions held it got cheaper (fell). A material storage sits in no region
+// (it only ends walks, as a released one does), so its release changes no
+// cost.
 func (t *regionTracker) released(s rc.StorageID, prev rc.State) {
 	if prev != rc.Evicted {
 		return
 	}
-	t.affected([]rc.StorageID{s})
-	t.notify()
+	t.fell()
 }
 
 var _ tracker = (*regionTracker)(nil)

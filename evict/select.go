@@ -13,6 +13,10 @@ type selector interface {
 	remove(s rc.StorageID)
 	// lowered says s's key may have decreased.
 	lowered(s rc.StorageID)
+	// fell says keys may have decreased through the neighbourhood cost
+	// (never through the cost's bound, tracker.bound), whose they are not
+	// said.
+	fell()
 	// pick returns the candidate to evict at clock now.
 	pick(now int64) (rc.StorageID, bool)
 	// len returns the number of candidates.
@@ -58,6 +62,8 @@ func (s *scanSelector) remove(id rc.StorageID) {
 }
 
 func (s *scanSelector) lowered(rc.StorageID) {}
+
+func (s *scanSelector) fell() {}
 
 func (s *scanSelector) len() int { return len(s.members) }
 

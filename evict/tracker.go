@@ -8,8 +8,10 @@ import (
 // neighbourhoods and returns a storage's cost: the numerator of its score
 // before the recomp_time_factor exponent. The engine calls the hooks after
 // changing the graph. Whenever a storage's cost may have gone down, the
-// tracker calls lowered with it (the candidate index keeps keys that are
-// lower bounds of the true ones, so increases need no notice).
+// tracker calls lowered with it, or, where finding those storages would cost
+// a walk, fell: some costs may have fallen, which ones is not said (the
+// candidate index keeps keys that are lower bounds of the true ones, so
+// increases need no notice).
 type tracker interface {
 	cost(s rc.StorageID) int64
 	// bound returns a lower bound of cost(s) that is cheap to compute
@@ -23,8 +25,9 @@ type tracker interface {
 	resident(ss []rc.StorageID)
 	// released: s is gone for good; prev is its state before.
 	released(s rc.StorageID, prev rc.State)
-	// setLowered installs the decrease notification.
-	setLowered(fn func(rc.StorageID))
+	// setLowered installs the decrease notifications: lowered for one
+	// storage, fell for costs that may have fallen anywhere.
+	setLowered(lowered func(rc.StorageID), fell func())
 }
 
 // evicted reports whether a storage counts as evicted for the neighbourhood
@@ -40,13 +43,13 @@ func isMaterial(st *rc.Storage) bool {
 // localTracker is the cost of the storage alone (h_DTR^local, LRU, size).
 type localTracker struct{ g *rc.Graph }
 
-func (t *localTracker) cost(s rc.StorageID) int64       { return t.g.Storage(s).Compute }
-func (t *localTracker) bound(s rc.StorageID) int64      { return t.cost(s) }
-func (t *localTracker) added(rc.OpID)                   {}
-func (t *localTracker) dropped(rc.StorageID)            {}
-func (t *localTracker) resident([]rc.StorageID)         {}
-func (t *localTracker) released(rc.StorageID, rc.State) {}
-func (t *localTracker) setLowered(func(rc.StorageID))   {}
-func newLocalTracker(g *rc.Graph) *localTracker         { return &localTracker{g: g} }
+func (t *localTracker) cost(s rc.StorageID) int64             { return t.g.Storage(s).Compute }
+func (t *localTracker) bound(s rc.StorageID) int64            { return t.cost(s) }
+func (t *localTracker) added(rc.OpID)                         {}
+func (t *localTracker) dropped(rc.StorageID)                  {}
+func (t *localTracker) resident([]rc.StorageID)               {}
+func (t *localTracker) released(rc.StorageID, rc.State)       {}
+func (t *localTracker) setLowered(func(rc.StorageID), func()) {}
+func newLocalTracker(g *rc.Graph) *localTracker               { return &localTracker{g: g} }
 
 var _ tracker = (*localTracker)(nil)
