@@ -51,7 +51,7 @@ type indexSelector struct {
 	// entries (exact cleared since) skipped when read.
 	exact      []bool
 	exactSlots []int32
-	resets     uint64 // keys fell re-keyed (for the property test)
+	resets     uint64  // keys fell re-keyed (for the property test)
 	free       []int32 // unused slots
 	win        []int32 // per node (1..2n-1): winning slot, -1 if empty
 	melt       []int64 // per node: clock at which win may change
