@@ -230,6 +230,9 @@ func memscale_go_set_threshold(dev C.int, bytes C.int64_t) C.int {
 // an engine holds its allocated bytes under (0 = none: the eviction
 // threshold stands for it), so that its cache may keep up to the budget plus
 // the budget slack mapped instead of remapping granules (allocator.SetBudget).
+// Engines created with "usage": "allocator" and a budget tell it theirs
+// themselves; the allocator follows the largest of this value and theirs
+// (autobudget.go).
 //
 //export memscale_go_set_budget
 func memscale_go_set_budget(dev C.int, bytes C.int64_t) C.int {
@@ -237,12 +240,12 @@ func memscale_go_set_budget(dev C.int, bytes C.int64_t) C.int {
 		if bytes < 0 {
 			return fmt.Errorf("budget %d bytes for device %d: negative: %w", int64(bytes), int(dev), allocator.ErrInvalidSize)
 		}
-		a, err := allocatorFor(int(dev))
-		if err != nil {
+		if _, err := allocatorFor(int(dev)); err != nil {
 			return err
 		}
-		a.SetBudget(uint64(bytes))
-		return nil
+		// The engines with "usage": "allocator" register their budgets
+		// too; the allocator gets the largest (autobudget.go).
+		return setExplicitBudget(int(dev), uint64(bytes))
 	}))
 }
 

@@ -276,9 +276,22 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		}
 		dtrEngines.Lock()
 		dtrEngines.next++
-		h = dtrEngines.next
-		dtrEngines.m[h] = d
+		id := dtrEngines.next
+		dtrEngines.m[id] = d
 		dtrEngines.Unlock()
+		if src.Allocator {
+			// The allocator's cache bound follows the budget (autobudget.go).
+			if err := registerEngineBudget(src.Device, id, eng.Stats().Budget); err != nil {
+				dtrEngines.Lock()
+				delete(dtrEngines.m, id)
+				dtrEngines.Unlock()
+				d.mu.Lock()
+				d.close()
+				d.mu.Unlock()
+				return err
+			}
+		}
+		h = id
 		liveEngines.Add(1)
 		return nil
 	})
@@ -301,6 +314,9 @@ func memscale_go_dtr_destroy(h C.int64_t) C.int {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		d.close()
+		if d.src.Allocator {
+			return registerEngineBudget(d.src.Device, int64(h), 0)
+		}
 		return nil
 	}) {
 		return -1
@@ -315,6 +331,9 @@ func memscale_go_dtr_set_budget(h C.int64_t, bytes C.int64_t) C.int {
 			return fmt.Errorf("budget %d: want bytes >= 0 (0 = unlimited)", int64(bytes))
 		}
 		d.eng.SetBudget(uint64(bytes))
+		if d.src.Allocator {
+			return registerEngineBudget(d.src.Device, int64(h), d.eng.Stats().Budget)
+		}
 		return nil
 	}) {
 		return -1
