@@ -122,7 +122,7 @@ test-c: $(LIB) $(BUILD)/abi_test $(BUILD)/throw_test $(FAKECUDA)
 	@grep -qx 'invalid_handle 0' $(BUILD)/fakecuda/abi_test.counts || \
 	  { echo "invalid stream handles reached the driver:"; cat $(BUILD)/fakecuda/abi_test.counts; exit 1; }
 
-test-python: $(LIB) $(STAMP)
+test-python: $(LIB) $(CLI) $(STAMP)
 	# Two runs: tests/python checks a fresh load of the library (its configuration is
 	# read once per process), so it must not share a process with the plugin tests.
 	MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -m pytest -q tests/python
@@ -130,7 +130,7 @@ test-python: $(LIB) $(STAMP)
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests
 
 # The tests marked slow (pytest -m slow): each takes tens of seconds on 2 cores.
-test-python-slow: $(LIB) $(STAMP)
+test-python-slow: $(LIB) $(CLI) $(STAMP)
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
 	  $(VPY) -m pytest -q -m slow pytorch_plugin/tests
 

@@ -40,6 +40,10 @@ class OptimizationMode(str, enum.Enum):
     AGGRESSIVE = "aggressive"
 
 
+#: The largest ``recomp_time_factor`` / ``recomp_memory_factor`` the engine
+#: accepts (evict.MaxRecompFactor).
+MAX_RECOMP_FACTOR: Final[int] = 8
+
 #: Bytes of one ``max_cpu_offload_gb`` unit (GiB).
 GB: Final[int] = 1024**3
 
@@ -352,8 +356,11 @@ class Config:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"Config.{field_name}={value!r}: expected a number >= 0")
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"Config.{field_name}={value!r}: expected a finite number >= 0")
+            if not math.isfinite(value) or not 0 <= value <= MAX_RECOMP_FACTOR:
+                raise ConfigError(
+                    f"Config.{field_name}={value!r}: expected a number from 0 to {MAX_RECOMP_FACTOR} (the "
+                    "engine's limit: larger exponents overflow the eviction score)"
+                )
         check_heuristic(self.heuristic, "Config.heuristic")
         if self.offload_limit is not None:
             parse_size(self.offload_limit, name="Config.offload_limit", allow_percent=False)

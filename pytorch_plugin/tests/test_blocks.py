@@ -405,6 +405,7 @@ def test_memory_real_peak_and_nothing_left_after_backward() -> None:
     assert peak <= plain_peak - 4 * block  # 6 blocks' activations, at most 2 alive at once
 
 
+@pytest.mark.slow
 def test_compiled_blocks_train_bitwise_to_the_compiled_model() -> None:
     """``torch.compile``d blocks: autograd's saved-tensor hooks run on the
     compiled graph's saved tensors, and a recompute runs the compiled block."""

@@ -60,8 +60,15 @@ def test_a_bad_threshold_is_a_clear_error(raw: str, match: str, monkeypatch: pyt
     monkeypatch.setenv(THRESHOLD_ENV, raw)
     with pytest.raises(ConfigError, match=match):
         dtr()
-    with pytest.raises(ConfigError, match=match):
-        memscale.wrap(torch.nn.Linear(4, 4))(torch.randn(2, 4))  # resolved at the first step
+    if raw.endswith("%") and float(raw[:-1]) <= 100:
+        return  # the drop-in API takes it of the first step's measured peak on the CPU (test_run.py)
+    model = torch.nn.Linear(4, 4)
+    memscale.wrap(model)
+    try:
+        with pytest.raises(ConfigError, match=match):
+            model(torch.randn(2, 4))  # resolved at the first step
+    finally:
+        memscale.detach(model)
 
 
 def _step(model: Any) -> None:

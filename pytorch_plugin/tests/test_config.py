@@ -129,6 +129,8 @@ def test_budget_for_rejects_bad_device_bytes(device_bytes: Any) -> None:
         ({"evictee_min_size": -1}, "Config.evictee_min_size"),
         ({"recomp_time_factor": -0.5}, "Config.recomp_time_factor"),
         ({"recomp_time_factor": float("nan")}, "Config.recomp_time_factor"),
+        ({"recomp_time_factor": 110}, "from 0 to 8"),
+        ({"recomp_memory_factor": 8.5}, "from 0 to 8"),
         ({"recomp_memory_factor": "1"}, "Config.recomp_memory_factor"),
         ({"heuristic": "random"}, "Config.heuristic"),
         ({"device_memory": "50%"}, "Config.device_memory"),

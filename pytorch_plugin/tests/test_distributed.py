@@ -88,6 +88,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return torchrun(tmp_path_factory.mktemp("ddp"), "ddp", str(BUDGET))
 
 
+@pytest.mark.slow  # two gloo processes
 def test_ddp_is_bitwise_and_evicts(ddp_run: list[dict[str, Any]]) -> None:
     for rank, record in enumerate(ddp_run):
         assert_bitwise(record["plain"], record["memscale"], f"DDP rank {rank}")
@@ -95,6 +96,7 @@ def test_ddp_is_bitwise_and_evicts(ddp_run: list[dict[str, Any]]) -> None:
         assert record["summary"]["peak_usage"] <= BUDGET
 
 
+@pytest.mark.slow  # two gloo processes
 def test_fsdp2_is_bitwise_and_evicts(tmp_path: Path) -> None:
     for rank, record in enumerate(torchrun(tmp_path, "fsdp", str(BUDGET))):
         assert_bitwise(record["plain"], record["memscale"], f"FSDP2 rank {rank}")
@@ -107,6 +109,7 @@ def test_fsdp2_is_bitwise_and_evicts(tmp_path: Path) -> None:
 BLOCKS_BUDGET = 3_000_000
 
 
+@pytest.mark.slow  # two gloo processes
 @pytest.mark.parametrize("kind", ["ddp-blocks", "fsdp-blocks"])
 def test_block_level_dtr_under_ddp_and_fsdp2_is_bitwise(tmp_path: Path, kind: str) -> None:
     for rank, record in enumerate(torchrun(tmp_path, kind, str(BLOCKS_BUDGET))):
@@ -115,6 +118,7 @@ def test_block_level_dtr_under_ddp_and_fsdp2_is_bitwise(tmp_path: Path, kind: st
         assert summary["evictions"] > 0 and summary["rematerializations"] > 0, summary
 
 
+@pytest.mark.slow  # two gloo processes
 def test_collectives_are_never_rerun_by_one_rank(tmp_path: Path) -> None:
     # Rank 0 evicts everything it may after every op, rank 1 nothing: a
     # collective rank 0 re-ran would time out or pair with another of rank 1's.
@@ -125,6 +129,7 @@ def test_collectives_are_never_rerun_by_one_rank(tmp_path: Path) -> None:
     assert unbudgeted["summary"]["evictions"] == 0
 
 
+@pytest.mark.slow  # two gloo processes
 def test_torchrun_memscale_run_an_unmodified_ddp_script(tmp_path: Path, ddp_run: list[dict[str, Any]]) -> None:
     records = torchrun(tmp_path, "plain", "ddp", memscale_run=True, MEMSCALE_EVICTION_THRESHOLD=str(BUDGET))
     for rank, record in enumerate(records):

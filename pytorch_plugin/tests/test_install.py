@@ -140,6 +140,7 @@ def test_install_reads_the_threshold_from_the_environment() -> None:
 @needs_cuda_build
 @needs_library
 @needs_cuda_build
+@pytest.mark.slow
 def test_failed_swap_restores_everything() -> None:
     proc = run_child(
         """
@@ -172,6 +173,7 @@ def test_failed_swap_restores_everything() -> None:
 
 @needs_library
 @needs_cuda_build
+@pytest.mark.slow
 def test_backend_cannot_change_once_the_library_runs() -> None:
     proc = run_child(
         """

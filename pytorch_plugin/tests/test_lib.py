@@ -166,3 +166,44 @@ def test_library_of_another_version_is_a_load_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_lib, "_lib_path", None)
     with pytest.raises(LibraryLoadError, match=r"is 'memscale \d+\.\d+\.\d+' but this Python package is 'memscale 9\.9\.9'"):
         _lib.lib()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("MEMSCALE_HEURISTIC", "bogus"),
+        ("MEMSCALE_SIM_CAPACITY", "garbage"),
+        ("MEMSCALE_BACKEND", "tpu"),
+        ("MEMSCALE_EVICTEE_MIN_SIZE", "abc"),
+        ("MEMSCALE_OP_BATCH", "99999999999999999999999"),
+        ("MEMSCALE_NO_EXTENSION", "garbage"),
+        ("MEMSCALE_RECOMP_TIME_FACTOR", "110"),
+    ],
+)
+def test_a_rejected_configuration_is_raised_by_the_check(variable: str, value: str) -> None:
+    """The library reads its configuration once per process: a child process
+    with the bad variable. ``check_configuration`` (called by ``install()``)
+    raises the library's message naming the variable; with nothing set it
+    passes."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from memscale._native import lib\n"
+        "from memscale.errors import ConfigError\n"
+        "try:\n"
+        "    lib.check_configuration()\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    print('accepted')\n"
+    )
+    plugin = str(Path(__file__).resolve().parent.parent)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
+    base["PYTHONPATH"] = plugin
+    bad = subprocess.run([sys.executable, "-c", code], env={**base, variable: value}, capture_output=True, text=True)
+    assert bad.returncode == 0, bad.stderr
+    assert "rejected its configuration" in bad.stdout and variable in bad.stdout, bad.stdout
+    good = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True)
+    assert good.stdout.strip() == "accepted", good.stdout + good.stderr

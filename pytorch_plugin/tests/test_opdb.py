@@ -48,7 +48,17 @@ def _describe(outcome: oc.OpOutcome) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("op", OPS, ids=[oc.op_id(op) for op in OPS])
+#: ``make test`` runs every 8th op of the corpus; ``make test-slow`` the rest.
+FAST_EVERY = 8
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(op, id=oc.op_id(op), marks=() if i % FAST_EVERY == 0 else (pytest.mark.slow,))
+        for i, op in enumerate(OPS)
+    ],
+)
 def test_op(op: Any) -> None:
     outcome = oc.run_op(op, SETTING)
     if outcome.status == "fail":

@@ -79,6 +79,7 @@ def _assert_bitwise(ref: Any, got: Any, what: str) -> None:
         assert ref == got, f"{what}: {got!r} != {ref!r}"
 
 
+@pytest.mark.slow  # each runs a script three times in child processes
 @pytest.mark.parametrize(
     ("script", "env"),
     [
@@ -107,12 +108,13 @@ def test_unmodified_script_runs_under_the_threshold(script: list[str], env: dict
     assert s["steps"] >= 4, s
     assert s["evictions"] > 0 and s["rematerializations"] > 0, s
     assert 0 < s["peak_usage"] <= threshold, s
-    assert s["budget"] == threshold and s["budget_source"] == f"MEMSCALE_EVICTION_THRESHOLD={threshold}", s
+    assert s["budget"] == threshold and s["budget_source"] == f"--threshold {threshold}", s
     assert "memscale:" in tight["stderr"] and "evictions" in tight["stderr"]
     _assert_bitwise(plain["out"], tight["out"], script[0])
     _assert_bitwise(plain["out"], roomy["out"], script[0])
 
 
+@pytest.mark.slow
 def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
     """``memscale run --unit block`` (or ``MEMSCALE_UNIT=block``): block-level
     DTR on the model the script trains (on the CPU the threshold is a budget
@@ -126,7 +128,7 @@ def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
     tight = _run(args, tmp_path, threshold=str(threshold), unit=None, MEMSCALE_UNIT="block")  # no --unit
     s = tight["summary"]
     assert s["evictions"] > 0 and s["rematerializations"] > 0 and s["budget"] == threshold, s
-    assert s["budget_source"] == f"MEMSCALE_EVICTION_THRESHOLD={threshold}", s
+    assert s["budget_source"] == f"--threshold {threshold}", s
     _assert_bitwise(plain["out"], tight["out"], args[0])
     _assert_bitwise(plain["out"], roomy["out"], args[0])
 

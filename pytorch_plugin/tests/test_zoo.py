@@ -97,7 +97,9 @@ def _rows() -> list[Any]:
     rows = []
     for name in zoo.MODELS:
         for fraction in FRACTIONS:
-            rows.append(pytest.param(name, fraction, id=f"{name}-{fraction:.0%}"))
+            # The tightest budget re-runs most: make test-slow (pytest -m slow) runs those rows.
+            marks = (pytest.mark.slow,) if fraction == min(FRACTIONS) else ()
+            rows.append(pytest.param(name, fraction, id=f"{name}-{fraction:.0%}", marks=marks))
     return rows
 
 
@@ -122,6 +124,7 @@ def test_zoo_under_budget(name: str, fraction: float) -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_parking_is_what_lets_a_tight_budget_work() -> None:
     """ResNet at 30 % of its peak (1.2 x ``min_budget``): rebuilds nest, and
     the storages the outer levels hold leave the inner ones no room. Without

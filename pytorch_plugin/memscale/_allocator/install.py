@@ -223,6 +223,7 @@ def install(
                 else:
                     os.environ[BACKEND_ENV] = backend
             path = _lib.library_path()
+            _lib.check_configuration()  # a rejected MEMSCALE_* variable fails here, not at the first malloc
             devices = [local_device()]
             thresholds = _resolve(threshold, threshold_name, devices) if threshold is not None else None
             limits = _resolve(limit, limit_name, devices) if limit is not None else None

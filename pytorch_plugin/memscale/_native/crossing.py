@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from ..errors import ConfigError
+
 log = logging.getLogger("memscale")
 
 SOURCE: Final[Path] = Path(__file__).with_name("crossing.c")
@@ -97,9 +99,15 @@ def _module() -> Any:
     global _loaded, _reason, _tried
     with _lock:
         if not _tried:
+            disable = os.environ.get(DISABLE_ENV, "").strip()
+            if disable not in ("", "0", "1"):  # checked on every call until it is valid
+                raise ConfigError(
+                    f"{DISABLE_ENV}={disable!r}: expected 1 (call the engine through ctypes) or 0 / unset "
+                    "(through the C extension, built at first use)"
+                )
             _tried = True
-            if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
-                _reason = f"{DISABLE_ENV} is set"
+            if disable == "1":
+                _reason = f"{DISABLE_ENV}=1"
             else:
                 try:
                     target = _target()

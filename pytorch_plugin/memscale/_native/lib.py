@@ -62,6 +62,8 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_config_json": (ctypes.c_void_p, []),
     # Static storage owned by the library: c_char_p is right (never freed).
     "memscale_last_error": (ctypes.c_char_p, []),
+    # NULL, or why the library rejected its MEMSCALE_* configuration (static).
+    "memscale_config_error": (ctypes.c_char_p, []),
     "memscale_error_count": (ctypes.c_int, []),
     "memscale_clear_error": (None, []),
     "memscale_string_free": (None, [ctypes.c_void_p]),
@@ -243,3 +245,15 @@ def function_address(name: str) -> int:
     if not address:
         raise LibraryLoadError(f"{library_path()}: export {name} has no address")
     return address
+
+
+def check_configuration() -> None:
+    """Raises ConfigError with the library's own message when it rejected its
+    ``MEMSCALE_*`` configuration (read once, at the library's first call that
+    needs it): every allocation would fail, so the call that installs or
+    creates says so instead of the first allocation."""
+    from ..errors import ConfigError
+
+    message = lib().memscale_config_error()
+    if message:
+        raise ConfigError(f"libmemscale.so rejected its configuration: {message.decode(errors='replace')}")

@@ -68,6 +68,8 @@ UNBUDGETED_DRAIN_BATCH: Final[int] = 256
 #: engine, which takes the queue first). 1: one crossing per op.
 OP_BATCH: Final[int] = 32
 OP_BATCH_ENV: Final[str] = "MEMSCALE_OP_BATCH"
+#: The largest batch the library accepts (internal/config).
+OP_BATCH_MAX: Final[int] = 65536
 
 
 def op_batch_from_env() -> int:
@@ -83,9 +85,10 @@ def op_batch_from_env() -> int:
         n = int(raw)
     except ValueError:
         n = 0
-    if n < 1:
+    if not 1 <= n <= OP_BATCH_MAX:
         raise ConfigError(
-            f"{OP_BATCH_ENV}={raw!r}: expected an integer >= 1 (ops registered per engine call; 1: one call per op)"
+            f"{OP_BATCH_ENV}={raw!r}: expected an integer from 1 to {OP_BATCH_MAX} (ops registered per engine "
+            "call; 1: one call per op)"
         )
     return n
 
