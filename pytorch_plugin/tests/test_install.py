@@ -22,9 +22,9 @@ from memscale import (
     ConfigError,
     CUDAAlreadyInitializedError,
     InstallError,
-    _lib,
 )
 from memscale._allocator import install as allocator_module
+from memscale._native import lib as _lib
 
 torch = pytest.importorskip("torch")
 
