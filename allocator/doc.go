@@ -106,8 +106,9 @@
 // (Config.Budget, SetBudget, memscale_set_budget; else the eviction
 // threshold stands for it), the cache may keep budget x (1 + BudgetSlack)
 // mapped, never past the limit, and reuses it in place. DefaultBudgetSlack
-// (0.10) keeps reserved memory within 1.1x the budget (a few percent more
-// when granules freed since the last stream mark cannot move yet); it removes
+// (0.10) keeps reserved memory within 1.1x the budget (up to ~3% more when
+// the free memory at the bound lies in pieces holding no whole granule,
+// which cannot be unmapped); it removes
 // the steady-state remaps where fragmentation is mild (ResNet, the
 // Transformer at 50%) and cuts the others by 1.5-5x, while traces whose live
 // blocks are a large share of the budget (U-Net, DenseNet) need 1.3-1.5x to

@@ -82,9 +82,9 @@ func runStorm(t *testing.T, st sweepTrace, ratio float64, cfg stormConfig) storm
 // the allocated high-water mark, which the engine holds at the budget, and
 // granules are remapped on nearly every miss; told the budget, the cache
 // keeps up to budget x 1.1 mapped. Checked: the budget never lets reserved
-// memory past budget x (1 + slack) by more than 5 % (granules freed since
-// the last stream mark cannot move yet, so growth then creates memory up to
-// the limit), the steady steps of ResNet-32 (50 %, 30 %) and the Transformer
+// memory past budget x (1 + slack) by more than 5 % (free memory in pieces
+// that hold no whole granule cannot be unmapped, so growth then creates
+// memory up to the limit), the steady steps of ResNet-32 (50 %, 30 %) and the Transformer
 // (50 %) remap nothing, and over all the runs the budget remaps at most two
 // thirds as many granules as the storm. With
 // MEMSCALE_STORM_OUT set it also sweeps the slack and writes the table:
