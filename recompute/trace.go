@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 )
 
@@ -213,11 +214,12 @@ type parser struct {
 	ignored   int
 
 	// name state (valid after START)
-	nameTensor map[string]int32 // name -> tensor
-	nameOrder  []string         // names in first-insertion order
-	names      []string         // tensor -> creation name
-	refs       []int32          // tensor -> references
-	storSize   []uint64         // tensor -> size of the storage it lives in
+	nameTensor map[string]int32  // name -> tensor
+	nameOrder  []string          // names in first-insertion order
+	names      []string          // tensor -> creation name
+	refs       []int32           // tensor -> references
+	storSize   []uint64          // tensor -> size of the storage it lives in
+	ops        map[string]string // interned op names (intern)
 
 	// instruction being assembled from several lines
 	pend     pendingKind
@@ -231,7 +233,7 @@ func newParser(opt ParseOptions) *parser {
 	if opt.MaxLineBytes <= 0 {
 		opt.MaxLineBytes = 16 << 20
 	}
-	return &parser{opt: opt, nameTensor: map[string]int32{}, started: opt.NoStart}
+	return &parser{opt: opt, nameTensor: map[string]int32{}, ops: map[string]string{}, started: opt.NoStart}
 }
 
 func (p *parser) errf(format string, args ...any) error {
@@ -279,8 +281,11 @@ func (p *parser) incomplete() string {
 
 func (p *parser) handle(b []byte, fn func(Instr) error) error {
 	var raw rawLine
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return p.errf("bad JSON: %v", err)
+	if !decodeFast(b, &raw) {
+		raw = rawLine{}
+		if err := json.Unmarshal(b, &raw); err != nil {
+			return p.errf("bad JSON: %v", err)
+		}
 	}
 	if raw.Instruction == nil {
 		return p.errf("missing field INSTRUCTION")
@@ -404,6 +409,30 @@ func (p *parser) bind(name string, t int32) {
 	p.nameTensor[name] = t
 }
 
+// lookupArg is lookup for argument i of op (instr CALL or MUTATE), with the
+// role named only when there is an error to report.
+func (p *parser) lookupArg(name, instr, op string, i int) (int32, error) {
+	if t, ok := p.nameTensor[name]; ok && p.refs[t] > 0 {
+		return t, nil
+	}
+	return p.lookup(name, fmt.Sprintf("%s %s argument %d", instr, op, i))
+}
+
+// maxInterned bounds the op names intern keeps (a trace has a few hundred).
+const maxInterned = 1 << 12
+
+// intern returns one shared copy of an op name, so that a trace of millions
+// of ops holds each name once.
+func (p *parser) intern(op string) string {
+	if s, ok := p.ops[op]; ok {
+		return s
+	}
+	if len(p.ops) < maxInterned {
+		p.ops[op] = op
+	}
+	return op
+}
+
 func (p *parser) lookup(name, role string) (int32, error) {
 	t, ok := p.nameTensor[name]
 	if !ok {
@@ -433,22 +462,27 @@ func (p *parser) call(raw *rawLine, fn func(Instr) error) error {
 	if tm < 0 {
 		return p.errf("CALL %s: negative TIME %d", op, tm)
 	}
-	p.cur = Instr{Kind: KindCall, Line: p.line, Op: op, Time: tm}
+	p.cur = Instr{Kind: KindCall, Line: p.line, Op: p.intern(op), Time: tm}
 	if p.started {
 		p.cur.Args = make([]int32, len(*raw.Args))
 		for i, a := range *raw.Args {
-			if p.cur.Args[i], err = p.lookup(a, fmt.Sprintf("CALL %s argument %d", op, i)); err != nil {
+			if p.cur.Args[i], err = p.lookupArg(a, "CALL", op, i); err != nil {
 				return err
 			}
 		}
 	}
 	p.curNames = append(p.curNames[:0], *raw.Result...)
-	seen := make(map[string]bool, len(p.curNames))
-	for _, r := range p.curNames {
-		if seen[r] {
+	var seen map[string]bool
+	if len(p.curNames) > 16 {
+		seen = make(map[string]bool, len(p.curNames))
+	}
+	for i, r := range p.curNames {
+		if seen != nil && seen[r] || seen == nil && slices.Contains(p.curNames[:i], r) {
 			return p.errf("CALL %s: result %q listed twice", op, r)
 		}
-		seen[r] = true
+		if seen != nil {
+			seen[r] = true
+		}
 		if _, ok := p.nameTensor[r]; ok && p.started {
 			return p.errf("CALL %s: result %q is already defined", op, r)
 		}
@@ -602,10 +636,10 @@ func (p *parser) mutate(raw *rawLine, fn func(Instr) error) error {
 	if !p.started {
 		return nil
 	}
-	in := Instr{Kind: KindMutate, Line: p.line, Op: op, Time: tm, Mutated: idx}
+	in := Instr{Kind: KindMutate, Line: p.line, Op: p.intern(op), Time: tm, Mutated: idx}
 	in.Args = make([]int32, len(*raw.Args))
 	for i, a := range *raw.Args {
-		if in.Args[i], err = p.lookup(a, fmt.Sprintf("MUTATE %s argument %d", op, i)); err != nil {
+		if in.Args[i], err = p.lookupArg(a, "MUTATE", op, i); err != nil {
 			return err
 		}
 	}

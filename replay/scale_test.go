@@ -1,8 +1,12 @@
 package replay
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +14,7 @@ import (
 
 	"github.com/memscale/memscale/evict"
 	rc "github.com/memscale/memscale/recompute"
+	"github.com/stretchr/testify/require"
 )
 
 // trainingTrace is a synthetic training step of n ops: a forward chain of
@@ -59,29 +64,113 @@ func vmHWM() int {
 	return 0
 }
 
-// TestEngineScale replays a synthetic training step of MEMSCALE_SCALE_OPS ops
-// at ratio 0.5 with anc-sqrt and dtr-eq and prints seconds and peak RSS
-// (bench/results/engine-scale.md). Skipped unless the variable is set.
+// writeTrainingTrace writes trainingTrace(n)'s program as a DTR trace log
+// (the format of the shared traces: a CALL line, then a MEMORY and an ALIAS
+// line per result), so that the benchmark times the parser as well.
+func writeTrainingTrace(w io.Writer, n int) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	fmt.Fprintln(bw, `{"ANNOTATION":"START","INSTRUCTION":"ANNOTATE"}`)
+	constant := func(name string, size int) {
+		fmt.Fprintf(bw, "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"%s\"}\n", name)
+		fmt.Fprintf(bw, "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"%d\",\"NAME\":\"%s\"}\n", size, name)
+	}
+	call := func(op string, args []string, res string, size int, cost int) {
+		fmt.Fprintf(bw, "{\"ARGS\":[\"%s\"],\"INSTRUCTION\":\"CALL\",\"NAME\":\"%s\",\"RESULT\":[\"%s\"],\"TIME\":\"%d\"}\n",
+			strings.Join(args, `","`), op, res, cost)
+		fmt.Fprintf(bw, "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"%d\",\"NAME\":\"%s\"}\n", size, res)
+		fmt.Fprintf(bw, "{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"%s\"}\n", res)
+	}
+	release := func(name string) { fmt.Fprintf(bw, "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"%s\"}\n", name) }
+	constant("w", 1<<20)
+	constant("a0", 1<<20)
+	for i := 0; i < n/2; i++ {
+		call("fwd", []string{fmt.Sprintf("a%d", i), "w"}, fmt.Sprintf("a%d", i+1), 1<<20+(i%7)<<18, 1000+(i%13)*500)
+	}
+	grad := fmt.Sprintf("a%d", n/2)
+	for i := n/2 - 1; i >= 1; i-- {
+		g := fmt.Sprintf("g%d", i)
+		call("bwd", []string{fmt.Sprintf("a%d", i), grad, "w"}, g, 1<<20, 2000+(i%11)*500)
+		release(fmt.Sprintf("a%d", i))
+		release(grad)
+		grad = g
+	}
+	return bw.Flush()
+}
+
+// TestTrainingTraceLog checks that the written log parses to the program
+// trainingTrace builds: the same baseline and the same budgeted replay.
+func TestTrainingTraceLog(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, writeTrainingTrace(&buf, 400))
+	parsed, err := rc.DecodeTrace(&buf)
+	require.NoError(t, err)
+	built := trainingTrace(400)
+	require.Equal(t, len(built.Instrs), len(parsed.Instrs))
+	b1, err := Run(built, Options{})
+	require.NoError(t, err)
+	b2, err := Run(parsed, Options{})
+	require.NoError(t, err)
+	require.Equal(t, b1.Peak, b2.Peak)
+	require.Equal(t, b1.Compute, b2.Compute)
+	r1, err := Run(built, Options{Budget: Budget(0.5, b1.Peak)})
+	require.NoError(t, err)
+	r2, err := Run(parsed, Options{Budget: Budget(0.5, b1.Peak)})
+	require.NoError(t, err)
+	require.Equal(t, r1.Overhead, r2.Overhead)
+	require.Equal(t, r1.Evictions, r2.Evictions)
+}
+
+// TestEngineScale writes a synthetic training step of MEMSCALE_SCALE_OPS ops
+// (a comma-separated list) as a trace log, parses it, and replays it at
+// ratio 0.5 with each heuristic of MEMSCALE_SCALE_HEURISTICS (default: all),
+// printing a Markdown row per run: parse and replay seconds, microseconds
+// per op, and the process's peak resident set (run one heuristic per
+// process for a per-heuristic figure: bench/results/engine-scale.md).
+// Skipped unless MEMSCALE_SCALE_OPS is set.
 func TestEngineScale(t *testing.T) {
 	ns := os.Getenv("MEMSCALE_SCALE_OPS")
 	if ns == "" {
 		t.Skip("MEMSCALE_SCALE_OPS not set")
 	}
-	n, err := strconv.Atoi(ns)
-	if err != nil || n < 4 {
-		t.Fatalf("MEMSCALE_SCALE_OPS=%q: want a whole number of ops >= 4", ns)
-	}
-	tr := trainingTrace(n)
-	base, err := Run(tr, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range []evict.Heuristic{evict.AncSqrt, evict.DTREq} {
-		t0 := time.Now()
-		res, err := Run(tr, Options{Engine: evict.Config{Heuristic: h}, Budget: Budget(0.5, base.Peak), OverheadLimit: -1})
-		if err != nil {
-			t.Fatal(err)
+	var sizes []int
+	for _, f := range strings.Split(ns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 4 {
+			t.Fatalf("MEMSCALE_SCALE_OPS=%q: want whole numbers of ops >= 4", ns)
 		}
-		fmt.Printf("| %d | %v | %.2f | %d | %v | %.3f | %d |\n", n, h, time.Since(t0).Seconds(), vmHWM(), res.Status, res.Overhead, res.Evictions)
+		sizes = append(sizes, n)
+	}
+	hs := evict.Heuristics()
+	if v := os.Getenv("MEMSCALE_SCALE_HEURISTICS"); v != "" {
+		hs = nil
+		for _, f := range strings.Split(v, ",") {
+			h, err := evict.ParseHeuristic(f)
+			if err != nil {
+				t.Fatalf("MEMSCALE_SCALE_HEURISTICS: %v", err)
+			}
+			hs = append(hs, h.Resolve())
+		}
+	}
+	for _, n := range sizes {
+		path := filepath.Join(t.TempDir(), "scale.log")
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		require.NoError(t, writeTrainingTrace(f, n))
+		require.NoError(t, f.Close())
+		t0 := time.Now()
+		tr, err := rc.LoadTrace(path)
+		require.NoError(t, err)
+		parse := time.Since(t0).Seconds()
+		base, err := Run(tr, Options{})
+		require.NoError(t, err)
+		for _, h := range hs {
+			t0 := time.Now()
+			res, err := Run(tr, Options{Engine: evict.Config{Heuristic: h}, Budget: Budget(0.5, base.Peak), OverheadLimit: -1})
+			require.NoError(t, err)
+			sec := time.Since(t0).Seconds()
+			hwm := vmHWM()
+			fmt.Printf("| %d | %v | %.2f | %.2f | %.2f | %d | %.0f | %v | %.3f | %d |\n", n, h, parse, sec, sec*1e6/float64(n),
+				hwm, float64(hwm)*(1<<20)/float64(n), res.Status, res.Overhead, res.Evictions)
+		}
 	}
 }
