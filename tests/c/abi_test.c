@@ -1276,6 +1276,8 @@ static int bad_config_main(void) {
 }
 
 static void test_bad_config(const char* self, const char* lib) {
+	fprintf(stderr, "abi_test: expected below: the library logs ERROR rejecting MEMSCALE_EVICTION_THRESHOLD=banana "
+	                "(this test gives it on purpose)\n");
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid == 0) {
@@ -1342,6 +1344,8 @@ int main(int argc, char** argv) {
 	if (!getenv("MEMSCALE_LOG_LEVEL")) {
 		setenv("MEMSCALE_LOG_LEVEL", "error", 1); // the bad inputs would log warnings
 	}
+	fprintf(stderr, "abi_test: expected: the library's ERROR lines below answer bad input given on purpose "
+	                "(an unknown device, a malformed variable); a failed check prints FAIL\n");
 
 	void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
