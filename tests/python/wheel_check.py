@@ -39,6 +39,12 @@ def main() -> None:
     command = site / "bin" / "memscale"
     out = subprocess.run([str(command), "version"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"memscale {memscale.__version__}", out
+    # One command line: the console script lists the Python and the native commands and
+    # runs either half.
+    helped = subprocess.run([str(command), "--help"], capture_output=True, text=True, check=True).stdout
+    assert all(f"  {name} " in helped for name in ("run", "check", "record", "replay", "bench", "info")), helped
+    run_help = subprocess.run([str(command), "run", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "usage: memscale run" in run_help, run_help
 
     import torch
 
