@@ -161,6 +161,9 @@ type propConfig struct {
 	// done reports true.
 	src  source
 	done func() bool
+	// chaos, when set, is run on about one step in 200: budget changes and
+	// injected device faults (soak_test.go). It returns what it did.
+	chaos func(a *Allocator, d propDevice, r source) string
 }
 
 // source is where the property driver takes its decisions from: a seeded
@@ -205,7 +208,7 @@ func runProperty(t *testing.T, pc propConfig) {
 	var prevPhys uint64
 	gran := d.Info().Granularity
 	stream := func() device.Stream { return device.Stream(1 + r.IntN(pc.streams)) }
-	var nOOM, nReuse, nMalloc int
+	var nOOM, nReuse, nMalloc, nInjected int
 
 	malloc := func(size uint64, s device.Stream) (device.Ptr, error) {
 		m.complete()
@@ -250,7 +253,9 @@ func runProperty(t *testing.T, pc propConfig) {
 			s := stream()
 			what = fmt.Sprintf("malloc(%d, %d)", size, s)
 			_, err := malloc(size, s)
-			if err != nil {
+			if err != nil && pc.chaos != nil && isInjected(err) {
+				nInjected++
+			} else if err != nil {
 				var oom *OOMError
 				require.ErrorAs(t, err, &oom, what)
 				require.ErrorIs(t, err, device.ErrOutOfMemory)
@@ -333,6 +338,8 @@ func runProperty(t *testing.T, pc propConfig) {
 			m.complete()
 			require.NoError(t, a.SetLimit(newLimit))
 			limit = a.Limit()
+		case pc.chaos != nil && r.IntN(2) == 0:
+			what = pc.chaos(a, d, r)
 		default: // reset peaks
 			what = "reset_peak_stats"
 			a.ResetPeakStats()
@@ -384,8 +391,10 @@ func runProperty(t *testing.T, pc propConfig) {
 	if pc.vmm {
 		require.Zero(t, st["segment.all.current"], "empty expandable segments are returned")
 	}
-	t.Logf("seed %d: %d mallocs, %d OOMs, %d reuse checks, %d remapped granules, %d device allocs, peak reserved %d MiB",
-		pc.seed, nMalloc, nOOM, nReuse, st["num_remap"], st["num_device_alloc"], st["reserved_bytes.all.peak"]>>20)
+	if testing.Verbose() {
+		t.Logf("seed %d: %d mallocs, %d OOMs, %d injected faults, %d reuse checks, %d remapped granules, %d device allocs, peak reserved %d MiB",
+			pc.seed, nMalloc, nOOM, nInjected, nReuse, st["num_remap"], st["num_device_alloc"], st["reserved_bytes.all.peak"]>>20)
+	}
 }
 
 func containsStream(ss []device.Stream, s device.Stream) bool {
