@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -53,49 +54,17 @@ func (m *recordingModel) Free(b Block) error {
 	return m.AllocatorModel.Free(b)
 }
 
-// offlineSpan places the large requests (rounded size above 1 MiB) of one
-// step in one address range as an offline dynamic-storage-allocation plan
-// that knows every lifetime in advance (largest first, each at the lowest
-// offset free for its whole lifetime), and returns the plan's span and the
-// peak of the live large bytes, the lower bound of any plan. Storages
-// never freed live to the end of the step.
-func offlineSpan(events []stepEvent) (span, peak uint64) {
-	type item struct {
-		size, off uint64
-		t0, t1    int
-	}
-	var items []*item
-	open := map[int]*item{}
-	var live uint64
-	for t, e := range events {
-		if e.size > 0 {
-			if e.size <= allocator.SmallSize {
-				continue
-			}
-			it := &item{size: e.size, t0: t, t1: len(events)}
-			items = append(items, it)
-			open[e.id] = it
-			live += e.size
-			peak = max(peak, live)
-			continue
-		}
-		if it := open[e.id]; it != nil {
-			it.t1 = t
-			live -= it.size
-			delete(open, e.id)
-		}
-	}
-	slices.SortStableFunc(items, func(a, b *item) int {
-		if a.size != b.size {
-			if a.size > b.size {
-				return -1
-			}
-			return 1
-		}
-		return a.t0 - b.t0
-	})
-	var placed []*item
-	var conf []*item
+// item is one large request of a recorded step: its size, its lifetime
+// [t0, t1) in events, and its offset in a plan.
+type item struct {
+	size, off uint64
+	t0, t1    int
+}
+
+// greedySpan places items in their order, each at the lowest offset free
+// for its whole lifetime, and returns the span.
+func greedySpan(items []*item) (span uint64) {
+	var placed, conf []*item
 	for _, it := range items {
 		conf = conf[:0]
 		for _, p := range placed {
@@ -122,6 +91,57 @@ func offlineSpan(events []stepEvent) (span, peak uint64) {
 		it.off = off
 		span = max(span, off+it.size)
 		placed = append(placed, it)
+	}
+	return span
+}
+
+// offlineSpan places the large requests (rounded size above 1 MiB) of one
+// step in one address range as an offline dynamic-storage-allocation plan
+// that knows every lifetime in advance (greedy: each at the lowest offset free
+// for its whole lifetime, in the best of three orders), and returns the plan's span and the
+// peak of the live large bytes, the lower bound of any plan. Storages
+// never freed live to the end of the step.
+func offlineSpan(events []stepEvent) (span, peak uint64) {
+	var items []*item
+	open := map[int]*item{}
+	var live uint64
+	for t, e := range events {
+		if e.size > 0 {
+			if e.size <= allocator.SmallSize {
+				continue
+			}
+			it := &item{size: e.size, t0: t, t1: len(events)}
+			items = append(items, it)
+			open[e.id] = it
+			live += e.size
+			peak = max(peak, live)
+			continue
+		}
+		if it := open[e.id]; it != nil {
+			it.t1 = t
+			live -= it.size
+			delete(open, e.id)
+		}
+	}
+	// Three greedy orders (largest first, longest-lived first, largest
+	// area first); the smallest span counts.
+	keys := []func(it *item) uint64{
+		func(it *item) uint64 { return it.size },
+		func(it *item) uint64 { return uint64(it.t1 - it.t0) },
+		func(it *item) uint64 { return it.size * uint64(it.t1-it.t0) },
+	}
+	span = math.MaxUint64
+	for _, key := range keys {
+		slices.SortStableFunc(items, func(a, b *item) int {
+			if ka, kb := key(a), key(b); ka != kb {
+				if ka > kb {
+					return -1
+				}
+				return 1
+			}
+			return a.t0 - b.t0
+		})
+		span = min(span, greedySpan(items))
 	}
 	return span, peak
 }
