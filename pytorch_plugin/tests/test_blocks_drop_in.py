@@ -69,8 +69,9 @@ def test_the_drop_in_api_wraps_a_model_with_blocks() -> None:
 
 def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCaptureFixture) -> None:
     """``memscale.enable(Config(unit="block"))``: the first training forward of
-    each model puts blocks on it; a model without blocks is said so and runs
-    untracked; ``disable()`` removes every hook."""
+    each model puts blocks on it; a model without blocks is an error that
+    names unit 'auto' (the budget is never silently dropped), a module without
+    parameters (a loss) is left alone; ``disable()`` removes every hook."""
     from memscale._dropin import enable as _enable
 
     torch.manual_seed(0)
@@ -84,10 +85,10 @@ def test_enable_puts_blocks_on_every_model_that_trains(caplog: pytest.LogCapture
             model(batch(0))  # evaluation attaches nothing
         assert not enabled._blocks.trackers
         got = train(model)
+        nn.MSELoss()(torch.ones(2, requires_grad=True), torch.zeros(2)).backward()  # a loss: left alone
         flat = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
-        with caplog.at_level("WARNING", logger="memscale"):
-            flat(batch(0)).sum().backward()
-        assert any("Sequential trains untracked" in r.getMessage() for r in caplog.records)
+        with pytest.raises(ConfigError, match=r"Sequential cannot have block-level DTR.*unit 'auto'"):
+            flat(batch(0))
     finally:
         enabled.disable()
     assert_bitwise(ref, got)

@@ -159,3 +159,52 @@ def test_a_manual_update_ends_its_step_by_hand() -> None:
     assert region.summary()["entries"] == 5
     with pytest.raises(MemscaleError, match="not entered"):
         region.end_step()
+
+
+def test_regions_do_not_nest() -> None:
+    """A region entered inside another is refused with a message that says so
+    (its tensors would be the outer region's): issue 32's nested region."""
+    import memscale
+
+    with memscale.dtr(None):
+        with pytest.raises(memscale.MemscaleError, match="regions do not nest"):
+            with memscale.dtr(None):
+                pass
+        x = torch.ones(4, requires_grad=True)
+        (x * 2).sum().backward()  # the outer region is intact
+    assert torch.equal(x.grad, torch.full((4,), 2.0))
+
+
+def test_a_scripts_own_region_is_the_step_under_enable() -> None:
+    """Under memscale.enable() (memscale run), a loop that opens its own
+    ``memscale.dtr()`` around forward and backward trains in that region, and
+    the step opens none of its own: bitwise the plain loop."""
+    import memscale
+
+    def train(use_memscale: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for i in range(3):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
+            if use_memscale:
+                with memscale.dtr(None):
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+            else:
+                loss = model(x).pow(2).mean()
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(memscale.unwrap(loss).detach().clone())
+        return losses
+
+    plain = train(False)
+    enabled = memscale.enable(memscale.Config(threshold="1GiB"))
+    try:
+        got = train(True)
+    finally:
+        enabled.disable()
+    assert all(torch.equal(a, b) for a, b in zip(plain, got, strict=True))
+    assert enabled.summary().steps == 0  # the script's regions were the steps

@@ -120,6 +120,15 @@ class BlockSteps:
             log.info("memscale (%s, blocks): %s", where, self.summary())
 
 
+def _budget_name(config: Config) -> str:
+    """Where a Config's budget comes from, in words."""
+    if config.threshold is not None:
+        return f"Config.threshold={config.threshold!r}"
+    if config.mode is not None:
+        return f"Config.mode={config.mode!r}"
+    return "the eviction threshold"
+
+
 class BlockModels:
     """``memscale.enable(Config(unit="block"))``: every model that trains in
     the process gets block-level DTR (``unit="auto"``: every model with
@@ -128,8 +137,10 @@ class BlockModels:
     A global forward pre-hook sees the first training forward of each
     outermost module (a module not inside a model seen before) and puts a
     :class:`BlockDTR` on it, with the Config's budget; from then on the
-    blocks' own hooks do the work. A model without repeated blocks is said so
-    once and runs untracked.
+    blocks' own hooks do the work. A model without repeated blocks is an
+    error (the budget would not apply to it: ``unit="auto"`` gives such
+    models a region per step); a module without parameters (a loss) is
+    left alone.
     """
 
     def __init__(self, config: Config) -> None:
@@ -162,7 +173,15 @@ class BlockModels:
             self.trackers.append(BlockDTR(module, budget, heuristic=self.config.heuristic, allocated=allocated))
             self._tracked.update(module.modules())
         except ConfigError as exc:
-            log.warning("memscale (unit='block'): %s trains untracked: %s", type(module).__name__, exc)
+            if next(module.parameters(), None) is None:
+                return  # no parameters (a loss module): no model's activations to hold
+            # Never train with the threshold silently dropped.
+            raise ConfigError(
+                f"memscale (unit='block'): {type(module).__name__} cannot have block-level DTR, so its budget "
+                f"({_budget_name(self.config)}) "
+                f"would not apply: {exc}. Use unit 'auto' (MEMSCALE_UNIT=auto, --unit auto): block-level DTR "
+                "for models with repeated blocks and a region per step for the others"
+            ) from exc
 
     def summary(self) -> Summary:
         """Totals over every tracked model."""

@@ -48,6 +48,15 @@ def _dtr() -> Any:
     return dtr
 
 
+def _region_open_here() -> bool:
+    """Whether a DTR region is entered on this thread."""
+    try:
+        from .._region.steps import open_region
+    except ImportError:  # no region here: none is open
+        return False
+    return open_region() is not None
+
+
 def _module_device_bytes(module: torch.nn.Module) -> int | None:
     """Total memory of the GPU holding ``module``'s first parameter (None on CPU)."""
     import torch
@@ -163,6 +172,11 @@ class Steps:
         lets a step that fitted the budget before run untracked
         (:mod:`memscale._dropin.fitting`).
         """
+        if not self._open and _region_open_here():
+            # The program entered a region of its own (memscale.dtr) before
+            # this step's first forward: its region is the step's; regions do
+            # not nest, so the step opens none.
+            return False
         if self._open:
             if self._thread != threading.get_ident():
                 raise MemscaleError("a memscale step was opened on another thread and is still open")

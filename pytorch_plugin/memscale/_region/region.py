@@ -264,6 +264,13 @@ class DTRRegion:
     def __enter__(self) -> DTRRegion:
         if self._session is not None:
             raise MemscaleError("memscale.dtr: this region is already entered (it is re-enterable, not reentrant)")
+        if steps.open_region() is not None:
+            raise MemscaleError(
+                "memscale.dtr: another DTR region is open on this thread, and regions do not nest (the inner "
+                "one's tensors would be the outer one's). memscale run, memscale.enable() and memscale.wrap() "
+                "open one region per training step: under them, remove the inner `with memscale.dtr(...)`; a "
+                "script's own region opened before the step's first forward is used instead of the step's"
+            )
         mark = sync_count()
         session = Session(self, self._config(), self._sink)
         session.sync_mark = mark  # the bandwidth measured for it is its own

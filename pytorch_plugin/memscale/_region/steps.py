@@ -69,6 +69,12 @@ def entered(region: DTRRegion) -> None:
                 )
 
 
+def open_region() -> DTRRegion | None:
+    """The region entered on this thread, if any (regions do not nest)."""
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
 def exited(region: DTRRegion) -> None:
     """``region`` was exited on this thread."""
     stack = _stack()
