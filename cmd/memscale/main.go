@@ -115,8 +115,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(stderr, "memscale: unknown command %q (known: %s)\n\n", name, strings.Join(commandNames(), ", "))
-		printHelp(stderr)
+		fmt.Fprintf(stderr, "memscale: error: unknown command %q (known: %s; see 'memscale --help')\n",
+			name, strings.Join(commandNames(), ", "))
 		return 2
 	}
 	return finish(name, c.run(args[1:], stdout, stderr), stderr)
@@ -129,12 +129,18 @@ func finish(name string, err error, stderr io.Writer) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "memscale %s: %v (see 'memscale %s -h')\n", name, err, name)
+		fmt.Fprintf(stderr, "memscale: error: %s: %s (see 'memscale %s -h')\n", name, oneLine(err), name)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "memscale %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "memscale: error: %s: %s\n", name, oneLine(err))
 		return 1
 	}
+}
+
+// oneLine is err's message on one line: an error reaching the command line
+// is one line, whatever it wraps.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
 // commandNames returns the sorted subcommand names, help included.

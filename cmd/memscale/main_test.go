@@ -33,9 +33,9 @@ func TestDispatch(t *testing.T) {
 		{name: "--help", args: []string{"--help"}, wantCode: 0, wantOut: []string{"commands:"}},
 		{name: "help info", args: []string{"help", "info"}, wantCode: 0, wantOut: []string{"usage: memscale info [--json]", "-json"}},
 		{name: "help unknown", args: []string{"help", "frobnicate"}, wantCode: 2, wantErrOut: []string{`unknown command "frobnicate"`}},
-		{name: "unknown", args: []string{"frobnicate"}, wantCode: 2, wantErrOut: []string{`memscale: unknown command "frobnicate" (known: bench, check, help, info, record, replay, run, version`}},
+		{name: "unknown", args: []string{"frobnicate"}, wantCode: 2, wantErrOut: []string{`memscale: error: unknown command "frobnicate" (known: bench, check, help, info, record, replay, run, version; see 'memscale --help')`}},
 		{name: "info -h", args: []string{"info", "-h"}, wantCode: 0, wantOut: []string{"usage: memscale info"}},
-		{name: "info bad flag", args: []string{"info", "--yaml"}, wantCode: 2, wantErrOut: []string{"memscale info: info: flag provided but not defined: -yaml"}},
+		{name: "info bad flag", args: []string{"info", "--yaml"}, wantCode: 2, wantErrOut: []string{"memscale: error: info: info: flag provided but not defined: -yaml"}},
 		{name: "info extra argument", args: []string{"info", "gpu0"}, wantCode: 2, wantErrOut: []string{`info takes no arguments, got ["gpu0"]`}},
 	}
 	for _, tc := range tests {
@@ -55,7 +55,7 @@ func TestDispatch(t *testing.T) {
 func TestFinish(t *testing.T) {
 	var buf bytes.Buffer
 	assert.Equal(t, 1, finish("x", errors.New("boom"), &buf))
-	assert.Equal(t, "memscale x: boom\n", buf.String())
+	assert.Equal(t, "memscale: error: x: boom\n", buf.String())
 }
 
 // TestInfoWithoutDriver runs `memscale info` for real on a machine without an

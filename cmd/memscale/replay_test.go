@@ -129,10 +129,10 @@ func TestReplayExitCodes(t *testing.T) {
 		wantErr  []string
 	}{
 		{name: "help", args: []string{"replay", "-h"}, wantCode: 0},
-		{name: "no trace", args: []string{"replay"}, wantCode: 2, wantErr: []string{"memscale replay: no trace given", "see 'memscale replay -h'"}},
+		{name: "no trace", args: []string{"replay"}, wantCode: 2, wantErr: []string{"memscale: error: replay: no trace given", "see 'memscale replay -h'"}},
 		{name: "bad ratio", args: []string{"replay", tinyTrace, "--ratios", "2"}, wantCode: 2, wantErr: []string{`ratio "2" out of range`}},
 		{name: "unknown heuristic", args: []string{"replay", tinyTrace, "--heuristic", "nope"}, wantCode: 2, wantErr: []string{`unknown heuristic "nope"`}},
-		{name: "malformed trace", args: []string{"replay", bad, "--ratios", "0.5"}, wantCode: 1, wantErr: []string{"memscale replay: trace " + bad, "line 2", "bad JSON"}},
+		{name: "malformed trace", args: []string{"replay", bad, "--ratios", "0.5"}, wantCode: 1, wantErr: []string{"memscale: error: replay: trace " + bad, "line 2", "bad JSON"}},
 		{name: "unknown trace", args: []string{"replay", filepath.Join(dir, "absent.log")}, wantCode: 1, wantErr: []string{"absent.log", "no such file"}},
 		// budgets of a few KiB are below one 2 MiB segment: every run is OOM
 		{name: "allocator model", args: []string{"replay", tinyTrace, "--memory", "allocator", "--ratios", "1"}, wantCode: 0},
