@@ -4,8 +4,9 @@
 # must be one line. Writes Markdown to standard output (bench/results/first-hour.md).
 #
 #   bash bench/first_hour.sh            # errors only (uses this checkout's build and .venv)
-#   bash bench/first_hour.sh --clone    # also: clone into a new directory beside this one,
-#                                       # make demo and make test there, timed
+#   bash bench/first_hour.sh --clone    # also: clone into a new directory beside this one
+#                                       # and run .ci/run there (make demo, make test,
+#                                       # make test-slow), timed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -19,25 +20,27 @@ if [ "${1:-}" = "--clone" ]; then
 	git clone -q "$repo" "$dir"
 	echo "## A fresh clone, nothing set"
 	echo
-	echo "\`git clone\` into $dir (../shared beside it), then the README's two commands with an"
-	echo "empty environment (\`env -i HOME PATH\`):"
+	echo "\`git clone\` into a new directory beside this checkout (../shared beside it), then"
+	echo "\`bash .ci/run\` there with an empty environment (\`env -i HOME PATH\`): it runs the README's"
+	echo "\`make demo\` and \`make test\` as typed, then \`make test-slow\`."
 	echo
-	echo "| command | exit status | wall time |"
-	echo "|---|---|---|"
-	for target in demo test; do
-		start=$SECONDS
-		(cd "$dir" && env -i HOME="$HOME" PATH="$PATH" LANG=C.UTF-8 make "$target" >"$dir/make-$target.log" 2>&1)
-		rc=$?
-		echo "| \`make $target\` | $rc | $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s |"
+	start=$SECONDS
+	(cd "$dir" && env -i HOME="$HOME" PATH="$PATH" LANG=C.UTF-8 CI=true bash .ci/run >"$dir/ci.log" 2>&1)
+	rc=$?
+	echo "| command | wall time |"
+	echo "|---|---|"
+	sed -n 's/^== \(make [a-z-]*\) took \([0-9]*\) s$/\1 \2/p' "$dir/ci.log" | while read -r _ target secs; do
+		echo "| \`make $target\` | $((secs / 60)) min $((secs % 60)) s |"
 	done
+	echo
+	echo ".ci/run: exit status $rc after $(((SECONDS - start) / 60)) min; its log is $dir/ci.log. Its step lines"
+	echo "and test summaries:"
+	echo
+	grep -E "^== |passed|failed|^(FAIL|ok  )" "$dir/ci.log" | grep -vE "^ok  " | sed 's/^/    /'
 	echo
 	echo "The demo's output:"
 	echo
-	sed -n '/^memscale demo:/,$p' "$dir/make-demo.log" | sed 's/^/    /'
-	echo
-	echo "\`make test\`'s closing lines:"
-	echo
-	grep -E "^(ok|FAIL|---)|passed|failed" "$dir/make-test.log" | grep -vE "^ok " | tail -8 | sed 's/^/    /'
+	sed -n '/^memscale demo:/,/^done in/p' "$dir/ci.log" | sed 's/^/    /'
 	echo
 fi
 
