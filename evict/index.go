@@ -345,16 +345,23 @@ func flipTime(x, y key, now int64, cur bool) int64 {
 		}
 	}
 	if hi == never {
-		// exponential search upwards from lo
+		// exponential search upwards from lo, up to the last clock before
+		// never (a clock that reaches never refreshes every node: advance)
 		step := int64(1)
 		for {
 			t := lo + step
-			if t < lo || t >= never/2 {
+			if t < lo || t >= never-1 {
+				t = never - 1
+			}
+			if t <= lo {
 				return never
 			}
 			if at(t) != cur {
 				hi = t
 				break
+			}
+			if t == never-1 {
+				return never
 			}
 			lo = t
 			step *= 2
