@@ -148,3 +148,23 @@ bench-c: $(LIB) $(BUILD)/bench_driver
 
 clean:
 	rm -rf $(BUILD)
+
+# The soak (issue 32): the randomized differential tests of the allocator
+# and the engine (TestSoak*) over SOAK_OPS operations in all; go test runs a
+# short seeded slice of each.
+SOAK_OPS ?= 100000000
+.PHONY: soak fuzz
+soak:
+	MEMSCALE_SOAK_OPS=$(SOAK_OPS) $(GO) test -count=1 -timeout 0 -run '^TestSoak' ./allocator/ ./evict/
+
+# Every fuzz target (func Fuzz* in a _test.go) for FUZZTIME each, from its
+# seed corpus (testdata/fuzz/<name>/ and its f.Add calls); fails on a finding,
+# which go test writes to testdata/fuzz/<name>/.
+FUZZTIME ?= 20s
+fuzz:
+	@set -e; for f in $$(git ls-files '*_test.go' | xargs grep -l '^func Fuzz'); do \
+	  for n in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "fuzz $$n ($$(dirname $$f), $(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$n\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f)/ || exit 1; \
+	  done; \
+	done
