@@ -34,7 +34,11 @@ The region is chosen by :func:`region_mode`: ``stress`` (``dtr(stress=True)``:
 every evictable tensor evicted as soon as no running op needs it, so every
 recomputation path runs) when ``memscale.dtr`` accepts it, else ``unbudgeted``
 (``dtr(budget=None)``), as ``auto`` does; ``MEMSCALE_OPDB_MODE`` or the
-report's ``--mode`` picks one. ``emulated-stress`` approximates ``stress``
+report's ``--mode`` picks one. ``harsh`` is ``stress`` made harsher: after every op and every re-run step
+of a rebuild, everything evictable is evicted again (the engine's reclaim),
+rebuilt tensors included (``stress`` evicts each storage at most once), so
+every recorded op may be re-run many times and a side effect repeated by a
+re-run shows. ``emulated-stress`` approximates ``stress``
 from the outside for a ``memscale.dtr`` without it: a budget nothing reaches,
 the ``lru`` heuristic, no minimum evictee size, and after every op the
 engine's reclaim loop asked for everything (every evictable storage dropped).
@@ -129,10 +133,10 @@ SKIP_REASONS: Final[tuple[str, ...]] = (
     REFUSED_LAYOUT,
 )
 
-MODES: Final[tuple[str, ...]] = ("auto", "stress", "unbudgeted", "emulated-stress")
+MODES: Final[tuple[str, ...]] = ("auto", "stress", "unbudgeted", "emulated-stress", "harsh")
 #: Modes whose regions evict: each sample also runs in a region that evicts
 #: nothing, and the two regions must agree bitwise.
-STRESS_MODES: Final[tuple[str, ...]] = ("stress", "emulated-stress")
+STRESS_MODES: Final[tuple[str, ...]] = ("stress", "emulated-stress", "harsh")
 
 # ---------------------------------------------------------------- the corpus
 
@@ -172,8 +176,10 @@ def stress_supported() -> bool:
 
 
 def region_mode(mode: str | None = None) -> str:
-    """The concrete mode for ``mode`` (default: ``MEMSCALE_OPDB_MODE``, else ``auto``)."""
-    mode = mode or os.environ.get("MEMSCALE_OPDB_MODE") or "auto"
+    """The concrete mode for ``mode`` (``None`` or ``auto``: ``MEMSCALE_OPDB_MODE``
+    when set, else ``auto``'s choice)."""
+    if not mode or mode == "auto":
+        mode = os.environ.get("MEMSCALE_OPDB_MODE") or "auto"
     if mode not in MODES:
         raise ValueError(f"opdb mode {mode!r}: expected one of {', '.join(MODES)}")
     if mode == "auto":
@@ -192,13 +198,17 @@ def region_call(mode: str) -> str:
             'memscale.dtr(1 << 40, heuristic="lru", evictee_min_size=0), every op followed '
             "by the engine's reclaim of everything evictable (harness emulation of stress=True)"
         ),
+        "harsh": (
+            "memscale.dtr(stress=True), every op (and every re-run of a rebuild) followed by the "
+            "engine's reclaim of everything evictable, rebuilt tensors included"
+        ),
     }[mode]
 
 
 @contextlib.contextmanager
 def open_region(mode: str) -> Iterator[Any]:
     """A fresh region of ``mode``, entered."""
-    if mode == "stress":
+    if mode in ("stress", "harsh"):
         region = memscale.dtr(stress=True)  # type: ignore[call-arg]
     elif mode == "unbudgeted":
         region = memscale.dtr(None)
@@ -216,7 +226,48 @@ def open_region(mode: str) -> Iterator[Any]:
                 session._carry_out(session.engine.reclaim(1 << 62))
 
             session.after_op = after_op_then_evict_all
+        if mode == "harsh":
+            with _evict_everything_after_each_op(region._session):
+                yield region
+            return
         yield region
+
+
+@contextlib.contextmanager
+def _evict_everything_after_each_op(session: Any) -> Iterator[None]:
+    """The harsh setting: after every op the region runs, and after every
+    re-run step of a rebuild, everything evictable is evicted (stress alone
+    evicts a storage at most once, so a rebuilt tensor stays resident; here
+    it is evicted again and rebuilt again by the next op that reads it)."""
+    from memscale._region import mode as mode_module
+    from memscale._region import rebuild as rebuild_module
+
+    def evict_all() -> None:
+        if not session.closed:
+            session._carry_out(session.engine.reclaim(1 << 62))
+
+    original_dispatch = mode_module.dispatch
+    original_run_step = rebuild_module.run_step
+
+    def dispatch_then_evict(s: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        out = original_dispatch(s, func, args, kwargs)
+        if s is session:
+            evict_all()
+        return out
+
+    def run_step_then_evict(s: Any, *args: Any, **kwargs: Any) -> Any:
+        kept = original_run_step(s, *args, **kwargs)
+        if s is session:
+            evict_all()
+        return kept
+
+    mode_module.dispatch = dispatch_then_evict
+    rebuild_module.run_step = run_step_then_evict
+    try:
+        yield
+    finally:
+        mode_module.dispatch = original_dispatch
+        rebuild_module.run_step = original_run_step
 
 
 # ------------------------------------------------------------------- results

@@ -39,8 +39,8 @@ SETTING = oc.Setting().resolved()
 OPS = oc.corpus(foreach=True)
 
 
-def _describe(outcome: oc.OpOutcome) -> str:
-    lines = [f"{outcome.op} in {oc.region_call(SETTING.mode)}:"]
+def _describe(outcome: oc.OpOutcome, setting: oc.Setting = SETTING) -> str:
+    lines = [f"{outcome.op} in {oc.region_call(setting.mode)}:"]
     for s in outcome.samples:
         if s.status == "fail":
             lines.append(f"sample {s.index} (backward {'on' if s.backward else 'off'}): {s.reason}")
@@ -69,6 +69,37 @@ def test_op(op: Any) -> None:
     assert outcome.status in ("bitwise", "exception"), outcome
     if outcome.status == "exception":
         assert oc.op_id(op) in oc.EXCEPTIONS
+
+
+#: Ops that update state as a side effect (running statistics written in
+#: place, declared by the schema or not; RNG state) and ``prod`` (its gradient
+#: takes PyTorch's subclass path): run in every test run in the harsh setting
+#: (``opdb_corpus`` mode ``harsh``: everything evictable evicted after every op
+#: and every re-run, rebuilt tensors included), where a re-run that repeats a
+#: side effect changes the result.
+HARSH_OPS: tuple[str, ...] = (
+    "nn.functional.instance_norm",
+    "nn.functional.batch_norm",
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_batch_norm_with_update",
+    "nn.functional.dropout",
+    "nn.functional.rrelu",
+    "bernoulli",
+    "prod",
+)
+HARSH = oc.Setting(mode="harsh").resolved()
+
+
+@pytest.mark.parametrize("name", HARSH_OPS)
+def test_side_effects_run_once_in_the_harsh_setting(name: str) -> None:
+    (op,) = [op for op in OPS if oc.op_id(op) == name]
+    outcome = oc.run_op(op, HARSH)
+    if outcome.status == "fail":
+        pytest.fail(_describe(outcome, HARSH), pytrace=False)
+    assert outcome.status in ("bitwise", "exception"), outcome
+    if outcome.status == "exception":
+        assert name in oc.EXCEPTIONS
 
 
 def test_exceptions_name_ops_of_the_corpus() -> None:

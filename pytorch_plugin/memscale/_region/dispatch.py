@@ -86,7 +86,9 @@ def dispatch(s: Session, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if info is None:
         info = s.infos[func] = OpInfo(func, s.recording)
     if info.mutable:
-        return _dispatch_mutating(s, func, info, args, kwargs)
+        if info.pure is None or not info.writes_nothing(args, kwargs):
+            return _dispatch_mutating(s, func, info, args, kwargs)
+        info = info.pure
     if info.shape_only is not None:
         stand_in = shape_stand_in(args, kwargs)
         if stand_in is not None:
@@ -208,7 +210,7 @@ def _run_and_register(
             if c.pinned:
                 c.consumed = True
         s.ops[cells[0].op_id] = RecordedOp(
-            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, (), info.state_writes, _grad_enabled()
+            func, a.template_args, a.template_kwargs, a.cells, cells, rng, RERUN_CALL, (), (), _grad_enabled()
         )
         if s.verifier is not None and info.reproducible:
             s.verifier.computed(cells[0].op_id, cells)
@@ -341,14 +343,21 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
             stale_aliases += [
                 x for x in group.cells if x is not cell and not x.released and x.tensor is None and not x.pinned
             ]
-    if a.missing or stale_aliases:
+    size_key, extra = _fresh_output_room(s, func, info, a)
+    if a.missing or stale_aliases or extra:
         with HeldCells(s.engine) as held:
-            a.args, a.kwargs = [], {}  # a parked input must not stay referenced here
-            make_resident(s, a.cells + stale_aliases, held)
-            a.refill(info)
-            out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
+            if a.missing or stale_aliases:
+                a.args, a.kwargs = [], {}  # a parked input must not stay referenced here
+                make_resident(s, a.cells + stale_aliases, held)
+                a.refill(info)
+                size_key, extra = _fresh_output_room(s, func, info, a)
+            if extra:
+                if not held.cells:
+                    held.lock_all(a.cells)
+                s.make_room(extra, info.name)
+            out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies, size_key)
     else:
-        out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies)
+        out, fresh_cells, fresh, returned_args = _run_mutating(s, func, info, a, mutated, copies, size_key)
     for key in info.mutated:
         x = args[key] if isinstance(key, int) else kwargs.get(key)
         if type(x) is DTRTensor:
@@ -371,6 +380,18 @@ def _dispatch_mutating(s: Session, func: Any, info: OpInfo, args: Any, kwargs: d
                 result.append(o)
         return type(out)(result)
     return out
+
+
+def _fresh_output_room(s: Session, func: Any, info: OpInfo, a: Arguments) -> tuple[Any, int]:
+    """Under a budget, for an in-place op that also computes fresh results
+    (batch norm updating its running statistics): the prediction key and the
+    bytes to make room for (0: room already), as for a pure op."""
+    if not s.budgeted or a.missing or not info.fresh_results or any(r is not None for r in info.returns_arg):
+        return None, 0
+    size_key, extra = OUTPUT_SIZES.predict(func, info, a.args, a.kwargs)
+    if s.usage_known and s.usage_now() + extra <= s.status.budget:
+        extra = 0
+    return size_key, extra
 
 
 def _copies_on_write(s: Session, info: OpInfo, a: Arguments, mutated: list[int]) -> dict[Cell, _Tensor] | None:
@@ -435,7 +456,13 @@ def _move_old_versions(s: Session, copies: dict[Cell, _Tensor]) -> list[tuple[Ce
 
 
 def _run_mutating(
-    s: Session, func: Any, info: OpInfo, a: Arguments, mutated: list[int], copies: dict[Cell, _Tensor] | None
+    s: Session,
+    func: Any,
+    info: OpInfo,
+    a: Arguments,
+    mutated: list[int],
+    copies: dict[Cell, _Tensor] | None,
+    size_key: Any = None,
 ) -> tuple[Any, list[Cell], list[_Tensor], list[Any]]:
     """Run an in-place op on resident inputs and register its new versions.
 
@@ -472,7 +499,9 @@ def _run_mutating(
         # as declared mutable arguments): a separate call; its re-run works on
         # scratch copies of the mutated arguments.
         moved = _move_old_versions(s, copies) if copies else ()
-        fresh_cells, _ = register(s, info, a.cells, fresh, cost)
+        fresh_cells, fresh_bytes = register(s, info, a.cells, fresh, cost)
+        if size_key is not None:
+            OUTPUT_SIZES.learn(size_key, fresh_bytes)
         if s.recording:
             s.ops[fresh_cells[0].op_id] = RecordedOp(
                 func,
@@ -542,10 +571,18 @@ def _register_mutation(
                 c.consumed = True
         s.ops[op] = RecordedOp(
             func, a.template_args, a.template_kwargs, inputs, versions, rng, RERUN_MUTATION,
-            mutated=tuple(unique), scratch=info.state_writes, grad_mode=_grad_enabled(),
+            mutated=tuple(unique), scratch=_not_versioned(info, a, unique), grad_mode=_grad_enabled(),
         )
         if s.verifier is not None and info.reproducible:
             s.verifier.computed(op, versions)
+
+
+def _not_versioned(info: OpInfo, a: Arguments, versioned: list[int]) -> tuple[Any, ...]:
+    """The written arguments a re-run of new versions ``versioned`` must not
+    write again: every other argument the op writes (a pinned one copied on
+    write holds its old version now; writing it would change that version)."""
+    keys = {a.keys[j] for j in versioned}
+    return tuple(key for key in info.mutated if key not in keys)
 
 
 def _realias(s: Session, alias: Cell, new: Cell) -> None:

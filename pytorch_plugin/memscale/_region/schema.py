@@ -21,13 +21,20 @@ import torch
 from .._native.engine import NO_RECOMPUTE
 
 #: Ops that write running statistics into arguments their schema does not mark
-#: as mutable: the argument positions a re-run gets scratch copies of, so a
-#: rematerialization never updates the statistics a second time.
-UNDECLARED_STATE_WRITES: Final[dict[str, tuple[int, ...]]] = {
-    "native_batch_norm": (3, 4),
-    "cudnn_batch_norm": (3, 4),
-    "miopen_batch_norm": (3, 4),
-    "_batch_norm_impl_index": (3, 4),
+#: as mutable (``native_batch_norm`` and its backend kin: PyTorch's schema
+#: declares no ``(a!)`` on ``running_mean`` / ``running_var``, yet the kernel
+#: updates them when ``training`` is true): per op, the positions written and
+#: the position of the ``training`` flag that decides whether it writes. The
+#: region treats those positions as declared mutations (:class:`OpInfo`
+#: ``mutated``): the written tensors get new versions (a region tensor's old
+#: version stays recomputable, a pinned one is copied on write), and no re-run
+#: writes them again (the re-run of the fresh results gets scratch copies,
+#: the re-run of a new version works on a copy of the old one).
+UNDECLARED_STATE_WRITES: Final[dict[str, tuple[tuple[int, ...], int]]] = {
+    "native_batch_norm": ((3, 4), 5),
+    "cudnn_batch_norm": ((3, 4), 5),
+    "miopen_batch_norm": ((3, 4), 5),
+    "_batch_norm_impl_index": ((3, 4), 5),
 }
 
 #: Ops whose first argument ``self`` is read for its metadata only (size,
@@ -87,7 +94,12 @@ class OpInfo:
             for ``empty`` and its kin: their data is undefined until written).
         inplace_view: the op changes a tensor's shape or strides in place.
         state_writes: argument positions written without being declared
-            (:data:`UNDECLARED_STATE_WRITES`).
+            (:data:`UNDECLARED_STATE_WRITES`); they are in ``mutated``.
+        writes_if: for an op with undeclared state writes, the position of
+            the flag (``training``) without which it writes nothing; else
+            ``None``.
+        pure: for such an op, the facts of a call that writes nothing (the
+            flag false: no mutation, no new versions); else ``None``.
         flags: the engine flags of its registrations (``NO_RECOMPUTE`` for an
             op that must never be re-run).
         shape_only: for an op of :data:`SHAPE_ONLY_SELF`, the facts to
@@ -111,6 +123,8 @@ class OpInfo:
         "reproducible",
         "inplace_view",
         "state_writes",
+        "writes_if",
+        "pure",
         "flags",
         "shape_only",
     )
@@ -139,9 +153,13 @@ class OpInfo:
                     mutated.append(key)
                 for s in alias.before_set:
                     alias_set_owner.setdefault(s, key)
+        undeclared, writes_if = UNDECLARED_STATE_WRITES.get(base, ((), None))
+        for i in undeclared:
+            if i < len(schema.arguments) and tensor_kind(schema.arguments[i].type) is False and i not in mutated:
+                mutated.append(i)
         self.tensor_args: tuple[tuple[int, bool], ...] = tuple(positional)
         self.tensor_kwargs: tuple[tuple[str, bool], ...] = tuple(keyword)
-        self.mutable: bool = bool(schema.is_mutable) and bool(mutated)
+        self.mutable: bool = (bool(schema.is_mutable) or bool(undeclared)) and bool(mutated)
         self.mutated: frozenset[ArgKey] = frozenset(mutated)
         returns: list[ArgKey | None] = []
         for ret in schema.returns:
@@ -174,7 +192,9 @@ class OpInfo:
             ("empty", "new_empty")
         )
         self.inplace_view: bool = torch.Tag.inplace_view in tags
-        self.state_writes: tuple[int, ...] = UNDECLARED_STATE_WRITES.get(base, ())
+        self.state_writes: tuple[int, ...] = tuple(undeclared)
+        self.writes_if: int | None = writes_if
+        self.pure: OpInfo | None = None
         unreplayable = func.namespace in UNREPLAYABLE_NAMESPACES
         self.flags: int = NO_RECOMPUTE if (unreplayable or not recompute) else 0
         self.shape_only: OpInfo | None = None
@@ -188,6 +208,21 @@ class OpInfo:
             stand_in = copy.copy(self)
             stand_in.tensor_args = self.tensor_args[1:]
             self.shape_only = stand_in
+        if self.state_writes:
+            pure = copy.copy(self)
+            pure.mutable = False
+            pure.mutated = frozenset()
+            pure.state_writes = ()
+            pure.writes_if = None
+            self.pure = pure
+
+    def writes_nothing(self, args: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether this call of an op with undeclared state writes leaves its
+        arguments alone (its ``training`` flag is false)."""
+        i = self.writes_if
+        if i is None:
+            return False
+        return i < len(args) and not args[i]
 
     def label(self) -> str:
         """The op's name for messages (``aten::add.Tensor`` style without the
