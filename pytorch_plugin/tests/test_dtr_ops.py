@@ -86,7 +86,7 @@ def test_outputs_are_wrappers_inside_and_plain_results_outside() -> None:
     assert torch.equal(y + 1, x * 2 + 1)
     assert type(region.unwrap(z)) is torch.Tensor
     assert torch.equal(unwrap(z), (x * 2).sum(dim=0))
-    assert "DTRTensor(" in repr(y)
+    assert type(y) is torch.Tensor and repr(y).startswith("tensor(")  # handed back at exit
     s = region.summary()
     assert s["entries"] == 1 and s["evictions"] == 0 and s["peak_usage"] >= 2 * MB
 
@@ -558,8 +558,9 @@ def test_escaping_tensors_are_materialized_at_exit() -> None:
         a = x * 5
         keep = _fill(x)
         assert not _resident(a)
-    # a left the region evicted; it was rebuilt at exit and is a plain value now
-    assert a._c.tensor is not None
+    # a left the region evicted; it was rebuilt at exit and handed back as a
+    # plain tensor
+    assert type(a) is torch.Tensor
     assert torch.equal(a * 1, x * 5)
     assert type(a * 1) is torch.Tensor
     assert all(torch.equal(k * 1, x * float(i + 2)) for i, k in enumerate(keep))

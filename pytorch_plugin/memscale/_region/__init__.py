@@ -28,11 +28,31 @@ ctypes crossing); an op that fits the budget makes no other call. At exit, what
 escapes the region is made resident (the engine lets usage exceed the budget if
 it must: ``memscale_dtr_finish``) and detached: outside a region a wrapper
 behaves as its plain tensor, and ``.grad`` of every parameter seen is a plain
-tensor again, so the optimizer step works on ordinary tensors.
+tensor again, so the optimizer step works on ordinary tensors. *Escaping
+tensors* are handed back: after a successful exit every escaping wrapper
+that does not require grad is turned into a plain ``torch.Tensor`` in place
+(``torch.utils.swap_tensors`` with an alias of its data: same object, same
+storage and geometry; views are handed back before their bases), so what a
+program keeps from a step (an accuracy in a meter, predictions) is an
+ordinary tensor. One that requires grad (its autograd history lives on the
+wrapper), or that anything else still references (an autograd graph that
+saved it), stays a wrapper; a wrapper formats, prints, converts
+(``.numpy()``, ``.item()``, ``.tolist()``), compares and pickles as its plain
+tensor. After a failed exit nothing is handed back.
 
 Named notes the modules cite: *views* share their base's storage and are
 evicted, swapped and rebuilt with it; *in-place ops* create new versions and
-the old version stays recomputable; *RNG ops* replay the generator state they
+the old version stays recomputable; *side effects* never run twice: an op
+that updates state in place as a side effect is rebuilt without repeating
+the update - arguments its schema marks written (``(a!)``) and those PyTorch
+writes without declaring them (``native_batch_norm``'s running statistics
+while training, :data:`.schema.UNDECLARED_STATE_WRITES`) are mutations: the
+written tensors get new versions (a region tensor's old version stays
+recomputable; a pinned one is copied on write), a re-run of the op's fresh
+results writes into scratch copies, and a re-run of a new version works on a
+copy of the old one and writes no other argument (the op_db corpus's
+``harsh`` setting, which evicts everything after every op and every re-run,
+checks it; ``bench/results/side-effects.md``); *RNG ops* replay the generator state they
 ran with (a rebuilt dropout mask is bitwise the original); *gradients* are
 pinned once accumulated; *tuning*: a budgeted region with no heuristic given
 lets the engine record its first entry and choose the configuration of the

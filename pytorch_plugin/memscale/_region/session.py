@@ -44,7 +44,7 @@ from .cells import Cell, HeldCells, RecordedOp, StorageGroup, WrapperRef
 from .device import CudaTimer, copy_to_host, sync_count
 from .dispatch import dispatch
 from .schema import OpInfo
-from .tensor import DTRTensor, plain_of
+from .tensor import DTRTensor, hand_back, plain_of
 from .verify import Verifier
 
 if TYPE_CHECKING:
@@ -514,7 +514,7 @@ class Session:
             if ok and stats.get("auto"):
                 self._tune()
         finally:
-            self._detach_everything()
+            self._detach_everything(ok)
         return stats
 
     def _plain_gradients(self) -> None:
@@ -539,18 +539,11 @@ class Session:
         end = self._sync_end if self._sync_end is not None else sync_count()
         return end - self.sync_mark
 
-    def _detach_everything(self) -> None:
+    def _detach_everything(self, ok: bool = False) -> None:
         self._sync_end = sync_count()
         self.closed = True
         escaping: set[Cell] = set()
-        for ref in list(self.live.values()):
-            cell = ref.cell
-            if cell is not None:
-                cell.session = None
-                cell.tensor_id = -1
-                escaping.add(cell)
-            ref.cell = None
-        self.live.clear()
+        handed = self._detach_wrappers(escaping, ok)
         # A cell and the weak reference that names it refer to each other: a
         # cycle the collector would free only on its own schedule, holding the
         # cell's tensor until then (a GPT-2 step touched ~50 MiB of fresh
@@ -579,4 +572,33 @@ class Session:
         if self.reclaims_for is not None:
             reclaim.unregister(self, self.reclaims_for)
         self.engine.close()
+        # A view's wrapper references its base's (autograd's view base): the
+        # base is handed back once its views were, so go round until a round
+        # hands back nothing.
+        while handed:
+            left = [(w, t) for w, t in handed if not hand_back(w, t)]
+            if len(left) == len(handed):
+                break
+            handed = left
+
+    def _detach_wrappers(self, escaping: set[Cell], ok: bool) -> list[tuple[DTRTensor, torch.Tensor]]:
+        """Detach every live wrapper from the entry (its cell into ``escaping``);
+        returns those to hand back as plain tensors (:func:`.tensor.hand_back`:
+        the entry succeeded, the data is resident, nothing needs the wrapper's
+        autograd history), their weak references already dropped."""
+        handed: list[tuple[DTRTensor, torch.Tensor]] = []
+        for ref in list(self.live.values()):
+            cell = ref.cell
+            if cell is not None:
+                cell.session = None
+                cell.tensor_id = -1
+                escaping.add(cell)
+                if ok and cell.tensor is not None:
+                    wrapper = ref()
+                    if wrapper is not None and not wrapper.requires_grad:
+                        handed.append((wrapper, cell.tensor))
+                        cell.wrapper_ref = None
+            ref.cell = None
+        self.live.clear()
+        return handed
 

@@ -13,9 +13,11 @@ Holds no bookkeeping; materializing an evicted wrapper is the session's job
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import MemscaleError
@@ -79,6 +81,36 @@ class DTRTensor(torch.Tensor):
     def numpy(self, *, force: bool = False) -> Any:  # noqa: D102 - as torch.Tensor.numpy
         with _disable_current_modes():
             return plain_of(self).numpy(force=force)
+
+    def __format__(self, format_spec: str) -> str:
+        # torch.Tensor.__format__ formats a 0-dim tensor as its number only
+        # for type Tensor exactly; a wrapper formats as its plain tensor.
+        with _disable_current_modes():
+            return plain_of(self).__format__(format_spec)
+
+
+def hand_back(wrapper: DTRTensor, tensor: torch.Tensor) -> bool:
+    """Turn an escaping ``wrapper`` into a plain tensor in place: the program's
+    object becomes a ``torch.Tensor`` on ``tensor``'s data (same storage and
+    geometry), so whatever the program kept from the entry (a metric in a
+    meter, a batch's predictions) is an ordinary tensor afterwards.
+
+    ``torch.utils.swap_tensors`` exchanges the two objects' contents. It is
+    refused - and the wrapper stays a wrapper, which behaves as its plain
+    tensor outside the region - while anything else references the wrapper's
+    TensorImpl (an autograd graph that saved it) or holds a weak reference to
+    it; a wrapper that requires grad is not handed back (its autograd history
+    lives on the wrapper). Returns whether it was handed back.
+    """
+    if weakref.getweakrefs(wrapper) or wrapper._use_count() != 1:
+        return False
+    with _disable_current_modes():
+        plain = tensor.detach()
+    try:
+        torch.utils.swap_tensors(wrapper, plain)
+    except RuntimeError:
+        return False
+    return True
 
 
 def plain_of(x: DTRTensor) -> torch.Tensor:
