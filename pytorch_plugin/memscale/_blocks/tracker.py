@@ -39,6 +39,7 @@ import torch
 from torch.nn.utils.parametrize import ParametrizationList
 
 from .._allocator.budget import THRESHOLD_ENV, threshold_budget
+from .._hooks import ModuleHook
 from .._native.engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._region import reclaim as reclaim_registry
 from .._stats import overhead
@@ -180,10 +181,17 @@ class BlockDTR:
         self._calls = 0
         self._handles: list[Any] = []
         for name, block in named:
+            # ModuleHooks, not closures or bound methods: torch.save and
+            # copy.deepcopy of the model meet them (memscale._hooks); a deep
+            # copy is tracked by this tracker (see __deepcopy__).
             self._handles.append(
-                block.register_forward_pre_hook(self._make_pre(name), with_kwargs=True, prepend=True)
+                block.register_forward_pre_hook(
+                    ModuleHook(self, "_pre", name, share_on_copy=True), with_kwargs=True, prepend=True
+                )
             )
-            self._handles.append(block.register_forward_hook(self._post, always_call=True))
+            self._handles.append(
+                block.register_forward_hook(ModuleHook(self, "_post", share_on_copy=True), always_call=True)
+            )
         self._model_forwards = 0
         #: Block calls registered in the running forward, and in the last one
         #: (its last call starts the tail of a device budget).
@@ -192,8 +200,8 @@ class BlockDTR:
         self._device_index: int | None = None
         #: The device whose allocator's reclaimer asks these blocks to drop.
         self._reclaims_for: int | None = None
-        self._handles.append(model.register_forward_pre_hook(self._model_forward))
-        self._handles.append(model.register_forward_hook(self._model_forward_end))
+        self._handles.append(model.register_forward_pre_hook(ModuleHook(self, "_model_forward", share_on_copy=True)))
+        self._handles.append(model.register_forward_hook(ModuleHook(self, "_model_forward_end", share_on_copy=True)))
 
     # ------------------------------------------------------------ public
 
@@ -360,39 +368,37 @@ class BlockDTR:
                           share.tail, share.allocated(), before, int(self._engine.status.usage))
         share.tail_started(index, at_last_block)
 
-    def _make_pre(self, name: str) -> Any:
-        def pre(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            tls = self._tls
-            recompute = getattr(tls, "recompute", None)
-            if recompute is not None:
-                unit, hooks = recompute
-                if unit.block is block and getattr(tls, "capturing", None) is None:
-                    hooks.__enter__()
-                    tls.capturing = hooks
-                return
-            if not torch.is_grad_enabled() or getattr(tls, "unit", None) is not None:
-                return  # evaluation, or a tracked block inside another
-            self._flush()
-            unit = Unit(self, block, name, args, kwargs)
-            expected = self._sizes.get(unit.signature)
-            if expected and self._budget:
-                # The same call saved this much last time: make room before
-                # it runs, so usage stays within the budget.
-                with self._lock:
-                    self._make_room(expected, unit, expected)
-            if unit.buffer_versions and (
-                id(block) in self._mutating or unit.buffer_bytes() <= _COPIED_BUFFER_BYTES
-            ):
-                # A recompute starts from the buffers' values before this call.
-                with torch.no_grad():
-                    unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
-            tls.unit = unit
-            with self._lock:  # released (decremented) from autograd's threads too
-                self._open += 1
-            unit.hooks.__enter__()
-            unit.started_ns = perf_ns()
-
-        return pre
+    def _pre(self, name: str, block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of block ``name``: a call begins (or a recompute captures)."""
+        tls = self._tls
+        recompute = getattr(tls, "recompute", None)
+        if recompute is not None:
+            unit, hooks = recompute
+            if unit.block is block and getattr(tls, "capturing", None) is None:
+                hooks.__enter__()
+                tls.capturing = hooks
+            return
+        if not torch.is_grad_enabled() or getattr(tls, "unit", None) is not None:
+            return  # evaluation, or a tracked block inside another
+        self._flush()
+        unit = Unit(self, block, name, args, kwargs)
+        expected = self._sizes.get(unit.signature)
+        if expected and self._budget:
+            # The same call saved this much last time: make room before
+            # it runs, so usage stays within the budget.
+            with self._lock:
+                self._make_room(expected, unit, expected)
+        if unit.buffer_versions and (
+            id(block) in self._mutating or unit.buffer_bytes() <= _COPIED_BUFFER_BYTES
+        ):
+            # A recompute starts from the buffers' values before this call.
+            with torch.no_grad():
+                unit.buffers_before = [(b, b.clone()) for b, _ in unit.buffer_versions]
+        tls.unit = unit
+        with self._lock:  # released (decremented) from autograd's threads too
+            self._open += 1
+        unit.hooks.__enter__()
+        unit.started_ns = perf_ns()
 
     def _post(self, block: torch.nn.Module, args: Any, output: Any) -> None:
         tls = self._tls

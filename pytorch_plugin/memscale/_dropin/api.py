@@ -50,6 +50,7 @@ import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .._hooks import ModuleHook
 from .compat import measure_step_peak, observe
 from .._stats import Summary
 from .distributed import step_module
@@ -80,8 +81,10 @@ def _hook_module(module: torch.nn.Module, steps: Steps, hooks: Hooks) -> None:
     model itself is stepped too."""
     module = step_module(module)  # DDP: its wrapped module (see memscale._dropin.distributed)
     for part in (module, *module.children()):
-        hooks.handles.append(part.register_forward_pre_hook(steps.forward_pre_hook, with_kwargs=True))
-        hooks.handles.append(part.register_forward_hook(steps.forward_hook, always_call=True))
+        # ModuleHook, not bound methods: torch.save / copy.deepcopy of the model
+        # meet these (memscale._hooks); a copy is a plain model.
+        hooks.handles.append(part.register_forward_pre_hook(ModuleHook(steps, "forward_pre_hook"), with_kwargs=True))
+        hooks.handles.append(part.register_forward_hook(ModuleHook(steps, "forward_hook"), always_call=True))
 
 
 def _is_trainer(obj: Any) -> bool:

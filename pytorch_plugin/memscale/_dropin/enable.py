@@ -35,6 +35,7 @@ import weakref
 from typing import Any
 
 from .._allocator.budget import default_budget, percentage_of_peak
+from .._hooks import ModuleHook
 from .distributed import opens_no_step
 from .._region.steps import wrap_closure
 from .._stats import Summary
@@ -88,6 +89,22 @@ class Enabled:
 
     # Hooks -------------------------------------------------------------
 
+    def _in_a_step(self, module: Any) -> bool:
+        import torch
+
+        blocks = self._blocks  # Config(unit="auto"): the models with blocks are theirs
+        return (
+            torch.is_grad_enabled()
+            and not torch.is_inference_mode_enabled()
+            and not opens_no_step(module)
+            and (blocks is None or not blocks.tracks(module))
+        )
+
+    def _forward_pre_hook_with_kwargs(self, module: Any, args: Any, kwargs: Any) -> None:
+        steps = self._steps
+        if steps is not None and self._in_a_step(module):  # opens a step, or another forward of the open one
+            steps.begin(module, (args, kwargs))
+
     def _hook(self) -> None:
         import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -99,17 +116,7 @@ class Enabled:
 
         blocks = self._blocks  # Config(unit="auto"): the models with blocks are theirs
 
-        def in_a_step(module: torch.nn.Module) -> bool:
-            return (
-                torch.is_grad_enabled()
-                and not torch.is_inference_mode_enabled()
-                and not opens_no_step(module)
-                and (blocks is None or not blocks.tracks(module))
-            )
-
-        def forward_pre_hook_with_kwargs(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if in_a_step(module):  # opens a step, or is another forward of the open one
-                steps.begin(module, (args, kwargs))
+        in_a_step = self._in_a_step
 
         def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
             # A global pre-hook is not given keyword arguments, and a step's
@@ -126,7 +133,9 @@ class Enabled:
                 known[1].remove()
             with_kwargs[id(module)] = (
                 weakref.ref(module),
-                module.register_forward_pre_hook(forward_pre_hook_with_kwargs, with_kwargs=True),
+                # A ModuleHook, not a closure: torch.save / copy.deepcopy of
+                # the module meet it (memscale._hooks).
+                module.register_forward_pre_hook(ModuleHook(self, "_forward_pre_hook_with_kwargs"), with_kwargs=True),
             )
 
         def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
