@@ -6,6 +6,8 @@
 #   make test-slow  the slow suites: the Python tests marked slow (op_db, zoo,
 #                   families, distributed, long scripts)
 #   make test-all   test and test-slow
+#   make fuzz       every Go fuzz target for FUZZTIME (20s) on its seed corpus
+#   make soak       the randomized differential tests over SOAK_OPS (10^8) operations
 #   make wheel      build/wheel/memscale-*.whl (what pip install ./pytorch_plugin builds)
 #   make demo       the README's main job (GPT-2 under half its peak memory)
 #   make bench      allocator, C ABI and engine benchmarks
