@@ -27,9 +27,10 @@ the library are loaded then, not before), so ``memscale version`` and the
 command line answer at once. The library is found through ``MEMSCALE_LIBRARY``,
 next to this package, or in the repository's ``build/``.
 
-The package, bottom to top (a module imports only from the layers below it):
+The package, bottom to top (a module imports only from the layers below it;
+``tests/test_layers.py`` checks it):
 
-* ``errors``, ``_version``: no dependencies;
+* ``errors``, ``_version``, ``_hooks``: no dependencies;
 * ``_native/``: the binding of libmemscale.so (ctypes, the engine handle, the C
   crossing extension);
 * ``config``, ``_stats``: settings, sizes, the counters and :class:`Summary`;
