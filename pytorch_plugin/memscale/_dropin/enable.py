@@ -114,8 +114,6 @@ class Enabled:
         assert steps is not None
         with_kwargs = self._with_kwargs
 
-        blocks = self._blocks  # Config(unit="auto"): the models with blocks are theirs
-
         in_a_step = self._in_a_step
 
         def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
