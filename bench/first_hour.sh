@@ -22,15 +22,15 @@ if [ "${1:-}" = "--clone" ]; then
 	echo
 	echo "\`git clone\` into a new directory beside this checkout (../shared beside it), then"
 	echo "\`bash .ci/run\` there with an empty environment (\`env -i HOME PATH\`): it runs the README's"
-	echo "\`make demo\` and \`make test\` as typed, then \`make test-slow\`."
+	echo "\`make demo\` and \`make test\` as typed, then \`make test-slow\`, \`make fuzz\` and \`make soak SOAK_OPS=1000000\`."
 	echo
 	start=$SECONDS
 	(cd "$dir" && env -i HOME="$HOME" PATH="$PATH" LANG=C.UTF-8 CI=true bash .ci/run >"$dir/ci.log" 2>&1)
 	rc=$?
 	echo "| command | wall time |"
 	echo "|---|---|"
-	sed -n 's/^== \(make [a-z-]*\) took \([0-9]*\) s$/\1 \2/p' "$dir/ci.log" | while read -r _ target secs; do
-		echo "| \`make $target\` | $((secs / 60)) min $((secs % 60)) s |"
+	sed -n 's/^== \(make .*\) took \([0-9]*\) s$/\2 \1/p' "$dir/ci.log" | while read -r secs command; do
+		echo "| \`$command\` | $((secs / 60)) min $((secs % 60)) s |"
 	done
 	echo
 	echo ".ci/run: exit status $rc after $(((SECONDS - start) / 60)) min; its log is $dir/ci.log. Its step lines"
