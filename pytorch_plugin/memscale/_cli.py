@@ -210,10 +210,17 @@ def _peak_advice(summary: Any, flag: str | None) -> str:
         return ""
     half = summary.peak_usage // 2
     size = f"{half / 2**20:.0f}MiB" if half >= 2**20 else str(half)
+    floor = ""
+    if summary.min_budget > 0:
+        below = " - half is below it, so expect an error there" if summary.min_budget > half else ""
+        floor = (
+            f"; no threshold below {format_bytes(summary.min_budget)} can work (the steps' minimum budget, "
+            f"a lower bound: parameters, gradients and the largest op's inputs and output){below}"
+        )
     return (
         f"memscale: no threshold was set: the training steps peaked at {format_bytes(summary.peak_usage)}; "
         f"to run them in half of that: memscale run --threshold {size} (or --threshold 50%: of the measured "
-        f"peak on a machine without a GPU), or MEMSCALE_EVICTION_THRESHOLD={size}\n"
+        f"peak on a machine without a GPU), or MEMSCALE_EVICTION_THRESHOLD={size}{floor}\n"
     )
 
 

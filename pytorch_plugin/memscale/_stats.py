@@ -63,6 +63,8 @@ class Summary:
         untracked_over_budget: untracked steps whose measured peak (GPU,
             memscale allocator) went over the budget; their shapes are
             tracked from then on.
+        min_budget: the highest of the regions' ``min_budget`` (bytes): a lower
+            bound below which no budget can run these steps (0: not measured).
         untracked_promoted: steps that began untracked and met a forward the
             fits of their shapes did not have (gradient accumulation over
             another micro-batch shape): tracked from that forward on; not in
@@ -86,6 +88,7 @@ class Summary:
     untracked_steps: int = 0
     untracked_over_budget: int = 0
     untracked_promoted: int = 0
+    min_budget: int = 0
 
     def merged(self, other: Summary) -> Summary:
         """The totals of two runs side by side (``Config(unit="auto")``'s
@@ -101,6 +104,7 @@ class Summary:
         return Summary(
             **added,
             peak_usage=max(self.peak_usage, other.peak_usage),
+            min_budget=max(self.min_budget, other.min_budget),
             budget=self.budget if self.budget is not None else other.budget,
             tuning=self.tuning if self.tuning is not None else other.tuning,
             budget_source=self.budget_source or other.budget_source,
