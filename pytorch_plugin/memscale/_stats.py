@@ -27,6 +27,10 @@ SUMMED_KEYS: Final[tuple[str, ...]] = (
 )
 
 
+#: Summary keys of the allocator's granule counters, summed over regions.
+GRANULE_KEYS: Final[tuple[str, ...]] = ("granules_mapped", "granules_unmapped", "granules_remapped")
+
+
 def overhead(base_cost_ns: int, remat_cost_ns: int) -> float:
     """Compute overhead ``(base + remat) / base``: 1.0 when nothing was recomputed
     (or nothing ran)."""
@@ -63,6 +67,10 @@ class Summary:
         untracked_over_budget: untracked steps whose measured peak (GPU,
             memscale allocator) went over the budget; their shapes are
             tracked from then on.
+        granules_mapped / granules_unmapped / granules_remapped: what the
+            memscale allocator did to its 2 MiB granules during the tracked
+            steps (GPU, memscale allocator; 0 otherwise): a remap unmaps a
+            free granule and maps it where a request needed it.
         min_budget: the highest of the regions' ``min_budget`` (bytes): a lower
             bound below which no budget can run these steps (0: not measured).
         untracked_promoted: steps that began untracked and met a forward the
@@ -89,6 +97,9 @@ class Summary:
     untracked_over_budget: int = 0
     untracked_promoted: int = 0
     min_budget: int = 0
+    granules_mapped: int = 0
+    granules_unmapped: int = 0
+    granules_remapped: int = 0
 
     def merged(self, other: Summary) -> Summary:
         """The totals of two runs side by side (``Config(unit="auto")``'s
@@ -99,6 +110,7 @@ class Summary:
             for name in (
                 "steps", "evictions", "rematerializations", "swaps_out", "swaps_in", "parked", "bytes_evicted",
                 "base_cost_ns", "remat_cost_ns", "untracked_steps", "untracked_over_budget", "untracked_promoted",
+                *GRANULE_KEYS,
             )
         }
         return Summary(
@@ -148,6 +160,12 @@ class Summary:
             f"{self.swaps_in} in{f' ({self.parked} parked)' if self.parked else ''}, "
             f"compute overhead x{self.overhead:.3f}"
         )
+        if self.granules_mapped or self.granules_remapped:
+            per_step = f" ({self.granules_remapped / self.steps:.1f} per step)" if self.steps else ""
+            text += (
+                f", allocator: {self.granules_mapped} granules mapped, {self.granules_unmapped} unmapped, "
+                f"{self.granules_remapped} remapped{per_step}"
+            )
         if self.bytes_saved is not None:
             text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"
         if self.tuning is not None:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from .._native import lib as _lib
+from .._stats import GRANULE_KEYS
 from ..config import format_bytes
 from ..errors import MemscaleError
 from .device import device_index as _device_index
@@ -55,6 +56,20 @@ def memory_stats(device: Any = None) -> OrderedDict[str, int]:
     if not isinstance(raw, dict):
         raise MemscaleError(f"memscale_stats_json: expected an object, got {raw!r:.200}")
     return OrderedDict(sorted(raw.items()))
+
+
+#: The allocator's granule counters (running totals) and the names summaries
+#: give their differences (memscale._stats.GRANULE_KEYS): 2 MiB granules mapped, unmapped, and moved from one
+#: place to another (unmapped from a free block, mapped where a request needed
+#: them) - remaps are what a cache under a budget tries to avoid.
+GRANULE_COUNTERS: Final[dict[str, str]] = dict(zip(("num_map", "num_unmap", "num_remap"), GRANULE_KEYS, strict=True))
+
+
+def granule_counters(device: int) -> dict[str, int]:
+    """The allocator's granule counters on ``device`` now, by summary name
+    (0 for a counter the library does not report)."""
+    stats = memory_stats(device)
+    return {name: int(stats.get(key, 0)) for key, name in GRANULE_COUNTERS.items()}
 
 
 def _stat(device: Any, key: str) -> int:

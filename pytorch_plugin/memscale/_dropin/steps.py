@@ -376,6 +376,8 @@ class Steps:
             if not (current.get("baseline") or current.get("warmup")):
                 out.peak_usage = max(out.peak_usage, int(current.get("peak_usage", 0) or 0))
             out.min_budget = max(out.min_budget, int(current.get("min_budget", 0) or 0))
+            for key in _stats.GRANULE_KEYS:
+                setattr(out, key, getattr(out, key) + int(current.get(key, 0) or 0))
             budget = current.get("budget")
             out.budget = int(budget) if budget else None
             out.budget_source = current.get("budget_source") or out.budget_source

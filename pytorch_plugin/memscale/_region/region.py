@@ -22,7 +22,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .._allocator.budget import THRESHOLD, Budget, default_budget
-from .._stats import SUMMED_KEYS, overhead
+from .._allocator.stats import granule_counters
+from .._stats import GRANULE_KEYS, SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import host_bandwidth, sync_count
@@ -35,6 +36,8 @@ from .tensor import DTRTensor, unwrap
 from .verify import Where
 
 log = logging.getLogger("memscale")
+
+
 
 #: The name of the engine's tuning policy: what a budgeted region with no
 #: heuristic given (argument or ``MEMSCALE_HEURISTIC``) runs. Such an entry
@@ -61,6 +64,17 @@ _TUNING_KEYS: Final[tuple[str, ...]] = (
 
 #: The lower bound of a feasible budget before any op ran.
 _NO_FLOOR: Final[dict[str, Any]] = {"min_budget": 0, "parts": {}}
+
+
+def _granules(device: int | None) -> dict[str, int] | None:
+    """The allocator's granule counters on ``device`` (``None``: not counted)."""
+    if device is None:
+        return None
+    try:
+        return granule_counters(int(device))
+    except MemscaleError as exc:  # the library cannot say: the summary reports 0
+        log.debug("memscale: no granule counters for device %s: %s", device, exc)
+        return None
 
 
 def _higher_floor(floor: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +163,10 @@ class DTRRegion:
             else parse_size(offload_limit, name="dtr(offload_limit)", allow_percent=False)
         )
         self._usage = usage
+        # The allocator's granule counters (usage="allocator"): the totals of
+        # the finished entries, and their values when the open one began.
+        self._granules: dict[str, int] = dict.fromkeys(GRANULE_KEYS, 0)
+        self._granules_at_entry: dict[str, int] | None = None
         self._sink = sink
         #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
         #: (:meth:`end_step`); regions whose steps something else closes (the
@@ -277,6 +295,8 @@ class DTRRegion:
         if self._sink is not None:
             self._sink.start(session)
         self._session = session
+        device = session.config.get("device") if session.config.get("usage") == "allocator" else None
+        self._granules_at_entry = _granules(device)
         self._mode = RegionMode(session)
         self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
@@ -302,6 +322,9 @@ class DTRRegion:
             self._session = None
             self._mode = None
             stats = session.close(ok=exc_type is None)
+            for name, value in self._granules_since_entry(session).items():
+                self._granules[name] += value
+            self._granules_at_entry = None
             self._accumulate(stats, session.config, session)
             self._keep_tuning(session)
             if self._sink is not None:
@@ -430,7 +453,9 @@ class DTRRegion:
         the host bandwidth once per process, the fingerprints of verified
         rebuilds); no op adds any. ``nested_restarts``: how many times a
         rebuild whose plans nested found no room and started over bottom-up
-        (see :mod:`.rebuild`).
+        (see :mod:`.rebuild`). ``granules_mapped``, ``granules_unmapped``,
+        ``granules_remapped``: what the memscale allocator did to its 2 MiB
+        granules during the entries (``usage="allocator"``; 0 otherwise).
         """
         totals = dict(self._totals)
         peak = self._peak
@@ -453,7 +478,19 @@ class DTRRegion:
         out["tuning"] = None if self._tuning is None else dict(self._tuning)
         out["synchronizations"] = self._syncs + (session.synchronizations() if session is not None else 0)
         out["nested_restarts"] = self._restarts + (session.nested_restarts if session is not None else 0)
+        running = self._granules_since_entry(session)
+        for name, value in self._granules.items():
+            out[name] = value + running.get(name, 0)
         return out
+
+    def _granules_since_entry(self, session: Session | None) -> dict[str, int]:
+        """The allocator's granule counters since ``session``'s entry began ({}
+        when it is not counted: usage="engine", or no entry open)."""
+        start = self._granules_at_entry
+        if start is None or session is None:
+            return {}
+        now = _granules(session.config.get("device"))
+        return {name: now[name] - start[name] for name in start} if now is not None else {}
 
     def last_summary(self) -> dict[str, Any]:
         """The counters of the last completed entry (``engine``: its raw stats;

@@ -1,0 +1,53 @@
+"""The allocator's granule counters in the region's and the drop-in API's
+summaries (issue 29): maps, unmaps and remaps of 2 MiB granules while a region
+counts usage through the memscale allocator. Runs on the simulated device: the
+region's engine reads device 0's allocator, and the test allocates through the
+library itself as PyTorch would on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import require_engine
+
+torch = pytest.importorskip("torch")
+require_engine()
+
+import memscale  # noqa: E402
+from memscale._native import lib as _lib  # noqa: E402
+
+MiB = 1 << 20
+
+
+def test_a_region_reports_what_the_allocator_did_to_its_granules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the simulated device 0
+    library = _lib.lib()
+    region = memscale.dtr(None, usage="allocator")
+    before = memscale.memory_stats(0)
+    with region:
+        ptr = library.memscale_malloc(64 * MiB, 0, None)
+        assert ptr, _lib.last_error()
+        running = region.summary()  # counted while the entry is open too
+        library.memscale_free(ptr, 64 * MiB, 0, None)
+        (torch.ones(8, requires_grad=True) * 2).sum().backward()
+    after = memscale.memory_stats(0)
+    s = region.summary()
+    mapped = after["num_map"] - before["num_map"]
+    assert mapped >= 32 and s["granules_mapped"] == mapped, (s, before, after)
+    assert running["granules_mapped"] == mapped
+    assert s["granules_unmapped"] == after["num_unmap"] - before["num_unmap"]
+    assert s["granules_remapped"] == after["num_remap"] - before["num_remap"]
+
+
+def test_an_engine_counted_region_reports_no_granules() -> None:
+    with memscale.dtr(None) as region:
+        (torch.ones(8, requires_grad=True) * 2).sum().backward()
+    s = region.summary()
+    assert (s["granules_mapped"], s["granules_unmapped"], s["granules_remapped"]) == (0, 0, 0)
+
+
+def test_the_summary_line_shows_remaps_per_step() -> None:
+    s = memscale.Summary(steps=4, granules_mapped=120, granules_unmapped=40, granules_remapped=40)
+    assert "allocator: 120 granules mapped, 40 unmapped, 40 remapped (10.0 per step)" in str(s)
+    assert "granules" not in str(memscale.Summary(steps=4))
+    merged = s.merged(memscale.Summary(steps=1, granules_remapped=2))
+    assert merged.granules_remapped == 42 and merged.granules_mapped == 120
