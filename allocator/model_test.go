@@ -207,7 +207,8 @@ func runProperty(t *testing.T, pc propConfig) {
 	overLimit := false // reserved may exceed a lowered limit until it drains
 	var prevPhys uint64
 	gran := d.Info().Granularity
-	stream := func() device.Stream { return device.Stream(1 + r.IntN(pc.streams)) }
+	streams := testStreams(t, d, pc.streams)
+	stream := func() device.Stream { return streams[1+r.IntN(pc.streams)] }
 	var nOOM, nReuse, nMalloc, nInjected int
 
 	malloc := func(size uint64, s device.Stream) (device.Ptr, error) {
@@ -376,7 +377,7 @@ func runProperty(t *testing.T, pc propConfig) {
 	for _, p := range append([]device.Ptr(nil), m.order...) {
 		free(p)
 	}
-	for s := device.Stream(1); s <= device.Stream(pc.streams); s++ {
+	for _, s := range streams[1:] {
 		d.SetStreamBusy(s, false)
 		m.setBusy(s, false)
 	}

@@ -20,6 +20,7 @@ func TestConcurrent(t *testing.T) {
 		d := newSimTestDevice(t, 4<<30, 0)
 		a, err := New(Config{Device: d, DisableVMM: !vmm, TraceCapacity: 128})
 		require.NoError(t, err)
+		streams := testStreams(t, d, 3)
 		const workers, steps = 8, 3000
 		var mallocs, ooms atomic.Int64
 		var wg sync.WaitGroup
@@ -32,7 +33,7 @@ func TestConcurrent(t *testing.T) {
 				for i := 0; i < steps; i++ {
 					switch op := r.IntN(100); {
 					case op < 50 || len(live) == 0:
-						p, err := a.Malloc(logUniform(r, 64<<20), device.Stream(1+r.IntN(3)))
+						p, err := a.Malloc(logUniform(r, 64<<20), streams[1+r.IntN(3)])
 						if err != nil {
 							ooms.Add(1)
 							continue
@@ -48,7 +49,7 @@ func TestConcurrent(t *testing.T) {
 						live[j] = live[len(live)-1]
 						live = live[:len(live)-1]
 					case op < 96:
-						if err := a.RecordStream(live[r.IntN(len(live))], device.Stream(1+r.IntN(3))); err != nil {
+						if err := a.RecordStream(live[r.IntN(len(live))], streams[1+r.IntN(3)]); err != nil {
 							t.Error(err)
 							return
 						}

@@ -32,6 +32,25 @@ func newSimTestDevice(t testing.TB, capacity, gran uint64) *simTestDevice {
 	return &simTestDevice{Device: d}
 }
 
+// testStreams returns, by number 0 to n, stream handles of d: 0 and the
+// default streams 1 and 2 themselves, and from 3 on streams made by d's
+// CreateStream when it has one (the sim, which refuses made-up handles), the
+// number itself otherwise (the fake device).
+func testStreams(t testing.TB, d any, n int) []device.Stream {
+	t.Helper()
+	out := make([]device.Stream, n+1)
+	mk, _ := d.(interface{ CreateStream() (device.Stream, error) })
+	for i := range out {
+		out[i] = device.Stream(i)
+		if i > 2 && mk != nil {
+			s, err := mk.CreateStream()
+			require.NoError(t, err)
+			out[i] = s
+		}
+	}
+	return out
+}
+
 func (d *simTestDevice) CreatePhysical(size uint64) (device.Handle, error) {
 	d.nCreate.Add(1)
 	return d.Device.CreatePhysical(size)
@@ -191,4 +210,23 @@ func TestSimSyncWaitsForBusyStream(t *testing.T) {
 	require.Zero(t, st["active_bytes.all.current"])
 	require.Zero(t, d.Mapped())
 	require.NoError(t, a.Close())
+}
+
+// TestSimRefusesMadeUpStream: on the sim, as on a driver, RecordStream with a
+// handle that is not a stream of the device is refused, the allocation
+// unchanged; a stream from CreateStream is accepted.
+func TestSimRefusesMadeUpStream(t *testing.T) {
+	d := newSimTestDevice(t, 1<<30, 0)
+	a, err := New(Config{Device: d})
+	require.NoError(t, err)
+	defer func() { _ = a.Close() }()
+	p, err := a.Malloc(1<<20, 0)
+	require.NoError(t, err)
+	err = a.RecordStream(p, 0xdeadbeef)
+	require.ErrorIs(t, err, sim.ErrInvalid)
+	require.ErrorContains(t, err, "stream 0xdeadbeef is not a stream of this device")
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, a.Free(p))
 }

@@ -119,6 +119,7 @@ func TestSoakConcurrent(t *testing.T) {
 		d := newSimTestDevice(t, capacity, 0)
 		a, err := New(Config{Device: d, DisableVMM: !vmm})
 		require.NoError(t, err)
+		streams := testStreams(t, d, 3)
 		type block struct {
 			p   device.Ptr
 			n   uint64
@@ -159,7 +160,7 @@ func TestSoakConcurrent(t *testing.T) {
 						switch op := r.IntN(100); {
 						case op < 50 || len(live[w]) == 0:
 							n := logUniform(r, 64<<20)
-							p, err := a.Malloc(n, device.Stream(r.IntN(4)))
+							p, err := a.Malloc(n, streams[r.IntN(4)])
 							if err != nil {
 								var oom *OOMError
 								switch {
@@ -191,7 +192,7 @@ func TestSoakConcurrent(t *testing.T) {
 							live[w] = live[w][:len(live[w])-1]
 						default:
 							b := live[w][r.IntN(len(live[w]))]
-							if err := a.RecordStream(b.p, device.Stream(1+r.IntN(3))); err != nil {
+							if err := a.RecordStream(b.p, streams[1+r.IntN(3)]); err != nil {
 								errs[w] = fmt.Errorf("record_stream(%#x): %w", b.p, err)
 								return
 							}

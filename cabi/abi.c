@@ -161,6 +161,27 @@ void memscale_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
 	memscale_go_free((uintptr_t)ptr, (int64_t)size, device, (uintptr_t)stream);
 }
 
+int memscale_sim_stream_create(int device, cudaStream_t* stream) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	uintptr_t s = 0;
+	int rc = memscale_go_sim_stream_create(device, stream == NULL ? NULL : &s);
+	if (rc == 0) {
+		*stream = (cudaStream_t)s;
+	}
+	return rc;
+}
+
+int memscale_sim_stream_destroy(int device, cudaStream_t stream) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_sim_stream_destroy(device, (uintptr_t)stream);
+}
+
 void memscale_init(int device_count) {
 	if (in_child()) {
 		return;

@@ -16,6 +16,8 @@ import (
 
 	"github.com/memscale/memscale/allocator"
 	"github.com/memscale/memscale/device"
+	"github.com/memscale/memscale/device/sim"
+	"github.com/memscale/memscale/internal/config"
 )
 
 // errSizeMismatch is reported when memscale_free is given a size other than
@@ -38,6 +40,9 @@ func memscale_go_malloc(size C.int64_t, dev C.int, stream C.uintptr_t) (ptr C.ui
 		a, err := allocatorFor(int(dev))
 		if err != nil {
 			return err
+		}
+		if err := checkStream(int(dev), device.Stream(stream)); err != nil {
+			return fmt.Errorf("%d bytes on device %d: %w", int64(size), int(dev), err)
 		}
 		seq := lastShortfall.seq.Load()
 		p, err := a.Malloc(uint64(size), device.Stream(stream))
@@ -62,18 +67,21 @@ func publishAllocated(a *allocator.Allocator, dev int) {
 	}
 }
 
-// memscale_go_free frees ptr. The stream argument is not needed: the
-// allocator remembers the allocation stream and the streams recorded with
+// memscale_go_free frees ptr. The stream is only checked (a handle that is
+// not a stream of the device is refused, nothing freed): the allocator
+// remembers the allocation stream and the streams recorded with
 // memscale_record_stream. ptr is never NULL here (abi.c filters it).
 //
 //export memscale_go_free
 func memscale_go_free(ptr C.uintptr_t, size C.int64_t, dev C.int, stream C.uintptr_t) {
-	_ = stream
 	guard("memscale_free", func() error {
 		p := device.Ptr(ptr)
 		a, err := allocatorFor(int(dev))
 		if err != nil {
 			return fmt.Errorf("pointer %#x: %w", uintptr(p), err)
+		}
+		if err := checkStream(int(dev), device.Stream(stream)); err != nil {
+			return fmt.Errorf("pointer %#x on device %d (not freed): %w", uintptr(p), int(dev), err)
 		}
 		recorded, err := a.FreeRequested(p)
 		publishAllocated(a, int(dev))
@@ -323,6 +331,90 @@ func memscale_go_config_json() (out *C.char) {
 
 // status maps guard's result to the C convention: 0 on success, -1 on error.
 func status(failed bool) C.int {
+	if failed {
+		return -1
+	}
+	return 0
+}
+
+// checkStream reports an error naming the handle when device dev, already
+// opened by allocatorFor, cannot order work on stream s: a handle that is not
+// a stream (a made-up value, refused by the driver or the sim as
+// CUDA_ERROR_INVALID_HANDLE is), or another device's stream. The default
+// streams (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) are valid everywhere
+// and cost nothing; another stream is asked about once per device and then
+// remembered (a program makes few streams: PyTorch keeps a fixed pool).
+func checkStream(dev int, s device.Stream) error {
+	if s <= 2 {
+		return nil
+	}
+	st := devices[dev].Load()
+	if _, ok := st.streams.Load(s); ok {
+		return nil
+	}
+	if err := st.dev.CheckStream(s); err != nil {
+		return fmt.Errorf("stream %#x: %w", uintptr(s), err)
+	}
+	st.streams.Store(s, struct{}{})
+	return nil
+}
+
+// simDevice returns device dev's simulated device, or an error saying that
+// the call needs MEMSCALE_BACKEND=sim.
+func simDevice(op string, dev int) (*sim.Device, error) {
+	if _, err := allocatorFor(dev); err != nil {
+		return nil, err
+	}
+	d, ok := devices[dev].Load().dev.(*sim.Device)
+	if !ok {
+		return nil, fmt.Errorf("device %d is not simulated (%s=sim): %s makes streams of the sim only; "+
+			"on a GPU make them with cudaStreamCreate", dev, config.EnvBackend, op)
+	}
+	return d, nil
+}
+
+// memscale_go_sim_stream_create makes a stream of simulated device dev (the
+// sim's cuStreamCreate) and writes its handle to out; -1 on error.
+//
+//export memscale_go_sim_stream_create
+func memscale_go_sim_stream_create(dev C.int, out *C.uintptr_t) C.int {
+	failed := guard("memscale_sim_stream_create", func() error {
+		if out == nil {
+			return fmt.Errorf("device %d: the output pointer is NULL", int(dev))
+		}
+		d, err := simDevice("memscale_sim_stream_create", int(dev))
+		if err != nil {
+			return err
+		}
+		s, err := d.CreateStream()
+		if err != nil {
+			return fmt.Errorf("device %d: %w", int(dev), err)
+		}
+		*out = C.uintptr_t(s)
+		return nil
+	})
+	if failed {
+		return -1
+	}
+	return 0
+}
+
+// memscale_go_sim_stream_destroy destroys a stream made by
+// memscale_go_sim_stream_create; -1 on error. Its handle is then refused.
+//
+//export memscale_go_sim_stream_destroy
+func memscale_go_sim_stream_destroy(dev C.int, stream C.uintptr_t) C.int {
+	failed := guard("memscale_sim_stream_destroy", func() error {
+		d, err := simDevice("memscale_sim_stream_destroy", int(dev))
+		if err != nil {
+			return err
+		}
+		if err := d.DestroyStream(device.Stream(stream)); err != nil {
+			return fmt.Errorf("device %d: %w", int(dev), err)
+		}
+		devices[int(dev)].Load().streams.Delete(device.Stream(stream))
+		return nil
+	})
 	if failed {
 		return -1
 	}

@@ -207,3 +207,42 @@ func TestPublishedAllocated(t *testing.T) {
 	assert.Equal(t, abiAllocated(0), publishedAllocated(0))
 	assert.True(t, publishedAddressNil(-1) && publishedAddressNil(maxDevices), "out of range: NULL")
 }
+
+// TestMadeUpStreamRefused: on the sim, as on a driver, memscale_malloc and
+// memscale_free refuse a handle that is not a stream of the device (nothing
+// allocated or freed, an error naming the handle), and accept the default
+// streams and a stream from memscale_sim_stream_create until it is destroyed.
+func TestMadeUpStreamRefused(t *testing.T) {
+	clearError()
+	require.Zero(t, abiMalloc(4096, 0, 0xdeadbeef), "malloc on a made-up stream")
+	msg := lastError()
+	require.Contains(t, msg, "memscale_malloc: 4096 bytes on device 0: stream 0xdeadbeef")
+	require.Contains(t, msg, "not a stream of this device")
+	require.Contains(t, msg, "memscale_sim_stream_create")
+
+	for _, s := range []uintptr{0, 1, 2} {
+		p := abiMalloc(4096, 0, s)
+		require.NotZero(t, p, "default stream %#x: %s", s, lastError())
+		abiFree(p, 4096, 0, s)
+	}
+	s, rc := abiSimStreamCreate(0)
+	require.Zero(t, rc, lastError())
+	p := abiMalloc(4096, 0, s)
+	require.NotZero(t, p, lastError())
+
+	clearError()
+	before := abiAllocated(0)
+	abiFree(p, 4096, 0, 0xdeadbeef)
+	require.Contains(t, lastError(), "memscale_free: pointer")
+	require.Contains(t, lastError(), "(not freed): stream 0xdeadbeef")
+	require.Equal(t, before, abiAllocated(0), "a free on a made-up stream freed nothing")
+	clearError()
+	abiFree(p, 4096, 0, s)
+	require.Empty(t, lastError())
+	require.Equal(t, before-4096, abiAllocated(0))
+
+	require.Zero(t, abiSimStreamDestroy(0, s), lastError())
+	require.Zero(t, abiMalloc(4096, 0, s), "malloc on a destroyed stream")
+	require.Contains(t, lastError(), "not a stream of this device")
+	require.Equal(t, -1, abiSimStreamDestroy(0, s), "destroyed twice")
+}

@@ -85,7 +85,12 @@ typedef void* cudaStream_t;
  * threshold while no engine exists (no live memscale_dtr_create handle) logs
  * a warning, once per process, that names the threshold, the allocated bytes
  * and how to enable eviction (python -m memscale run your_script.py, or
- * memscale.enable() in the script). */
+ * memscale.enable() in the script).
+ * stream must be a stream of device: 0, CU_STREAM_LEGACY (1),
+ * CU_STREAM_PER_THREAD (2), or a stream the driver made (on the simulated
+ * device, memscale_sim_stream_create); any other handle is refused (NULL, an
+ * error naming the handle and what is accepted), as a driver refuses it
+ * (CUDA_ERROR_INVALID_HANDLE). */
 void* memscale_malloc(ssize_t size, int device, cudaStream_t stream);
 
 /* memscale_malloc for C++ callers that do not check for NULL (PyTorch's
@@ -103,7 +108,8 @@ void* memscale_malloc_or_throw(ssize_t size, int device, cudaStream_t stream);
 /* Frees ptr. size is the size that was requested (PyTorch passes it back): a
  * mismatch with the recorded size is reported as an error but the block is
  * still freed. An unknown pointer or a double free is reported and nothing is
- * freed. ptr NULL is a no-op. */
+ * freed. A stream that memscale_malloc would refuse is reported and nothing
+ * is freed. ptr NULL is a no-op. */
 void memscale_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
 /* PyTorch's init hook: reads the configuration (errors are recorded). */
@@ -120,6 +126,18 @@ void memscale_set_memory_fraction(double fraction, int device);
 /* tensor.record_stream(stream): ptr is not reused until the work queued on
  * stream when ptr is freed has finished. */
 void memscale_record_stream(void* ptr, cudaStream_t stream);
+
+/* Simulated device only (MEMSCALE_BACKEND=sim), for tests: makes a stream of
+ * device, as cuStreamCreate does on a GPU, and writes its handle to *stream;
+ * memscale_malloc, memscale_free and memscale_record_stream accept it until
+ * memscale_sim_stream_destroy. 0 on success, -1 on error (NULL stream, a
+ * device that is not simulated). */
+int memscale_sim_stream_create(int device, cudaStream_t* stream);
+
+/* Destroys a stream made by memscale_sim_stream_create; its handle is then
+ * refused. Do not call it while another thread uses the stream. 0 on
+ * success, -1 on error (not such a stream, or already destroyed). */
+int memscale_sim_stream_destroy(int device, cudaStream_t stream);
 
 /* PyTorch's begin-allocate-to-pool hook (set_begin_allocate_to_pool), called
  * when a CUDA graph capture starts (torch.cuda.graph, torch.compile with

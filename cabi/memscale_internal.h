@@ -33,6 +33,8 @@ extern void memscale_go_init(int device_count);
 extern void memscale_go_empty_cache(void);
 extern void memscale_go_set_memory_fraction(double fraction, int device);
 extern void memscale_go_record_stream(uintptr_t ptr, uintptr_t stream);
+extern int memscale_go_sim_stream_create(int device, uintptr_t* stream);
+extern int memscale_go_sim_stream_destroy(int device, uintptr_t stream);
 extern char* memscale_go_stats_json(int device);
 extern char* memscale_go_snapshot_json(void);
 extern int memscale_go_reset_peak_stats(int device);

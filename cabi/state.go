@@ -77,6 +77,9 @@ type deviceState struct {
 	info    device.Info
 	limits  config.Limits
 	err     error
+	// streams holds the streams (device.Stream keys) that dev.CheckStream
+	// accepted, so that a stream is asked about once, not at every call.
+	streams sync.Map
 }
 
 var (

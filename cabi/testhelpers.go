@@ -124,6 +124,18 @@ func abiFree(p uintptr, size int64, dev int, stream uintptr) {
 	memscale_go_free(C.uintptr_t(p), C.int64_t(size), C.int(dev), C.uintptr_t(stream))
 }
 
+// abiSimStreamCreate calls memscale_sim_stream_create's Go export; -1 on error.
+func abiSimStreamCreate(dev int) (uintptr, int) {
+	var s C.uintptr_t
+	rc := memscale_go_sim_stream_create(C.int(dev), &s)
+	return uintptr(s), int(rc)
+}
+
+// abiSimStreamDestroy calls memscale_sim_stream_destroy's Go export.
+func abiSimStreamDestroy(dev int, s uintptr) int {
+	return int(memscale_go_sim_stream_destroy(C.int(dev), C.uintptr_t(s)))
+}
+
 // abiRecordStream calls memscale_record_stream's Go export.
 func abiRecordStream(p, stream uintptr) {
 	memscale_go_record_stream(C.uintptr_t(p), C.uintptr_t(stream))

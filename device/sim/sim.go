@@ -12,7 +12,9 @@
 // Physical memory counts against a capacity (the simulated card size). Copies
 // between "device" and host memory really move the bytes and can be slowed to
 // a modeled bandwidth. Events complete at once unless their stream was marked
-// busy with SetStreamBusy. Fault injection fails the Nth Map or the Nth
+// busy with SetStreamBusy. CheckStream checks streams as a driver checks
+// them: only the default streams (0, 1 and 2) and streams made by
+// CreateStream (from C, memscale_sim_stream_create) are accepted. Fault injection fails the Nth Map or the Nth
 // allocation (CreatePhysical or Alloc).
 //
 // All physical memory of a Device lives in a single memfd, so a Device holds
@@ -171,9 +173,11 @@ type Device struct {
 	allocs       map[device.Ptr]*allocation // Alloc fallback
 	hostAllocs   map[uintptr]uint64
 
-	events    map[device.Event]*event
-	nextEvent device.Event
-	streams   map[device.Stream]*stream
+	events     map[device.Event]*event
+	nextEvent  device.Event
+	streams    map[device.Stream]*stream
+	made       map[device.Stream]bool // streams from CreateStream, not destroyed
+	nextStream device.Stream
 
 	mapCalls   int
 	allocCalls int
@@ -205,6 +209,7 @@ func New(cfg Config) (*Device, error) {
 		hostAllocs:   make(map[uintptr]uint64),
 		events:       make(map[device.Event]*event),
 		streams:      make(map[device.Stream]*stream),
+		made:         make(map[device.Stream]bool),
 		failMapAt:    cfg.FailMapAt,
 		failAlloc:    cfg.FailAllocAt,
 	}
@@ -292,7 +297,7 @@ func (d *Device) Close() error {
 		errs = append(errs, fmt.Errorf("close memfd: %w", err))
 	}
 	d.reservations, d.bases, d.handles, d.mappings, d.granules = nil, nil, nil, nil, nil
-	d.allocs, d.hostAllocs, d.events, d.streams, d.free = nil, nil, nil, nil, nil
+	d.allocs, d.hostAllocs, d.events, d.streams, d.made, d.free = nil, nil, nil, nil, nil, nil
 	d.created = 0
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: Close: %w", err)
@@ -559,15 +564,17 @@ func (d *Device) MapRange(addr device.Ptr, each uint64, hs []device.Handle) erro
 	return nil
 }
 
-// CheckStream accepts every stream: the sim has one device and its streams
-// are any handle.
-func (d *Device) CheckStream(device.Stream) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// CheckStream reports an error, wrapping ErrInvalid, when s is not a stream
+// of this device: as a CUDA driver refuses a made-up handle, the sim accepts
+// only the default streams (0, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2)
+// and streams from CreateStream not yet destroyed.
+func (d *Device) CheckStream(s device.Stream) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	if d.closed {
 		return fmt.Errorf("sim: CheckStream: %w", ErrClosed)
 	}
-	return nil
+	return d.checkStreamLocked("CheckStream", s)
 }
 
 func (d *Device) mapLocked(addr device.Ptr, size uint64, h device.Handle) error {

@@ -931,3 +931,37 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	assert.Zero(t, d.Mapped())
 }
+
+// TestCheckStreamRefusesMadeUpHandles: as a driver refuses a made-up stream
+// handle (CUDA_ERROR_INVALID_HANDLE), CheckStream accepts only the default
+// streams and streams from CreateStream not yet destroyed.
+func TestCheckStreamRefusesMadeUpHandles(t *testing.T) {
+	d := newDev(t, Config{})
+	for _, s := range []device.Stream{0, 1, 2} {
+		require.NoError(t, d.CheckStream(s), "default stream %#x", uintptr(s))
+	}
+	err := d.CheckStream(0xdeadbeef)
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "stream 0xdeadbeef is not a stream of this device")
+	require.ErrorContains(t, err, "CreateStream")
+
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	require.Greater(t, uintptr(s), uintptr(2), "a created stream is not a default one")
+	require.NoError(t, d.CheckStream(s))
+	s2, err := d.CreateStream()
+	require.NoError(t, err)
+	require.NotEqual(t, s, s2)
+
+	require.NoError(t, d.DestroyStream(s))
+	require.ErrorIs(t, d.CheckStream(s), ErrInvalid, "a destroyed stream is refused")
+	require.ErrorIs(t, d.DestroyStream(s), ErrInvalid, "destroyed twice")
+	require.ErrorIs(t, d.DestroyStream(0xdeadbeef), ErrInvalid)
+	require.NoError(t, d.CheckStream(s2))
+
+	require.NoError(t, d.Close())
+	require.ErrorIs(t, d.CheckStream(0), ErrClosed)
+	_, err = d.CreateStream()
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, d.DestroyStream(s2), ErrClosed)
+}

@@ -12,6 +12,72 @@ import (
 	"github.com/memscale/memscale/device"
 )
 
+// streamBase is the first handle CreateStream hands out; handles are spaced
+// like pointers to distinct objects, never 0, 1 or 2.
+const streamBase device.Stream = 0x5e0000
+
+// The default streams, valid on every device as on a CUDA driver: the legacy
+// default stream (0 or CU_STREAM_LEGACY) and the per-thread default stream
+// (CU_STREAM_PER_THREAD).
+const (
+	streamLegacy    device.Stream = 1
+	streamPerThread device.Stream = 2
+)
+
+// CreateStream makes a stream of this device, which CheckStream accepts
+// until DestroyStream: the sim's counterpart of cuStreamCreate, for callers
+// (tests, the C ABI's memscale_sim_stream_create) that need a stream other
+// than the default ones. Handles are never reused. RecordEvent, the copies
+// and SetStreamBusy take any handle, so that Go callers of the allocator may
+// use streams as labels; CheckStream is where a handle is validated (the
+// allocator's RecordStream and the C ABI's malloc and free ask it).
+func (d *Device) CreateStream() (device.Stream, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, fmt.Errorf("sim: CreateStream: %w", ErrClosed)
+	}
+	if d.nextStream == 0 {
+		d.nextStream = streamBase
+	}
+	s := d.nextStream
+	d.nextStream += 0x40
+	d.made[s] = true
+	return s, nil
+}
+
+// DestroyStream destroys a stream made by CreateStream; later uses of its
+// handle are refused. A busy stream is set idle first.
+func (d *Device) DestroyStream(s device.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("sim: DestroyStream: %w", ErrClosed)
+	}
+	if !d.made[s] {
+		return fmt.Errorf("sim: DestroyStream(%#x): not a stream from CreateStream, or already destroyed: %w", uintptr(s), ErrInvalid)
+	}
+	delete(d.made, s)
+	if st := d.streams[s]; st != nil {
+		delete(d.streams, s)
+		if st.busy {
+			d.cond.Broadcast()
+		}
+	}
+	return nil
+}
+
+// checkStreamLocked reports an error naming s and what is accepted when s is
+// neither a default stream nor one from CreateStream. d.mu is held.
+func (d *Device) checkStreamLocked(op string, s device.Stream) error {
+	if s == 0 || s == streamLegacy || s == streamPerThread || d.made[s] {
+		return nil
+	}
+	return fmt.Errorf("sim: %s: stream %#x is not a stream of this device (accepted: 0, 1 = CU_STREAM_LEGACY, "+
+		"2 = CU_STREAM_PER_THREAD, and streams made by CreateStream / memscale_sim_stream_create and not destroyed): %w",
+		op, uintptr(s), ErrInvalid)
+}
+
 // SetStreamBusy marks stream s as running work (busy) or idle. An event
 // recorded on a busy stream stays incomplete, and a copy ordered on it waits,
 // until the stream is set idle again. Streams start idle. After Close it does

@@ -205,15 +205,47 @@ static int json_balanced(const char* s) {
 // ---- tests --------------------------------------------------------------------
 
 // stream_a is the legacy default stream. stream_b and the worker threads'
-// streams are made-up handles on the sim, which accepts any; in device mode
-// they are real streams made with cuStreamCreate (make_device_streams): a
-// real driver answers a made-up handle with CUDA_ERROR_INVALID_HANDLE (or
-// worse) once memscale records an event on it.
+// streams are made on the sim with memscale_sim_stream_create
+// (make_sim_streams); in device mode they are real streams made with
+// cuStreamCreate (make_device_streams). Both refuse a made-up handle, as a
+// real driver answers it with CUDA_ERROR_INVALID_HANDLE.
 enum { NWORKERS = 4 };
 static cudaStream_t stream_a = (cudaStream_t)0;
-static cudaStream_t stream_b = (cudaStream_t)(uintptr_t)0x5a5a;
-static cudaStream_t worker_streams[NWORKERS] = {(cudaStream_t)0x1000, (cudaStream_t)0x1001, (cudaStream_t)0x1002,
-                                                (cudaStream_t)0x1003};
+static cudaStream_t stream_b;
+static cudaStream_t worker_streams[NWORKERS];
+
+// make_sim_streams makes the test's streams on the simulated device 0.
+// Returns 0 when that fails.
+static int make_sim_streams(void* h) {
+	int (*create)(int, cudaStream_t*) = (int (*)(int, cudaStream_t*))dlsym(h, "memscale_sim_stream_create");
+	if (create == NULL) {
+		printf("sim mode: no memscale_sim_stream_create: %s\n", dlerror());
+		return 0;
+	}
+	int ok = create(0, &stream_b) == 0;
+	for (int i = 0; i < NWORKERS && ok; i++) ok = create(0, &worker_streams[i]) == 0;
+	if (!ok) printf("sim mode: memscale_sim_stream_create failed: %s\n", p_memscale_last_error());
+	return ok;
+}
+
+// test_made_up_stream (sim mode): a handle that is not a stream of the
+// device is refused by malloc and free, with an error naming it.
+static void test_made_up_stream(void) {
+	cudaStream_t bogus = (cudaStream_t)(uintptr_t)0xdeadbeef;
+	int before = p_memscale_error_count();
+	check(p_memscale_malloc(4096, 0, bogus) == NULL, "malloc on a made-up stream returns NULL");
+	expect_error(before, "malloc on a made-up stream", "memscale_malloc", "stream 0xdeadbeef", "not a stream of this device",
+	             NULL);
+	void* p = p_memscale_malloc(4096, 0, stream_b);
+	check(p != NULL, "malloc on a created stream");
+	before = p_memscale_error_count();
+	p_memscale_free(p, 4096, 0, bogus);
+	expect_error(before, "free on a made-up stream", "memscale_free", "stream 0xdeadbeef", "not freed", NULL);
+	before = p_memscale_error_count();
+	p_memscale_free(p, 4096, 0, stream_b);
+	expect_no_error(before, "free on its own stream after the refused free");
+	p_memscale_empty_cache();
+}
 
 // The driver entry points device mode uses to make streams (NULL otherwise).
 typedef int (*cu_stream_fn)(cudaStream_t*, unsigned int);
@@ -1200,7 +1232,7 @@ static void test_fork(void) {
 	worker_iters = 0;
 	worker_bad = 0;
 	for (uintptr_t i = 0; i < 2; i++) {
-		pthread_create(&th[i], NULL, worker, (void*)(10 + i));
+		pthread_create(&th[i], NULL, worker, (void*)i); // ids index worker_streams
 	}
 	usleep(20 * 1000);
 	int children_ok = 1;
@@ -1412,7 +1444,15 @@ int main(int argc, char** argv) {
 	if (device_mode && (!make_device_streams() || !probe_device())) {
 		return 1;
 	}
+	if (!device_mode) {
+		if (!make_sim_streams(h)) {
+			return 1;
+		}
+	}
 	test_basics();
+	if (!device_mode) {
+		test_made_up_stream();
+	}
 	test_many_pairs();
 	test_record_stream_and_empty_cache();
 	test_destroyed_stream();
