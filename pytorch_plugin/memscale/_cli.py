@@ -168,8 +168,16 @@ def _check_threshold_settings(flag: str | None) -> None:
         budget.check_threshold(raw, budget.THRESHOLD_ENV)
 
 
+#: The library's log level under the command line when none is set: every
+#: call that fails is raised by Python as one line, so the library's own
+#: ``WARN call failed`` lines would only repeat it.
+LOG_LEVEL_ENV = "MEMSCALE_LOG_LEVEL"
+
+
 def _run(argv: Sequence[str], ctx: _Context) -> int:
     args, target = _parse("run", argv, ctx)
+    if not ctx.debug:
+        os.environ.setdefault(LOG_LEVEL_ENV, "error")
     _check_threshold_settings(args.threshold)
     if args.unit is None:
         from .config import unit_from_env

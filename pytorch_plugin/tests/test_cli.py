@@ -109,3 +109,13 @@ def test_traceback_on_demand(how: str) -> None:
     done = _memscale(*args, **env)
     assert done.returncode == 2
     assert "Traceback (most recent call last)" in done.stderr and "ConfigError" in done.stderr, done.stderr
+
+
+def test_a_budget_below_the_floor_fails_with_one_error_line_and_no_library_warnings() -> None:
+    """The library's own ``WARN call failed`` lines would repeat the error that
+    Python raises: under the command line its log level is ``error``."""
+    done = _memscale("run", "--threshold", "30%", str(SCRIPT), timeout=300)  # far below the floor
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("memscale: error: ")]
+    assert len(errors) == 1 and "is below what this" in errors[0], done.stderr
+    assert "WARN" not in done.stderr, done.stderr
