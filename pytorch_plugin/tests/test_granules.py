@@ -23,11 +23,12 @@ def test_a_region_reports_what_the_allocator_did_to_its_granules(monkeypatch: py
     library = _lib.lib()
     region = memscale.dtr(None, usage="allocator")
     before = memscale.memory_stats(0)
+    size = int(before["reserved_bytes.all.current"]) + 64 * MiB  # more than all that is cached: it maps
     with region:
-        ptr = library.memscale_malloc(64 * MiB, 0, None)
+        ptr = library.memscale_malloc(size, 0, None)
         assert ptr, _lib.last_error()
         running = region.summary()  # counted while the entry is open too
-        library.memscale_free(ptr, 64 * MiB, 0, None)
+        library.memscale_free(ptr, size, 0, None)
         (torch.ones(8, requires_grad=True) * 2).sum().backward()
     after = memscale.memory_stats(0)
     s = region.summary()
@@ -51,3 +52,32 @@ def test_the_summary_line_shows_remaps_per_step() -> None:
     assert "granules" not in str(memscale.Summary(steps=4))
     merged = s.merged(memscale.Summary(steps=1, granules_remapped=2))
     assert merged.granules_remapped == 42 and merged.granules_mapped == 120
+
+
+def test_block_level_dtr_reports_the_allocators_granules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Block-level DTR on a model on "device 0" with the memscale allocator
+    (both stood in for on the CPU): its summary reports the granules the
+    allocator mapped since the model's first training forward."""
+    from _blocks_models import Net, batch
+
+    monkeypatch.setattr("memscale._blocks.tracker.installed", lambda: object())
+    monkeypatch.setattr("memscale._blocks.tracker.module_device_index", lambda model: 0)
+    library = _lib.lib()
+    model = Net()
+    tracker = memscale.blocks(model, budget="1GiB")
+    try:
+        model(batch(0)).sum().backward()  # the first training forward: counting starts
+        before = memscale.memory_stats(0)
+        size = int(before["reserved_bytes.all.current"]) + 64 * MiB  # more than all that is cached: it maps
+        ptr = library.memscale_malloc(size, 0, None)
+        assert ptr, _lib.last_error()
+        library.memscale_free(ptr, size, 0, None)
+        after = memscale.memory_stats(0)
+        s = tracker.summary()
+    finally:
+        tracker.detach()
+    assert after["num_map"] - before["num_map"] > 0
+    assert s["granules_mapped"] >= after["num_map"] - before["num_map"], s
+    from memscale._blocks.drop_in import summary_of
+
+    assert summary_of(tracker).granules_mapped == s["granules_mapped"]

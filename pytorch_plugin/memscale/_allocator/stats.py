@@ -65,11 +65,26 @@ def memory_stats(device: Any = None) -> OrderedDict[str, int]:
 GRANULE_COUNTERS: Final[dict[str, str]] = dict(zip(("num_map", "num_unmap", "num_remap"), GRANULE_KEYS, strict=True))
 
 
-def granule_counters(device: int) -> dict[str, int]:
-    """The allocator's granule counters on ``device`` now, by summary name
-    (0 for a counter the library does not report)."""
-    stats = memory_stats(device)
+def granule_counters(device: int | None) -> dict[str, int] | None:
+    """The allocator's granule counters on ``device`` now, by summary name (0
+    for a counter the library does not report); ``None`` for no device, or
+    when the library cannot say (a summary then reports no granules)."""
+    if device is None:
+        return None
+    try:
+        stats = memory_stats(int(device))
+    except MemscaleError:
+        return None
     return {name: int(stats.get(key, 0)) for key, name in GRANULE_COUNTERS.items()}
+
+
+def granules_since(start: dict[str, int] | None, device: int | None) -> dict[str, int]:
+    """The granule counters' differences on ``device`` since ``start`` (a
+    :func:`granule_counters` reading; ``{}`` when either is unknown)."""
+    now = granule_counters(device) if start is not None else None
+    if start is None or now is None:
+        return {}
+    return {name: now[name] - start[name] for name in start}
 
 
 def _stat(device: Any, key: str) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .._allocator.budget import threshold_budget
-from .._stats import Summary
+from .._stats import GRANULE_KEYS, Summary
 from .._allocator.device import module_device_index
 from ..config import Config, is_percentage, parse_size
 from ..errors import ConfigError
@@ -72,6 +72,7 @@ def summary_of(tracker: BlockDTR) -> Summary:
         budget=int(s["budget"]) or None,
         baseline_peak=int(s["first_step_peak"]) or None,
         budget_source=tracker.budget_source,
+        **{key: int(s.get(key, 0)) for key in GRANULE_KEYS},
     )
 
 

@@ -42,10 +42,10 @@ from .._allocator.budget import THRESHOLD_ENV, threshold_budget
 from .._hooks import ModuleHook
 from .._native.engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._region import reclaim as reclaim_registry
-from .._stats import overhead
+from .._stats import GRANULE_KEYS, overhead
 from .._allocator.device import module_device_index
 from .._allocator.install import installed
-from .._allocator.stats import memory_allocated
+from .._allocator.stats import granule_counters, granules_since, memory_allocated
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import DeviceShare
@@ -198,6 +198,10 @@ class BlockDTR:
         self._forward_calls = 0
         self._calls_per_forward = 0
         self._device_index: int | None = None
+        #: The memscale allocator's granule counters when the model's first
+        #: training forward began on a GPU (None: not counted), and its device.
+        self._granules_at_start: dict[str, int] | None = None
+        self._granule_device: int | None = None
         #: The device whose allocator's reclaimer asks these blocks to drop.
         self._reclaims_for: int | None = None
         self._handles.append(model.register_forward_pre_hook(ModuleHook(self, "_model_forward", share_on_copy=True)))
@@ -268,6 +272,10 @@ class BlockDTR:
             "base_cost_ns": base,
             "remat_cost_ns": totals["remat_cost_ns"],
             "compute_overhead": overhead(base, totals["remat_cost_ns"]),
+            # What the memscale allocator did to its granules since the first
+            # training forward (GPU with the allocator; 0 otherwise).
+            **dict.fromkeys(GRANULE_KEYS, 0),
+            **granules_since(self._granules_at_start, self._granule_device),
         }
 
     def detach(self) -> None:
@@ -332,6 +340,9 @@ class BlockDTR:
             return
         self._flush()  # the last step ends before this one starts
         self._forward_calls = 0
+        if self._granules_at_start is None and installed() is not None:
+            self._granule_device = module_device_index(model)
+            self._granules_at_start = granule_counters(self._granule_device)
         share = self.device_share
         if share is not None and self._budget:
             self._device_index = module_device_index(model)

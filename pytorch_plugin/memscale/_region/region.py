@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .._allocator.budget import THRESHOLD, Budget, default_budget
-from .._allocator.stats import granule_counters
+from .._allocator.stats import granule_counters, granules_since
 from .._stats import GRANULE_KEYS, SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
@@ -64,17 +64,6 @@ _TUNING_KEYS: Final[tuple[str, ...]] = (
 
 #: The lower bound of a feasible budget before any op ran.
 _NO_FLOOR: Final[dict[str, Any]] = {"min_budget": 0, "parts": {}}
-
-
-def _granules(device: int | None) -> dict[str, int] | None:
-    """The allocator's granule counters on ``device`` (``None``: not counted)."""
-    if device is None:
-        return None
-    try:
-        return granule_counters(int(device))
-    except MemscaleError as exc:  # the library cannot say: the summary reports 0
-        log.debug("memscale: no granule counters for device %s: %s", device, exc)
-        return None
 
 
 def _higher_floor(floor: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +285,7 @@ class DTRRegion:
             self._sink.start(session)
         self._session = session
         device = session.config.get("device") if session.config.get("usage") == "allocator" else None
-        self._granules_at_entry = _granules(device)
+        self._granules_at_entry = granule_counters(device)
         self._mode = RegionMode(session)
         self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
@@ -486,11 +475,9 @@ class DTRRegion:
     def _granules_since_entry(self, session: Session | None) -> dict[str, int]:
         """The allocator's granule counters since ``session``'s entry began ({}
         when it is not counted: usage="engine", or no entry open)."""
-        start = self._granules_at_entry
-        if start is None or session is None:
+        if session is None:
             return {}
-        now = _granules(session.config.get("device"))
-        return {name: now[name] - start[name] for name in start} if now is not None else {}
+        return granules_since(self._granules_at_entry, session.config.get("device"))
 
     def last_summary(self) -> dict[str, Any]:
         """The counters of the last completed entry (``engine``: its raw stats;
