@@ -214,8 +214,6 @@ def _peak_advice(summary: Any, flag: str | None) -> str:
 
     if flag is not None or os.environ.get(THRESHOLD_ENV, "").strip() or summary.peak_usage <= 0:
         return ""
-    if summary.budget is not None and not (summary.budget_source or "").startswith("no "):
-        return ""
     half = summary.peak_usage // 2
     size = f"{half / 2**20:.0f}MiB" if half >= 2**20 else str(half)
     floor = ""

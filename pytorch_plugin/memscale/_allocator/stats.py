@@ -78,13 +78,42 @@ def granule_counters(device: int | None) -> dict[str, int] | None:
     return {name: int(stats.get(key, 0)) for key, name in GRANULE_COUNTERS.items()}
 
 
-def granules_since(start: dict[str, int] | None, device: int | None) -> dict[str, int]:
-    """The granule counters' differences on ``device`` since ``start`` (a
-    :func:`granule_counters` reading; ``{}`` when either is unknown)."""
-    now = granule_counters(device) if start is not None else None
-    if start is None or now is None:
-        return {}
-    return {name: now[name] - start[name] for name in start}
+class Granules:
+    """What the allocator did to its granules over stretches of a program (a
+    region's entries, a model's steps): :meth:`start` on a device, :meth:`stop`
+    to add the stretch to the totals; :meth:`totals` includes a running one.
+    Not started (no GPU, or the allocator is not counted): all zero."""
+
+    def __init__(self) -> None:
+        self._totals = dict.fromkeys(GRANULE_KEYS, 0)
+        self._device: int | None = None
+        self._start: dict[str, int] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a stretch is being counted."""
+        return self._start is not None
+
+    def start(self, device: int | None) -> None:
+        """Count from now on ``device`` (``None``: count nothing)."""
+        self._device, self._start = device, granule_counters(device)
+
+    def _since_start(self) -> dict[str, int]:
+        now = granule_counters(self._device) if self._start is not None else None
+        if self._start is None or now is None:
+            return {}
+        return {name: now[name] - self._start[name] for name in self._start}
+
+    def stop(self) -> None:
+        """End the running stretch, adding it to the totals."""
+        for name, value in self._since_start().items():
+            self._totals[name] += value
+        self._start = None
+
+    def totals(self) -> dict[str, int]:
+        """The totals by summary name (``granules_mapped``, ...), the running stretch included."""
+        running = self._since_start()
+        return {name: value + running.get(name, 0) for name, value in self._totals.items()}
 
 
 def _stat(device: Any, key: str) -> int:

@@ -14,8 +14,9 @@ block and per step by the engine instead of fixed in the model.
 * :mod:`.unit`: one block call - what it saved, how it is dropped and
   recomputed (random-number, autocast and buffer state replayed; checked;
   stopped at the last tensor the first run saved).
+* :mod:`.find`: which modules are the model's repeated blocks (:func:`find_blocks`);
 * :mod:`.tracker`: the hooks, the engine, the budget and the counters
-  (:class:`BlockDTR`, :func:`find_blocks`).
+  (:class:`BlockDTR`).
 * :mod:`.device`: under a budget of the device's allocated bytes, what the
   rest of the program leaves the blocks - the tail after their forward (an
   LM head) made room for, the overshoot kept back as headroom, both learned
@@ -26,6 +27,7 @@ block and per step by the engine instead of fixed in the model.
 
 from __future__ import annotations
 
-from .tracker import BlockDTR, find_blocks
+from .find import find_blocks
+from .tracker import BlockDTR
 
 __all__ = ["BlockDTR", "find_blocks"]

@@ -25,7 +25,8 @@ from .._stats import GRANULE_KEYS, Summary
 from .._allocator.device import module_device_index
 from ..config import Config, is_percentage, parse_size
 from ..errors import ConfigError
-from .tracker import BlockDTR, device_allocated, find_blocks
+from .find import find_blocks
+from .tracker import BlockDTR, device_allocated
 
 log = logging.getLogger("memscale")
 

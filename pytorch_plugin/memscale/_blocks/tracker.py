@@ -36,19 +36,19 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.nn.utils.parametrize import ParametrizationList
 
 from .._allocator.budget import THRESHOLD_ENV, threshold_budget
 from .._hooks import ModuleHook
 from .._native.engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._region import reclaim as reclaim_registry
-from .._stats import GRANULE_KEYS, overhead
+from .._stats import overhead
 from .._allocator.device import module_device_index
 from .._allocator.install import installed
-from .._allocator.stats import granule_counters, granules_since, memory_allocated
+from .._allocator.stats import Granules, memory_allocated
 from ..config import format_bytes, is_percentage, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import DeviceShare
+from .find import find_blocks
 from .unit import Unit
 
 perf_ns = time.perf_counter_ns
@@ -61,40 +61,6 @@ _COPIED_BUFFER_BYTES = 1 << 20
 
 #: Counters a step's engine contributes to :meth:`BlockDTR.summary`.
 _COUNTERS = ("evictions", "rematerializations", "base_cost_ns", "remat_cost_ns")
-
-
-def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The model's repeated blocks, with their names: the entries of every
-    ``ModuleList`` of modules of one class (or ``Sequential`` of two or more)
-    that is not inside another such list's entry - a transformer's layers (an
-    encoder's and a decoder's, one layer each included), a ResNet's stages -
-    in the model's order.
-
-    Raises:
-        ConfigError: the model has no such list (pass ``modules=``).
-    """
-    found: list[tuple[str, torch.nn.Module]] = []
-    inside: set[int] = set()  # modules within a chosen block
-    for name, module in model.named_modules():
-        if id(module) in inside:
-            continue
-        if isinstance(module, torch.nn.ModuleList):
-            if len(module) < 1 or isinstance(module, ParametrizationList):
-                continue  # (a parametrization's list is part of a weight, not a stack)
-        elif not isinstance(module, torch.nn.Sequential) or len(module) < 2:
-            continue  # a Sequential of one module is a wrapper, not a stack
-        children = list(module.named_children())
-        if len({type(child) for _, child in children}) != 1:
-            continue
-        for child_name, child in children:
-            found.append((f"{name}.{child_name}" if name else child_name, child))
-            inside.update(id(m) for m in child.modules())
-    if not found:
-        raise ConfigError(
-            f"memscale.blocks: {type(model).__name__} has no list of repeated blocks (a ModuleList of modules of "
-            "one class, or a Sequential of two or more); name the blocks to track with modules=[...]"
-        )
-    return found
 
 
 def device_allocated(index: int) -> Callable[[], int]:
@@ -198,10 +164,9 @@ class BlockDTR:
         self._forward_calls = 0
         self._calls_per_forward = 0
         self._device_index: int | None = None
-        #: The memscale allocator's granule counters when the model's first
-        #: training forward began on a GPU (None: not counted), and its device.
-        self._granules_at_start: dict[str, int] | None = None
-        self._granule_device: int | None = None
+        #: What the memscale allocator did to its granules since the model's
+        #: first training forward on a GPU.
+        self._granules = Granules()
         #: The device whose allocator's reclaimer asks these blocks to drop.
         self._reclaims_for: int | None = None
         self._handles.append(model.register_forward_pre_hook(ModuleHook(self, "_model_forward", share_on_copy=True)))
@@ -274,8 +239,7 @@ class BlockDTR:
             "compute_overhead": overhead(base, totals["remat_cost_ns"]),
             # What the memscale allocator did to its granules since the first
             # training forward (GPU with the allocator; 0 otherwise).
-            **dict.fromkeys(GRANULE_KEYS, 0),
-            **granules_since(self._granules_at_start, self._granule_device),
+            **self._granules.totals(),
         }
 
     def detach(self) -> None:
@@ -340,9 +304,8 @@ class BlockDTR:
             return
         self._flush()  # the last step ends before this one starts
         self._forward_calls = 0
-        if self._granules_at_start is None and installed() is not None:
-            self._granule_device = module_device_index(model)
-            self._granules_at_start = granule_counters(self._granule_device)
+        if not self._granules.running and installed() is not None:
+            self._granules.start(module_device_index(model))
         share = self.device_share
         if share is not None and self._budget:
             self._device_index = module_device_index(model)

@@ -22,8 +22,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .._allocator.budget import THRESHOLD, Budget, default_budget
-from .._allocator.stats import granule_counters, granules_since
-from .._stats import GRANULE_KEYS, SUMMED_KEYS, overhead
+from .._allocator.stats import Granules
+from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import host_bandwidth, sync_count
@@ -152,10 +152,8 @@ class DTRRegion:
             else parse_size(offload_limit, name="dtr(offload_limit)", allow_percent=False)
         )
         self._usage = usage
-        # The allocator's granule counters (usage="allocator"): the totals of
-        # the finished entries, and their values when the open one began.
-        self._granules: dict[str, int] = dict.fromkeys(GRANULE_KEYS, 0)
-        self._granules_at_entry: dict[str, int] | None = None
+        # The allocator's granules over the entries (usage="allocator").
+        self._granules = Granules()
         self._sink = sink
         #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
         #: (:meth:`end_step`); regions whose steps something else closes (the
@@ -285,7 +283,7 @@ class DTRRegion:
             self._sink.start(session)
         self._session = session
         device = session.config.get("device") if session.config.get("usage") == "allocator" else None
-        self._granules_at_entry = granule_counters(device)
+        self._granules.start(device)
         self._mode = RegionMode(session)
         self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
@@ -311,9 +309,7 @@ class DTRRegion:
             self._session = None
             self._mode = None
             stats = session.close(ok=exc_type is None)
-            for name, value in self._granules_since_entry(session).items():
-                self._granules[name] += value
-            self._granules_at_entry = None
+            self._granules.stop()
             self._accumulate(stats, session.config, session)
             self._keep_tuning(session)
             if self._sink is not None:
@@ -467,17 +463,8 @@ class DTRRegion:
         out["tuning"] = None if self._tuning is None else dict(self._tuning)
         out["synchronizations"] = self._syncs + (session.synchronizations() if session is not None else 0)
         out["nested_restarts"] = self._restarts + (session.nested_restarts if session is not None else 0)
-        running = self._granules_since_entry(session)
-        for name, value in self._granules.items():
-            out[name] = value + running.get(name, 0)
+        out.update(self._granules.totals())
         return out
-
-    def _granules_since_entry(self, session: Session | None) -> dict[str, int]:
-        """The allocator's granule counters since ``session``'s entry began ({}
-        when it is not counted: usage="engine", or no entry open)."""
-        if session is None:
-            return {}
-        return granules_since(self._granules_at_entry, session.config.get("device"))
 
     def last_summary(self) -> dict[str, Any]:
         """The counters of the last completed entry (``engine``: its raw stats;
