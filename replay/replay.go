@@ -110,6 +110,10 @@ type Result struct {
 	SwapsIn            int64 `json:"swaps_in"`
 	// Peak is the highest memory use in bytes.
 	Peak uint64 `json:"peak_bytes"`
+	// MinBudget is the engine's lower bound on the budget of this program
+	// (evict.Engine.MinBudget): pinned bytes plus the largest working set
+	// of one op or re-run, as far as the run went.
+	MinBudget uint64 `json:"min_budget_bytes"`
 	// VictimSearches and VictimSearchTime measure victim selection.
 	VictimSearches   int64         `json:"victim_searches"`
 	VictimSearchTime time.Duration `json:"victim_search_ns"`
@@ -233,6 +237,7 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 	r.res.Evictions, r.res.EagerEvictions, r.res.Banished = st.Evictions, st.EagerEvictions, st.Banished
 	r.res.Rematerializations, r.res.SwapsOut, r.res.SwapsIn = st.Rematerializations, st.SwapsOut, st.SwapsIn
 	r.res.Peak = st.PeakUsage
+	r.res.MinBudget = eng.MinBudget().Bytes()
 	if !r.counter {
 		r.res.Peak = r.mem.Peak()
 	}

@@ -33,7 +33,7 @@ func TestDispatch(t *testing.T) {
 		{name: "--help", args: []string{"--help"}, wantCode: 0, wantOut: []string{"commands:"}},
 		{name: "help info", args: []string{"help", "info"}, wantCode: 0, wantOut: []string{"usage: memscale info [--json]", "-json"}},
 		{name: "help unknown", args: []string{"help", "frobnicate"}, wantCode: 2, wantErrOut: []string{`unknown command "frobnicate"`}},
-		{name: "unknown", args: []string{"frobnicate"}, wantCode: 2, wantErrOut: []string{`memscale: error: unknown command "frobnicate" (known: bench, check, help, info, record, replay, run, version; see 'memscale --help')`}},
+		{name: "unknown", args: []string{"frobnicate"}, wantCode: 2, wantErrOut: []string{`memscale: error: unknown command "frobnicate" (known: bench, check, help, info, plan, record, replay, run, version; see 'memscale --help')`}},
 		{name: "info -h", args: []string{"info", "-h"}, wantCode: 0, wantOut: []string{"usage: memscale info"}},
 		{name: "info bad flag", args: []string{"info", "--yaml"}, wantCode: 2, wantErrOut: []string{"memscale: error: info: info: flag provided but not defined: -yaml"}},
 		{name: "info extra argument", args: []string{"info", "gpu0"}, wantCode: 2, wantErrOut: []string{`info takes no arguments, got ["gpu0"]`}},
