@@ -112,14 +112,16 @@ def test_wrap_module_matches_plain_training() -> None:
     memscale.detach(model)
 
 
-def test_wrap_with_gradient_accumulation_is_one_step_per_optimizer_step() -> None:
+def test_wrap_with_gradient_accumulation_is_one_step_per_backward() -> None:
+    """Each micro-batch's forward and backward is a step (its region ends with
+    its backward pass); the gradients accumulate in plain tensors between them."""
     batches = _batches()
     reference, _ = _reference(batches, accumulate=2)
     model = memscale.wrap(_mlp(), Config(mode=MODE, log_summary=False))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     _train(model, opt, batches, accumulate=2)
     _assert_same_params(reference, model)
-    assert memscale.summary(model).steps == STEPS
+    assert memscale.summary(model).steps == 2 * STEPS
     memscale.detach(model)
 
 

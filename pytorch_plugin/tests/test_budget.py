@@ -101,9 +101,9 @@ def test_wrap_takes_the_threshold_unless_the_config_names_a_budget(
 def test_wrap_without_any_budget_measures_a_baseline_step_on_the_cpu() -> None:
     model = memscale.wrap(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()))
     try:
-        model(torch.randn(8, 64)).sum().backward()  # the first step is open: the baseline
+        out = model(torch.randn(8, 64))  # the first step is open: the baseline
         assert memscale.summary(model).budget_source == "unbudgeted baseline step (no device memory size on the CPU)"
-        memscale.end_step(model)
+        out.sum().backward()  # ends it
         summary = memscale.summary(model)  # the later steps' region
         assert summary.baseline_peak and summary.budget == int(summary.baseline_peak * 0.75)
         assert summary.budget_source.startswith("Config.mode='balanced' (default): 75% of the baseline step's peak")

@@ -44,11 +44,11 @@ def _train(model: Any, steps: int = 4) -> dict[str, Any]:
         x, y = torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
         out = model(x)
         loss = nn.functional.cross_entropy(out, y)
-        loss.backward()
-        with torch.no_grad():
+        with torch.no_grad():  # inside the step: it ends when its backward returns
             acc = (out.argmax(1) == y).float().mean() * 100
             pred = out.argmax(1)
         kept["inside"].append(type(acc).__name__)
+        loss.backward()
         opt.step()
         opt.zero_grad()
         kept["acc"].append(acc)

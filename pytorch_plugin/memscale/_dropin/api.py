@@ -12,16 +12,20 @@ it hooks the model you already have:
   step's region (if one is not already open, so gradient accumulation over
   several forwards stays in one region; a loop that calls the model's parts,
   as a GAN's generator and discriminator, opens it at the first part);
-* an optimizer step pre-hook closes it, just before ``optimizer.step()`` runs;
-  the gradients of the model's parameters are materialized first;
+* the end of the backward pass closes it (:mod:`memscale._dropin.backward`):
+  the gradients of the model's parameters are materialized, and the update -
+  ``optimizer.step()`` or a hand-written one - runs on ordinary tensors; each
+  micro-batch of gradient accumulation is a step of its own;
+* an optimizer step pre-hook closes it too, if still open, just before
+  ``optimizer.step()`` runs;
 * a forward that runs with gradients disabled (evaluation) closes the region it
   opened as soon as it returns.
 
 ``optimize(model, optimizer)`` hooks that optimizer. ``wrap(module)`` has no
 optimizer to hook, so it registers a global optimizer step pre-hook that closes
 the region of every wrapped module whose parameters that optimizer updates. A
-training loop with no ``torch.optim`` optimizer must call
-:func:`memscale.end_step(model) <end_step>` where the step ends.
+step that runs no backward ends at the next backward, optimizer step or
+:func:`memscale.end_step(model) <end_step>`.
 
 ``wrap(trainer)`` for a Hugging Face ``Trainer`` patches ``trainer.training_step``
 (forward + backward run inside a region; the optimizer step runs after it) and
@@ -51,6 +55,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._hooks import ModuleHook
+from .backward import listen
 from .compat import measure_step_peak, observe
 from .._stats import Summary
 from .distributed import step_module
@@ -157,6 +162,7 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
             steps.sample_peak = measure_step_peak(module, sample_input)
         hooks = Hooks()
         _hook_module(module, steps, hooks)
+        hooks.handles.append(listen(steps.after_backward))
         if _global_optimizer_hook is None:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -234,8 +240,8 @@ def detach(obj: Any) -> Any:
 class Optimization(Summarized):
     """The handle :func:`optimize` returns; a context manager.
 
-    Inside ``with``, each step of ``model`` (first forward to ``optimizer.step()``)
-    runs in a DTR region. ``summary()`` works during and after the block.
+    Inside ``with``, each step of ``model`` (first forward to the end of its
+    backward pass, or ``optimizer.step()``) runs in a DTR region. ``summary()`` works during and after the block.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, config: Config) -> None:
@@ -252,6 +258,7 @@ class Optimization(Summarized):
         if self.model in attached:
             raise MemscaleError(f"{type(self.model).__name__} is already wrapped by memscale; detach() it first")
         _hook_module(self.model, self._steps, self._hooks)
+        self._hooks.handles.append(listen(self._steps.after_backward))
         if self.optimizer is not None:
             self._hooks.handles.append(self.optimizer.register_step_pre_hook(self._steps.optimizer_pre_hook))
         else:  # any optimizer that updates the model ends its step
@@ -291,8 +298,8 @@ def optimize(
 ) -> Optimization:
     """``with memscale.optimize(model, optimizer) as run:`` - train steps under DTR.
 
-    A step runs from the model's first forward to ``optimizer.step()``, which
-    sees materialized tensors; with no ``optimizer`` (memscale 0.1), the step
+    A step runs from the model's first forward to the end of its backward pass
+    (or ``optimizer.step()``); the update sees materialized tensors; with no ``optimizer`` (memscale 0.1), the step
     of any optimizer that updates the model's parameters. ``run.summary()``
     reports what happened.
     """

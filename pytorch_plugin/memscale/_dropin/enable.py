@@ -8,13 +8,16 @@ with no change to the model or the loop:
 * a global forward pre-hook opens the step's region at the first forward that
   runs with gradients enabled (evaluation under ``no_grad`` or
   ``inference_mode`` opens none);
-* a global optimizer step pre-hook closes it just before any ``torch.optim``
-  optimizer updates parameters, so the update, checkpoint saving and logging
-  see ordinary tensors. An optimizer step given a closure (LBFGS, Lightning)
-  runs the closure's forward and backward in a region of its own that closes
-  when the closure returns, before the update;
-* :func:`memscale.end_step` ends a step by hand for a loop without a
-  ``torch.optim`` optimizer;
+* the step ends when its backward pass returns (:mod:`memscale._dropin.backward`),
+  so the update - a ``torch.optim`` step or a hand-written one - gradient
+  clipping, checkpoint saving, logging and the next batch's loading see
+  ordinary tensors; each micro-batch of gradient accumulation and each phase
+  of a GAN is a step of its own. A global optimizer step pre-hook also closes
+  an open step before any ``torch.optim`` optimizer updates parameters; an
+  optimizer step given a closure (LBFGS, Lightning) runs the closure's forward
+  and backward in a region of its own;
+* a forward with gradients enabled that no backward follows (sampling without
+  ``no_grad``) joins the next step; :func:`memscale.end_step` ends a step by hand;
 * at exit the totals are logged (and printed by ``python -m memscale run``).
 
 The budget is the eviction threshold (:mod:`memscale._allocator.budget`); without one, on
@@ -36,6 +39,7 @@ from typing import Any
 
 from .._allocator.budget import default_budget, percentage_of_peak
 from .._hooks import ModuleHook
+from .backward import listen
 from .distributed import opens_no_step
 from .._region.steps import wrap_closure
 from .._stats import Summary
@@ -121,7 +125,10 @@ class Enabled:
             # signature needs them (memscale._dropin.fitting): a module that opened a
             # step gets a pre-hook of its own that sees them and opens its
             # later steps. This step's arguments are not known: it is tracked.
-            if steps.is_open or not in_a_step(module):
+            if steps.is_open:
+                steps.ran(module)
+                return
+            if not in_a_step(module):
                 return
             known = with_kwargs.get(id(module))
             if known is not None and known[0]() is module:
@@ -149,6 +156,7 @@ class Enabled:
             return _closure_in_its_own_step(steps, args, kwargs)
 
         self._handles = [
+            listen(steps.after_backward),  # the step ends when its backward pass returns
             register_module_forward_pre_hook(forward_pre_hook),
             register_module_forward_hook(forward_hook, always_call=True),
             register_optimizer_step_pre_hook(optimizer_pre_hook),

@@ -112,6 +112,9 @@ class Steps:
         self._device_bytes: int | None = None  # the GPU's memory, where the model is on one
         self._probe: PeakProbe | None = None  # set while an untracked step is open
         self._untracked_peak = 0
+        #: Modules whose forward ran in a step: their parameters' ``.grad`` are
+        #: made plain when a step's region exits (see :meth:`_plain_gradients`).
+        self._ran: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -207,6 +210,8 @@ class Steps:
             self._device_bytes = _module_device_bytes(module if module is not None else self.module)
         self._open = True
         self._thread = threading.get_ident()
+        if module is not None:
+            self._ran.add(module)
         if self.fits.runs_untracked(self._signature):
             self._probe = PeakProbe()
         else:
@@ -265,6 +270,7 @@ class Steps:
         except BaseException:
             self.fits.tracked(self._signature, {}, ok=False)
             raise
+        self._plain_gradients(region)
         self.fits.tracked(
             self._signature,
             region.last_summary(),
@@ -336,6 +342,42 @@ class Steps:
         if raised is not None:
             self.end(raised)
         elif opener and not torch.is_grad_enabled():
+            self.end()
+
+    def ran(self, module: torch.nn.Module) -> None:
+        """``module``'s forward ran in the open step (its parameters' gradients
+        are made plain at the step's end)."""
+        self._ran.add(module)
+
+    def _plain_gradients(self, region: DTRRegion) -> None:
+        """Plain ``.grad`` for every parameter of the modules the steps ran.
+
+        The region makes plain the gradients of the parameters its ops read;
+        a backward pass through a graph an earlier step built (a GAN's
+        generator, trained through the discriminator in the next step) also
+        accumulates into parameters this step's ops never read, and their
+        first gradient would be left a region tensor.
+        """
+        import torch
+
+        params: dict[int, torch.Tensor] = {}
+        root = self.module
+        if root is not None:
+            params.update((id(p), p) for p in root.parameters())
+        for module in list(self._ran):
+            params.update((id(p), p) for p in module._parameters.values() if p is not None)
+        with torch.no_grad():
+            for param in params.values():
+                grad = param.grad
+                if grad is not None and type(grad) is not torch.Tensor:
+                    plain = region.unwrap(grad)
+                    if plain is not grad:
+                        param.grad = plain
+
+    def after_backward(self) -> None:
+        """A backward pass returned (:mod:`memscale._dropin.backward`): the step
+        open on this thread is over, whatever updates the parameters next."""
+        if self._open and self._thread == threading.get_ident():
             self.end()
 
     def optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
