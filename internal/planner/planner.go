@@ -66,7 +66,7 @@ type Options struct {
 	// Devices are checked: does the step fit natively, and under DTR at
 	// what overhead.
 	Devices []Device
-	// Heuristic is the engine's policy for the replays (default: auto).
+	// Heuristic is the engine's policy for the replays (0: auto).
 	Heuristic evict.Heuristic
 	// OverheadLimit abandons a replay past it (0: replay's default, 2x).
 	OverheadLimit float64

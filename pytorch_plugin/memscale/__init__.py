@@ -89,6 +89,7 @@ _LAZY: dict[str, str] = {
     "Summary": "._stats",
     **dict.fromkeys(("DTRRegion", "DTRTensor", "EvictedTensorError", "dtr", "unwrap"), "._region"),
     **dict.fromkeys(("CheckReport", "check"), "._region.check"),
+    **dict.fromkeys(("Plan", "plan"), "._plan"),
     "MemscaleCallback": ".hf",  # imports transformers
 }
 

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("memscale._blocks",),
     ("memscale._dropin", "memscale.hf", "memscale.lightning", "memscale.metrics"),
     ("memscale.trace", "memscale.demo", "memscale._cli", "memscale.__main__"),
+    ("memscale._plan",),
 )
 
 

@@ -1,0 +1,82 @@
+"""memscale.plan (issue 31): a step recorded on meta and on the CPU, planned
+by the native command; the cost model's device table equals the Go one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+import memscale
+from memscale._cli import native_command
+from memscale._plan.costs import DEVICES, lookup_device
+from memscale._plan.record import resize_batch
+
+pytestmark = pytest.mark.skipif(native_command() is None, reason="build/memscale not built (make cli)")
+
+
+def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    return model, (torch.randn(32, 64), torch.randint(0, 10, (32,)))
+
+
+def test_plan_on_meta_with_budgets_devices_and_batches(tmp_path) -> None:
+    model, batch = _mlp()
+    opt = torch.optim.Adam(model.parameters())
+    p = memscale.plan(model, batch, opt, torch.nn.functional.cross_entropy, device="meta", budgets=["300KB", "1GiB"],
+                      active="1GiB", target=["l4"], batch_sizes=[16, 32], out=tmp_path)
+    assert next(model.parameters()).device.type == "cpu"  # the user's model is left alone
+    plans = p.report["plans"]
+    assert [q["model"]["batch_size"] for q in plans] == [16, 32]
+    params = sum(t.numel() * 4 for t in model.parameters())
+    for q in plans:
+        m = q["memory"]
+        assert q["model"]["parameters_bytes"] == params
+        # Adam: exp_avg and exp_avg_sq, and a step scalar per parameter
+        assert 2 * params <= q["model"]["optimizer_state_bytes"] <= 2 * params + 8 * 6
+        assert m["peak_bytes"] >= m["trace_peak_bytes"]
+        assert m["arena_bytes"] >= m["aligned_peak_bytes"]
+        assert "estimated for L4" in q["model"]["costs"]
+        assert all("violates_300KB" in v["violates"] for v in q["variants"])
+        assert q["active_budget"]["profile"] == "safe"
+    assert p.report["batches"][0]["largest_native"] == 32
+    assert "largest batch" in p.text and "summary:" in p.text
+    assert p.plot_path is not None and p.plot_path.stat().st_size > 1000
+
+
+def test_plan_measured_on_cpu(tmp_path) -> None:
+    model, batch = _mlp()
+    p = memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, out=tmp_path, plot=False)
+    q = p.plans[0]
+    assert q["model"]["costs"] == "measured on cpu"
+    assert q["memory"]["min_feasible_budget_bytes"] <= q["memory"]["peak_bytes"]
+    assert q["step_ns"] > 0
+
+
+def test_bad_arguments_are_one_line() -> None:
+    model, batch = _mlp()
+    with pytest.raises(memscale.MemscaleError, match=r"unknown device 'v100' \(known: a100-40gb"):
+        memscale.plan(model, batch, target="v100")
+    with pytest.raises(memscale.MemscaleError, match=r'--budgets: "24XB".*want sizes such as 24GiB'):
+        memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, device="meta", budgets=["24XB"], plot=False)
+
+
+def test_device_tables_agree() -> None:
+    out = subprocess.run([str(native_command()), "plan", "--list-devices", "--json", "-"], capture_output=True, text=True, check=True)
+    go = {d["key"]: d for d in json.loads(out.stdout)}
+    assert set(go) == set(DEVICES)
+    for key, d in DEVICES.items():
+        g = go[key]
+        assert (g["memory_bytes"], g["bf16_flops"], g["fp32_flops"], g["bandwidth_bytes_per_s"]) == (
+            d.memory_bytes, d.bf16_flops, d.fp32_flops, d.bandwidth_bytes_per_s), key
+    assert lookup_device("A100").key == "a100-80gb"
+
+
+def test_resize_batch() -> None:
+    b = {"ids": torch.arange(6).view(3, 2), "n": 3}
+    r = resize_batch(b, 5)
+    assert r["ids"].shape == (5, 2) and r["n"] == 3
+    assert r["ids"][3].tolist() == [0, 1]
