@@ -30,6 +30,7 @@ from .device import host_bandwidth, sync_count
 from . import entry, steps
 from .dispatch import dispatch
 from .mode import RegionMode
+from .native import NativeMode, NativeSession, is_native_tensor, unwrap_native, use_native
 from .schema import OpInfo
 from .session import Session
 from .tensor import DTRTensor, unwrap
@@ -161,8 +162,10 @@ class DTRRegion:
         self.step_boundaries = True
         #: Facts about each ATen overload seen, shared by the region's entries.
         self.op_infos: dict[Any, OpInfo] = {}
-        self._session: Session | None = None
-        self._mode: RegionMode | None = None
+        self._session: Session | NativeSession | None = None
+        self._mode: RegionMode | NativeMode | None = None
+        #: Whether the open entry runs on the native path (:mod:`.native`).
+        self.native = False
         self._eager: Any = None  # the compiler stance of an entry
         self._froze = False  # the entry froze the collector's heap
         #: When set, every rebuild is checked against a fingerprint of the
@@ -277,14 +280,19 @@ class DTRRegion:
                 "script's own region opened before the step's first forward is used instead of the step's"
             )
         mark = sync_count()
-        session = Session(self, self._config(), self._sink)
+        self.native = use_native(self, self._sink)
+        session: Session | NativeSession
+        if self.native:
+            session = NativeSession(self, self._config())
+        else:
+            session = Session(self, self._config(), self._sink)
         session.sync_mark = mark  # the bandwidth measured for it is its own
         if self._sink is not None:
             self._sink.start(session)
         self._session = session
         device = session.config.get("device") if session.config.get("usage") == "allocator" else None
         self._granules.start(device)
-        self._mode = RegionMode(session)
+        self._mode = NativeMode(session) if isinstance(session, NativeSession) else RegionMode(session)
         self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
         self._mode.__enter__()
@@ -348,7 +356,8 @@ class DTRRegion:
             with _disable_current_modes():  # re-runs must reach the kernels
                 stats = session.close(ok=True)
         finally:
-            fresh = Session(self, self._config(), self._sink)
+            fresh: Session | NativeSession
+            fresh = NativeSession(self, self._config()) if self.native else Session(self, self._config(), self._sink)
             if self._sink is not None:
                 self._sink.stop()
                 self._sink.start(fresh)
@@ -493,6 +502,11 @@ class DTRRegion:
         session = self._session
         if session is None:
             raise MemscaleError("DTRRegion.wrap: the region is not entered")
+        if isinstance(session, NativeSession):
+            out = torch.ops.aten.alias.default(t)
+            if t.requires_grad:
+                out.requires_grad_(True)
+            return out  # type: ignore[no-any-return]
         if type(t) is DTRTensor and t._c.session is session:
             return t
         with _disable_current_modes():
@@ -503,6 +517,8 @@ class DTRRegion:
 
     def unwrap(self, t: Any) -> Any:
         """The plain tensor behind region tensor ``t`` (rebuilt if evicted)."""
+        if is_native_tensor(t):
+            return unwrap_native(t)
         return unwrap(t)
 
 

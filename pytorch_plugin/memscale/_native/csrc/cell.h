@@ -1,0 +1,123 @@
+// What the native region keeps per tensor, per storage and per recorded op.
+//
+// A *cell* is one engine tensor: its id, the id of the storage it lives in
+// (its root), the op that made it, its geometry, and its real tensor while
+// that storage is resident. A *group* is one storage and every cell on it
+// (views share their base's storage: they are evicted, swapped and rebuilt
+// with it). A *recorded op* is how to run an op again: the operator, its
+// arguments with each tensor replaced by the cell it read, and the generator
+// state it ran with. The C++ twins of memscale/_region/cells.py.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Storage.h>
+#include <c10/core/UndefinedTensorImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Optional.h>
+#include <c10/util/intrusive_ptr.h>
+
+namespace memscale {
+
+class Session;
+
+// Tensor implementations as at::Tensor holds them (undefined = UndefinedTensorImpl).
+using ImplPtr = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// Copies geometry only (for cells made on another cell's view).
+struct Cell;
+
+struct Cell : c10::intrusive_ptr_target {
+  int64_t id;    // the engine's tensor id (-1 once detached from its session)
+  int64_t root;  // the id of the storage it lives in
+  int64_t op;    // the op that made it (-1: an external)
+  // Geometry, to re-derive the tensor from its storage after a rebuild.
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+  caffe2::TypeMeta dtype;
+  c10::Device device{c10::kCPU};
+  bool conj = false;
+  bool neg = false;
+  // The real tensor while the storage is resident and the view derived.
+  at::Tensor tensor;
+  bool pinned = false;    // never evicted (externals, their aliases and versions)
+  bool released = false;  // no wrapper or external names it any more
+  bool consumed = false;  // a recorded op read it (a pinned one is copied on write)
+  // Wrappers naming this cell; the last one to die queues its release.
+  std::atomic<int> wrappers{0};
+  // The latest wrapper made for it (to repoint it after an in-place op, and
+  // to hand it back as a plain tensor at the exit).
+  c10::optional<WeakImpl> wrapper;
+  // The session while the cell belongs to an open one, else null.
+  std::atomic<Session*> session{nullptr};
+
+  // A cell with its geometry to be filled in.
+  Cell(int64_t id_, int64_t root_, int64_t op_) : id(id_), root(root_), op(op_) {}
+  // A cell with `real`'s geometry and data.
+  Cell(int64_t id_, int64_t root_, int64_t op_, const at::Tensor& real)
+      : id(id_), root(root_), op(op_), dtype(real.dtype()), device(real.device()) {
+    auto s = real.sizes();
+    auto st = real.strides();
+    sizes.assign(s.begin(), s.end());
+    strides.assign(st.begin(), st.end());
+    offset = real.storage_offset();
+    conj = real.is_conj();
+    neg = real.is_neg();
+    tensor = real;
+  }
+};
+
+using CellPtr = c10::intrusive_ptr<Cell>;
+
+// One storage and the cells on it.
+struct Group {
+  c10::Storage storage;      // null while evicted (dropped or swapped out)
+  at::Tensor host;           // the swapped-out copy (bytes), while swapped
+  int64_t nbytes = 0;
+  int live = 0;              // cells on it not released
+  std::vector<CellPtr> cells;
+
+  bool resident() const { return storage.unsafeGetStorageImpl() != nullptr; }
+};
+
+// Where a tensor argument sits: argument position, element of a list (or -1),
+// and which of the op's input cells it is.
+struct Slot {
+  int arg;
+  int elem;
+  int input;
+};
+
+// How a recorded op is re-run.
+enum class RerunKind : uint8_t {
+  kCall,      // run the op again; its fresh outputs are the results
+  kMutation,  // run the in-place op on copies of the old versions it wrote
+};
+
+struct RecordedOp {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;   // tensors left undefined: the slots say which cell
+  std::vector<Slot> slots;
+  std::vector<CellPtr> inputs;
+  std::vector<CellPtr> outputs;    // per registered result, in order
+  RerunKind kind = RerunKind::kCall;
+  std::vector<int> mutated;        // kMutation: inputs written, one per new version
+  std::vector<int> scratch;        // argument positions written that a re-run gets copies of
+  at::Tensor rng_state;            // seeded ops: the generator's state before the first run
+  c10::optional<at::Generator> generator;
+  // For a shape-only op: the geometry of the `self` stand-in.
+  bool shape_only = false;
+  int64_t fresh_bytes = 0;         // what a re-run allocates
+
+  explicit RecordedOp(const c10::OperatorHandle& op_) : op(op_) {}
+};
+
+}  // namespace memscale

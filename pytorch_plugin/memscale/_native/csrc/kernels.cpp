@@ -1,0 +1,112 @@
+#include "kernels.h"
+
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/op_registration.h>
+
+#include "dispatch_key.h"
+#include "session.h"
+
+namespace memscale {
+
+namespace {
+
+void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  Session* s = active_session();
+  if (s != nullptr && !s->suspended.load(std::memory_order_relaxed)) {
+    s->dispatch(op, stack);
+  } else {
+    run_outside(op, stack);
+  }
+}
+
+constexpr const char* kDebug = "memscale native DTR region (pytorch_plugin/memscale/_native/csrc/kernels.cpp)";
+
+class Registry {
+ public:
+  std::string install() {
+    std::lock_guard<std::mutex> guard(mu_);
+    if (installed_) return "";
+    auto& d = c10::Dispatcher::singleton();
+    if (d.hasBackendFallbackForDispatchKey(kRegionKey)) {
+      return "another library registered a fallback on the PrivateUse2 dispatch key";
+    }
+    fallback_.push_back(d.registerFallback(kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
+                                           kDebug));
+    listener_.push_back(d.addRegistrationListener(std::make_unique<Listener>(this)));
+    installed_ = true;
+    register_pending();
+    return "";
+  }
+
+  void refresh() {
+    std::lock_guard<std::mutex> guard(mu_);
+    register_pending();
+  }
+
+  size_t count() {
+    std::lock_guard<std::mutex> guard(mu_);
+    return done_.size();
+  }
+
+ private:
+  class Listener : public c10::OpRegistrationListener {
+   public:
+    explicit Listener(Registry* r) : r_(r) {}
+    void onOperatorRegistered(const c10::OperatorHandle& op) override {
+      std::lock_guard<std::mutex> guard(r_->pending_mu_);
+      r_->pending_.push_back(op.operator_name());
+    }
+    void onOperatorDeregistered(const c10::OperatorHandle&) override {}
+
+   private:
+    Registry* r_;
+  };
+
+  void register_pending() {
+    std::vector<c10::OperatorName> names;
+    {
+      std::lock_guard<std::mutex> guard(pending_mu_);
+      names.swap(pending_);
+    }
+    auto& d = c10::Dispatcher::singleton();
+    for (const auto& name : names) {
+      std::string key = name.name + "." + name.overload_name;
+      if (done_.count(key)) continue;
+      auto op = d.findOp(name);
+      if (!op.has_value() || !op->hasSchema()) continue;
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      if (op->hasKernelForDispatchKey(kRegionKey)) continue;  // someone else's: leave it
+      handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
+                                        std::nullopt, nullptr, kDebug));
+      done_.insert(std::move(key));
+    }
+  }
+
+  std::mutex mu_;
+  bool installed_ = false;
+  std::vector<c10::RegistrationHandleRAII> fallback_;
+  std::vector<c10::RegistrationHandleRAII> listener_;
+  std::vector<c10::RegistrationHandleRAII> handles_;
+  std::unordered_set<std::string> done_;
+  std::mutex pending_mu_;
+  std::vector<c10::OperatorName> pending_;
+};
+
+Registry& registry() {
+  // Never destroyed: registrations must outlive every tensor of the process.
+  static Registry* r = new Registry();
+  return *r;
+}
+
+}  // namespace
+
+std::string install_kernels() { return registry().install(); }
+void refresh_kernels() { registry().refresh(); }
+size_t registered_kernels() { return registry().count(); }
+
+}  // namespace memscale

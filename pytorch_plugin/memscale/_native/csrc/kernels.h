@@ -1,0 +1,30 @@
+// The region's kernel and its registration on the region key.
+//
+// One boxed function (region_kernel) serves every operator. It is registered
+// per operator, not only as a backend fallback: a fallback is shadowed by the
+// CompositeExplicitAutograd kernels many ops have (add.Tensor, mm,
+// mul.Scalar), which cover every backend key, PrivateUse2 included. Ops with
+// a CompositeImplicitAutograd kernel are skipped: they decompose above
+// autograd into ops that reach the region one by one (a kernel of ours would
+// take precedence over the decomposition and leave autograd without a
+// formula). The fallback still catches ops with no kernel of any kind for the
+// key. Operators defined after the first registration (a library imported
+// later, a torch.library custom op) are seen by a registration listener and
+// registered at the next region entry (refresh_kernels).
+#pragma once
+
+#include <string>
+
+namespace memscale {
+
+// Registers the kernel on every operator (once per process). Returns "" on
+// success, else why the native region cannot be used (the key is taken).
+std::string install_kernels();
+
+// Registers operators defined since the last call (cheap when there are none).
+void refresh_kernels();
+
+// How many operators carry the region's kernel.
+size_t registered_kernels();
+
+}  // namespace memscale

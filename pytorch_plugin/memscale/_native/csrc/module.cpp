@@ -1,0 +1,85 @@
+// The Python face of the native region (memscale._native.region_ext loads it).
+//
+// Python keeps what is rare: the engine's lifetime, the region's settings,
+// stats, tuning and the hand-back of escaping tensors. Everything per op is
+// C++ (session.h).
+#include <torch/extension.h>
+
+#include "dispatch_key.h"
+#include "kernels.h"
+#include "session.h"
+#include "wrapper.h"
+
+namespace py = pybind11;
+using memscale::Session;
+
+namespace {
+
+// Enters a session on this thread: the region key in the include set, the
+// session active. Returns whether the key was on before (for leave()).
+bool enter(const std::shared_ptr<Session>& session) {
+  memscale::refresh_kernels();
+  TORCH_CHECK(memscale::active_session() == nullptr,
+              "memscale.dtr: another native region is active in this process; regions do not nest");
+  memscale::set_active_session(session.get());
+  return memscale::set_region_included(true);
+}
+
+void leave(const std::shared_ptr<Session>& session, bool was_included) {
+  memscale::set_region_included(was_included);
+  if (memscale::active_session() == session.get()) memscale::set_active_session(nullptr);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "memscale's native DTR region: the per-op path in C++";
+  m.def("install", &memscale::install_kernels,
+        "Register the region's kernel on every operator; '' or why the native region cannot be used");
+  m.def("registered_kernels", &memscale::registered_kernels);
+  m.def("set_included", &memscale::set_region_included, py::arg("on"),
+        "Set the region key in this thread's include set; returns whether it was on");
+  m.def("enter", &enter);
+  m.def("leave", &leave);
+  m.def("is_wrapper", [](const at::Tensor& t) { return memscale::wrapper_of(t) != nullptr; });
+  m.def("unwrap", [](const at::Tensor& t) -> at::Tensor {
+    memscale::DTRTensorImpl* w = memscale::wrapper_of(t);
+    if (w == nullptr) return t;
+    const memscale::CellPtr& cell = w->cell();
+    Session* s = cell->session.load();
+    if (s != nullptr) return s->read(cell);
+    TORCH_CHECK(cell->tensor.defined(),
+                "memscale.dtr: this tensor was evicted inside a memscale.dtr region that exited with an error; "
+                "its data cannot be rebuilt");
+    return cell->tensor;
+  });
+  py::class_<Session, std::shared_ptr<Session>>(m, "Session")
+      .def(py::init([](int64_t handle, const std::string& library, bool budgeted, bool recording,
+                       int64_t usage_address) {
+             memscale::SessionOptions o;
+             o.handle = handle;
+             o.library = library;
+             o.budgeted = budgeted;
+             o.recording = recording;
+             o.usage_address = usage_address;
+             return std::make_shared<Session>(o);
+           }),
+           py::arg("handle"), py::arg("library"), py::arg("budgeted"), py::arg("recording"),
+           py::arg("usage_address") = 0)
+      .def("close", &Session::close, py::arg("ok"))
+      .def("set_budgeted", &Session::set_budgeted)
+      .def_property(
+          "suspended", [](const Session& s) { return s.suspended.load(); },
+          [](Session& s, bool on) { s.suspended.store(on); })
+      .def_property_readonly("closed", &Session::closed)
+      .def("counters", [](const Session& s) {
+        const auto& c = s.counters();
+        py::dict d;
+        d["ops"] = c.ops;
+        d["reruns"] = c.reruns;
+        d["predictions"] = c.predictions;
+        d["copies_on_write"] = c.copies_on_write;
+        d["externals"] = c.externals;
+        return d;
+      });
+}

@@ -1,0 +1,1300 @@
+#include "session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/hash.h>
+
+#include "dispatch_key.h"
+#include "wrapper.h"
+
+namespace memscale {
+
+namespace {
+
+std::atomic<Session*> g_active{nullptr};
+
+constexpr int32_t kHandOut = 64;      // storages memscale_dtr_op hands back per call
+constexpr int32_t kEvictBatch = 256;  // victims per memscale_dtr_evict call
+constexpr int kMaxPlansPerCell = 64;
+constexpr int64_t kScanExternalsEvery = 1024;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Calls `fn(tensor, elem)` for every tensor of an argument (a tensor, a list
+// of tensors, a list of optional tensors); elem is -1 for a lone tensor.
+template <typename Fn>
+void for_tensors(const c10::IValue& v, Fn&& fn) {
+  if (v.isTensor()) {
+    fn(v.toTensor(), -1);
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    for (size_t i = 0; i < list.size(); ++i) fn(list.get(i), static_cast<int>(i));
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].isTensor()) fn(list[i].toTensor(), static_cast<int>(i));
+    }
+  }
+}
+
+// Sets element `elem` (-1: the whole value) of argument `v` to `t`; lists are
+// copied first, so the caller's list objects are never changed.
+void set_tensor(c10::IValue& v, int elem, const at::Tensor& t) {
+  if (elem < 0) {
+    v = t;
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    list.set(elem, t);
+  } else {
+    auto list = v.toList();
+    list.set(elem, t);
+  }
+}
+
+// A copy of a list argument that can be changed without touching the original.
+void own_lists(c10::IValue& v) {
+  if (v.isTensorList()) {
+    v = v.toTensorList().copy();
+  } else if (v.isList()) {
+    v = v.toList().copy();
+  }
+}
+
+c10::DispatchKeySet plain_keys(const c10::Device& device, caffe2::TypeMeta dtype) {
+  return c10::DispatchKeySet(c10::computeDispatchKey(c10::typeMetaToScalarType(dtype), at::kStrided, device));
+}
+
+}  // namespace
+
+// The bytes of a whole storage, as a uint8 tensor.
+at::Tensor bytes_of(const c10::Storage& storage, const c10::Device& device) {
+  Cell bytes(0, 0, 0);
+  bytes.dtype = caffe2::TypeMeta::Make<uint8_t>();
+  bytes.device = device;
+  bytes.sizes = {static_cast<int64_t>(storage.nbytes())};
+  bytes.strides = {1};
+  return view_of(storage, bytes);
+}
+
+namespace {
+
+// A copy of a whole storage (every view of it keeps its geometry on the copy).
+c10::Storage copy_storage(const c10::Storage& storage, const c10::Device& device) {
+  at::Tensor src = bytes_of(storage, device);
+  KernelGuard guard;
+  return src.clone().storage();
+}
+
+// A number per kind of argument value, for the size-prediction key.
+uint64_t kind_of(const c10::IValue& v) {
+  if (v.isTensor()) return 1;
+  if (v.isInt()) return 2;
+  if (v.isDouble()) return 3;
+  if (v.isBool()) return 4;
+  if (v.isIntList()) return 5;
+  if (v.isNone()) return 6;
+  if (v.isList()) return 7;
+  return 8;
+}
+
+uint64_t mix(uint64_t seed, uint64_t v) { return c10::hash_combine(seed, v); }
+
+}  // namespace
+
+// ------------------------------------------------------------------ helpers
+
+Session* active_session() { return g_active.load(std::memory_order_acquire); }
+void set_active_session(Session* session) { g_active.store(session, std::memory_order_release); }
+
+at::Tensor view_of(const c10::Storage& storage, const Cell& cell) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), plain_keys(cell.device, cell.dtype),
+                                                          cell.dtype);
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(cell.sizes, cell.strides, cell.offset);
+  if (cell.conj) impl->_set_conj(true);
+  if (cell.neg) impl->_set_neg(true);
+  return t;
+}
+
+// The op's input cells and where each sits in its arguments.
+struct Session::Inputs {
+  std::vector<CellPtr> cells;
+  std::vector<Slot> slots;
+  std::vector<int64_t> ids;
+  bool missing = false;
+};
+
+// The tensors of an op's results: where each sits (result, list element).
+struct Session::Outputs {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::pair<int, int>> places;
+};
+
+// Engine locks held until it goes out of scope.
+class Session::Held {
+ public:
+  explicit Held(Session& s) : s_(s) {}
+  ~Held() {
+    for (int64_t id : ids_) s_.abi_.unlock(s_.h_, id);
+  }
+  void lock(int64_t id) {
+    if (s_.abi_.lock(s_.h_, id) < 0) s_.fail("memscale_dtr_lock");
+    ids_.push_back(id);
+  }
+  bool empty() const { return ids_.empty(); }
+  void release() {
+    for (int64_t id : ids_) s_.abi_.unlock(s_.h_, id);
+    ids_.clear();
+  }
+
+ private:
+  Session& s_;
+  std::vector<int64_t> ids_;
+};
+
+Session::Session(const SessionOptions& o)
+    : abi_(EngineAbi::load(o.library)),
+      h_(o.handle),
+      status_(abi_.status_of(o.handle)),
+      recording_(o.recording),
+      usage_live_(o.usage_address ? reinterpret_cast<const std::atomic<int64_t>*>(o.usage_address) : nullptr),
+      drain_batch_(o.drain_batch) {
+  TORCH_CHECK(status_ != nullptr, "memscale native region: engine handle ", o.handle, " is unknown: ",
+              abi_.last_error());
+  set_budgeted(o.budgeted);
+  frame_.resize(1024);
+}
+
+Session::~Session() {
+  if (!closed_) {
+    try {
+      close(false);
+    } catch (...) {
+    }
+  }
+}
+
+void Session::set_budgeted(bool budgeted) {
+  budgeted_ = budgeted;
+  drain_at_ = budgeted ? 1 : drain_batch_;
+}
+
+void Session::fail(const std::string& what) const {
+  const char* message = abi_.last_error();
+  TORCH_CHECK(false, "memscale.dtr: ", what, ": ", (message && *message) ? message : "no error message recorded");
+}
+
+int64_t Session::usage_now() const {
+  return usage_live_ != nullptr ? usage_live_->load(std::memory_order_relaxed) : status_->usage;
+}
+
+// ---------------------------------------------------------------- releases
+
+void Session::queue_release(const CellPtr& cell) {
+  std::lock_guard<std::mutex> guard(release_mu_);
+  released_.push_back(cell);
+}
+
+void Session::take_releases() {
+  std::vector<CellPtr> batch;
+  {
+    std::lock_guard<std::mutex> guard(release_mu_);
+    if (released_.empty()) return;
+    batch.swap(released_);
+  }
+  for (const CellPtr& cell : batch) {
+    if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) continue;
+    cell->released = true;
+    release_ids_.push_back(cell->id);
+    auto it = groups_.find(cell->root);
+    if (it == groups_.end()) continue;
+    Group& g = it->second;
+    if (--g.live <= 0 && !budgeted_) drop(g);  // the engine frees it anyway: drop the data now
+  }
+}
+
+void Session::send_releases() {
+  if (release_ids_.empty()) return;
+  size_t n = release_ids_.size();
+  size_t words = 6 + n;
+  if (frame_.size() < std::max<size_t>(words, 1 + 2 * kHandOut)) frame_.resize(std::max<size_t>(words, 2 * kHandOut + 1) * 2);
+  int64_t* w = frame_.data();
+  w[0] = static_cast<int64_t>(n);
+  w[1] = -1;
+  w[2] = 0;
+  w[3] = 0;
+  w[4] = 0;
+  w[5] = 0;
+  std::memcpy(w + 6, release_ids_.data(), n * sizeof(int64_t));
+  release_ids_.clear();
+  if (abi_.op(h_, nullptr, w) < 0) fail("memscale_dtr_op (releases)");
+}
+
+void Session::release_expired_externals() {
+  for (auto it = externals_.begin(); it != externals_.end();) {
+    if (it->second.weak.expired()) {
+      const CellPtr& cell = it->second.cell;
+      if (!cell->released && cell->wrappers.load() == 0) {
+        cell->released = true;
+        release_ids_.push_back(cell->id);
+        auto g = groups_.find(cell->root);
+        if (g != groups_.end() && --g->second.live <= 0) {
+          external_roots_.erase(g->second.storage.unsafeGetStorageImpl());
+        }
+      }
+      it = externals_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// --------------------------------------------------------------- evictions
+
+void Session::drop(Group& g) {
+  g.storage = c10::Storage();
+  for (const CellPtr& c : g.cells) c->tensor.reset();
+}
+
+void Session::carry_out(int64_t root, int32_t action) {
+  auto it = groups_.find(root);
+  TORCH_CHECK(it != groups_.end(), "memscale.dtr: the engine evicted unknown storage ", root);
+  Group& g = it->second;
+  if (action == kActionSwap && g.resident()) {
+    const c10::Device device = g.cells.front()->device;
+    at::Tensor bytes = bytes_of(g.storage, device);
+    KernelGuard guard;
+    g.host = bytes.to(at::kCPU);
+  }
+  drop(g);
+}
+
+void Session::evict(int64_t extra, const std::string& why) {
+  send_releases();
+  int64_t ids[kEvictBatch];
+  int32_t actions[kEvictBatch];
+  while (true) {
+    int32_t n = abi_.evict(h_, extra, ids, actions, kEvictBatch);
+    if (n < 0) fail("memscale_dtr_evict" + (why.empty() ? std::string() : " " + why));
+    if (n == 0) return;
+    for (int32_t i = 0; i < n; ++i) carry_out(ids[i], actions[i]);
+  }
+}
+
+void Session::make_room(int64_t extra, const std::string& what) {
+  if (usage_now() + extra <= status_->budget) return;
+  evict(extra, "making room for " + std::to_string(extra) + " bytes of " + what);
+}
+
+void Session::after_op() {
+  if (status_->pending >= drain_at_ || (budgeted_ && usage_now() > status_->budget)) evict(0, "");
+}
+
+// --------------------------------------------------------------- externals
+
+CellPtr Session::cell_of(const at::Tensor& t) {
+  if (DTRTensorImpl* w = wrapper_of(t)) {
+    const CellPtr& cell = w->cell();
+    if (cell->session.load() == this) return cell;
+    // A wrapper of an earlier entry: its real tensor is an external here.
+    TORCH_CHECK(cell->tensor.defined(),
+                "memscale.dtr: a tensor of an earlier region entry was evicted when that entry exited with an "
+                "error; its data cannot be rebuilt");
+    return extern_cell(cell->tensor);
+  }
+  return extern_cell(t);
+}
+
+CellPtr Session::extern_cell(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto it = externals_.find(impl);
+  if (it != externals_.end()) {
+    if (!it->second.weak.expired() && !it->second.cell->released) return it->second.cell;
+    externals_.erase(it);
+  }
+  if (t.layout() == at::kStrided && t._is_zerotensor()) return CellPtr();  // no storage: a constant
+  TORCH_CHECK(t.layout() == at::kStrided, "memscale.dtr: a ", t.layout(),
+              " tensor was passed to an op; only strided (dense) tensors can be used in a DTR region - convert "
+              "it with .to_dense() first");
+  const c10::Storage& storage = t.storage();
+  const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+  CellPtr cell;
+  auto root = external_roots_.find(key);
+  if (root != external_roots_.end() && !root->second->released && groups_.at(root->second->root).resident()) {
+    send_releases();
+    int64_t size = static_cast<int64_t>(t.nbytes());
+    int32_t alias = 0;
+    int64_t id = -1;
+    int64_t base = root->second->id;
+    if (abi_.call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
+    cell = c10::make_intrusive<Cell>(id, root->second->root, -1, t);
+    cell->tensor = view_of(storage, *cell);
+    Group& g = groups_.at(cell->root);
+    g.cells.push_back(cell);
+    g.live++;
+  } else {
+    int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+    if (budgeted_ && nbytes) make_room(nbytes, "an external tensor");
+    send_releases();
+    int64_t id = abi_.tensor(h_, nbytes, 1);
+    if (id < 0) fail("memscale_dtr_tensor");
+    cell = c10::make_intrusive<Cell>(id, id, -1, t);
+    cell->tensor = view_of(storage, *cell);
+    Group& g = groups_[id];
+    g.storage = storage;
+    g.nbytes = nbytes;
+    g.cells.push_back(cell);
+    g.live = 1;
+    if (key != nullptr && storage.data() != nullptr) external_roots_[key] = cell;
+  }
+  cell->pinned = true;
+  cell->session.store(this);
+  externals_.emplace(impl, External{WeakImpl(t.getIntrusivePtr()), cell});
+  if (t.requires_grad() && t.is_leaf()) leaves_.emplace_back(t.getIntrusivePtr());
+  counters_.externals++;
+  return cell;
+}
+
+// ---------------------------------------------------------------- arguments
+
+void Session::collect(const OpFacts& f, c10::IValue* args, Inputs& in) {
+  for (size_t i = 0; i < f.n_args; ++i) {
+    if (i == 0 && f.shape_only) continue;  // read for its metadata only: not an input
+    for_tensors(args[i], [&](const at::Tensor& t, int elem) {
+      if (!t.defined()) return;
+      CellPtr cell = cell_of(t);
+      if (!cell) return;  // a constant
+      in.slots.push_back(Slot{static_cast<int>(i), elem, static_cast<int>(in.cells.size())});
+      in.ids.push_back(cell->id);
+      in.cells.push_back(std::move(cell));
+    });
+  }
+  for (const CellPtr& c : in.cells) {
+    if (!derive(c)) in.missing = true;
+  }
+}
+
+bool Session::derive(const CellPtr& cell) {
+  if (cell->tensor.defined()) return true;
+  auto it = groups_.find(cell->root);
+  if (it == groups_.end() || !it->second.resident()) return false;
+  cell->tensor = view_of(it->second.storage, *cell);
+  return true;
+}
+
+void Session::make_inputs_resident(Inputs& in, Held& held) {
+  for (const CellPtr& c : in.cells) {
+    if (derive(c)) {
+      held.lock(c->id);
+    } else {
+      materialize(c, held);
+    }
+  }
+  in.missing = false;
+}
+
+void Session::fill(c10::IValue* args, const std::vector<Slot>& slots, const std::vector<at::Tensor>& reals) {
+  int last_owned = -1;
+  for (const Slot& s : slots) {
+    if (s.elem >= 0 && s.arg != last_owned) {
+      own_lists(args[s.arg]);
+      last_owned = s.arg;
+    }
+    set_tensor(args[s.arg], s.elem, reals[s.input]);
+  }
+}
+
+// ----------------------------------------------------------------- results
+
+void Session::flatten_results(c10::IValue* results, size_t n, Outputs& out) {
+  for (size_t r = 0; r < n; ++r) {
+    for_tensors(results[r], [&](const at::Tensor& t, int elem) {
+      if (!t.defined()) return;
+      if (t.layout() == at::kStrided && t._is_zerotensor()) return;  // a constant, handed back as it is
+      TORCH_CHECK(t.layout() == at::kStrided, "memscale.dtr: an op returned a ", t.layout(),
+                  " tensor; only strided (dense) tensors can live in a DTR region (run this op outside the "
+                  "region, or with MEMSCALE_NATIVE=0 for the Python region's message)");
+      out.tensors.push_back(t);
+      out.places.emplace_back(static_cast<int>(r), elem);
+    });
+  }
+}
+
+std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+                                            int64_t* fresh_bytes) {
+  const size_t n_in = in.cells.size();
+  const size_t n_out = out.tensors.size();
+  std::vector<int64_t> sizes(n_out);
+  std::vector<int64_t> aliases(n_out, -1);
+  int64_t fresh = 0;
+  std::vector<const void*> input_data;
+  for (size_t k = 0; k < n_out; ++k) {
+    const at::Tensor& o = out.tensors[k];
+    if (f.views_first && n_in) {
+      aliases[k] = 0;
+      sizes[k] = static_cast<int64_t>(o.nbytes());
+      continue;
+    }
+    const void* ptr = o.storage().data();
+    if (ptr != nullptr && n_in) {
+      if (input_data.empty()) {
+        input_data.reserve(n_in);
+        for (const CellPtr& c : in.cells) input_data.push_back(c->tensor.storage().data());
+      }
+      auto hit = std::find(input_data.begin(), input_data.end(), ptr);
+      if (hit != input_data.end()) aliases[k] = hit - input_data.begin();
+    }
+    if (aliases[k] < 0) {
+      sizes[k] = static_cast<int64_t>(o.storage().nbytes());
+      fresh += sizes[k];
+    } else {
+      sizes[k] = static_cast<int64_t>(o.nbytes());
+    }
+  }
+  size_t n_rel = release_ids_.size();
+  size_t words = 6 + n_rel + n_in + 2 * n_out;
+  size_t need = std::max(words, n_out + 1 + 2 * kHandOut);
+  if (frame_.size() < need) frame_.resize(need * 2);
+  int64_t* w = frame_.data();
+  w[0] = static_cast<int64_t>(n_rel);
+  w[1] = static_cast<int64_t>(n_in);
+  w[2] = static_cast<int64_t>(n_out);
+  w[3] = cost;
+  w[4] = f.flags | (recording_ ? 0 : kNoRecompute);
+  w[5] = kHandOut;
+  int64_t* p = w + 6;
+  if (n_rel) std::memcpy(p, release_ids_.data(), n_rel * sizeof(int64_t));
+  p += n_rel;
+  if (n_in) std::memcpy(p, in.ids.data(), n_in * sizeof(int64_t));
+  p += n_in;
+  if (n_out) std::memcpy(p, sizes.data(), n_out * sizeof(int64_t));
+  p += n_out;
+  for (size_t k = 0; k < n_out; ++k) p[k] = aliases[k];
+  release_ids_.clear();
+  int64_t op_id = abi_.op(h_, f.name.c_str(), w);
+  if (op_id < 0) fail("memscale_dtr_op(" + f.name + ")");
+  std::vector<CellPtr> cells;
+  cells.reserve(n_out);
+  for (size_t k = 0; k < n_out; ++k) {
+    const at::Tensor& o = out.tensors[k];
+    int64_t id = w[k];
+    CellPtr cell;
+    if (aliases[k] < 0) {
+      cell = c10::make_intrusive<Cell>(id, id, op_id, o);
+      Group& g = groups_[id];
+      g.storage = o.storage();
+      g.nbytes = sizes[k];
+      g.cells.push_back(cell);
+      g.live = 1;
+    } else {
+      const CellPtr& source = in.cells[aliases[k]];
+      cell = c10::make_intrusive<Cell>(id, source->root, op_id, o);
+      cell->pinned = source->pinned;
+      Group& g = groups_.at(source->root);
+      g.cells.push_back(cell);
+      g.live++;
+    }
+    cell->session.store(this);
+    cells.push_back(std::move(cell));
+  }
+  int64_t handed = w[n_out];
+  // Copy the freed pairs out first: carrying them out does not touch the frame.
+  std::vector<int64_t> freed(w + n_out + 1, w + n_out + 1 + 2 * handed);
+  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+  *fresh_bytes = fresh;
+  return cells;
+}
+
+void Session::wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells) {
+  int owned = -1;
+  for (size_t k = 0; k < cells.size(); ++k) {
+    auto [r, elem] = out.places[k];
+    at::Tensor wrapper = make_wrapper(cells[k], out.tensors[k]);
+    if (elem >= 0 && r != owned) {
+      own_lists(results[r]);
+      owned = r;
+    }
+    set_tensor(results[r], elem, wrapper);
+  }
+}
+
+// --------------------------------------------------------------- recording
+
+std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op, const OpFacts& f,
+                                                  const c10::IValue* args, const Inputs& in) {
+  auto rec = std::make_unique<RecordedOp>(op);
+  rec->args.assign(args, args + f.n_args);
+  rec->slots = in.slots;
+  rec->inputs = in.cells;
+  rec->shape_only = f.shape_only;
+  // Tensors are not kept: each slot names its cell (a list argument is copied).
+  int last = -1;
+  for (const Slot& s : in.slots) {
+    if (s.elem >= 0 && s.arg != last) {
+      own_lists(rec->args[s.arg]);
+      last = s.arg;
+    }
+    set_tensor(rec->args[s.arg], s.elem, at::Tensor());
+  }
+  if (f.shape_only) {
+    // The stand-in for `self` is re-made from its metadata at a re-run.
+    const at::Tensor& self = args[0].toTensor();
+    KernelGuard guard;
+    rec->args[0] = at::empty_strided(self.sizes(), self.strides(), self.options().device(at::kMeta));
+  }
+  for (const CellPtr& c : in.cells) {
+    if (c->pinned) c->consumed = true;
+  }
+  if (f.seeded) {
+    c10::optional<at::Generator> gen;
+    c10::optional<c10::Device> device;
+    for (size_t i = 0; i < f.n_args; ++i) {
+      const c10::IValue& v = args[i];
+      if (v.isGenerator()) gen = v.toGenerator();
+      if (!device && v.isTensor() && v.toTensor().defined()) device = v.toTensor().device();
+      if (!device && v.isDevice()) device = v.toDevice();
+    }
+    if (!gen.has_value() || !gen->defined()) {
+      c10::Device d = device.value_or(c10::Device(c10::kCPU));
+      gen = d.is_cpu() ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(d);
+    }
+    std::lock_guard<std::mutex> lock(gen->mutex());
+    rec->rng_state = gen->get_state();
+    rec->generator = gen;
+  }
+  return rec;
+}
+
+int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key) {
+  uint64_t h = reinterpret_cast<uintptr_t>(&op.schema());
+  for (size_t i = 0; i < f.n_args; ++i) {
+    const c10::IValue& v = args[i];
+    h = mix(h, kind_of(v));
+    if (v.isInt()) {
+      h = mix(h, static_cast<uint64_t>(v.toInt()));
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      uint64_t bits;
+      std::memcpy(&bits, &d, sizeof(bits));
+      h = mix(h, bits);
+    } else if (v.isBool()) {
+      h = mix(h, v.toBool());
+    } else if (v.isIntList()) {
+      for (int64_t x : v.toIntVector()) h = mix(h, static_cast<uint64_t>(x));
+    } else {
+      for_tensors(v, [&](const at::Tensor& t, int) {
+        if (!t.defined()) return;
+        for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
+        h = mix(h, static_cast<uint64_t>(t.scalar_type()));
+      });
+    }
+  }
+  *key = h;
+  auto it = learned_sizes_.find(h);
+  if (it != learned_sizes_.end()) return it->second;
+  // First sight: ask the op's meta kernel what it allocates.
+  KernelGuard convert;
+  std::vector<c10::IValue> meta(args, args + f.n_args);
+  std::vector<const c10::StorageImpl*> inputs;
+  for (size_t i = 0; i < f.n_args; ++i) {
+    if (static_cast<int>(i) == f.device_arg && meta[i].isDevice()) {
+      meta[i] = c10::Device(at::kMeta);
+      continue;
+    }
+    bool list = meta[i].isTensorList() || meta[i].isList();
+    if (list) own_lists(meta[i]);
+    std::vector<std::pair<int, at::Tensor>> converted;
+    for_tensors(meta[i], [&](const at::Tensor& t, int elem) {
+      if (!t.defined()) return;
+      at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+      inputs.push_back(m.storage().unsafeGetStorageImpl());
+      converted.emplace_back(elem, m);
+    });
+    for (auto& [elem, m] : converted) set_tensor(meta[i], elem, m);
+  }
+  int64_t bytes = -1;
+  KernelGuard guard;
+  try {
+    torch::jit::Stack stack(meta.begin(), meta.end());
+    op.callBoxed(&stack);
+    bytes = 0;
+    std::vector<const c10::StorageImpl*> seen;
+    for (const c10::IValue& r : stack) {
+      for_tensors(r, [&](const at::Tensor& t, int) {
+        if (!t.defined() || t.device().type() != at::kMeta) return;
+        const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+        if (std::find(inputs.begin(), inputs.end(), s) != inputs.end()) return;
+        if (std::find(seen.begin(), seen.end(), s) != seen.end()) return;
+        seen.push_back(s);
+        bytes += static_cast<int64_t>(t.storage().nbytes());
+      });
+    }
+  } catch (const std::exception&) {
+    bytes = -1;  // no meta kernel: learned after the first run
+  }
+  counters_.predictions++;
+  return bytes < 0 ? 0 : bytes;
+}
+
+// ------------------------------------------------------------------ dispatch
+
+void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::lock_guard<std::recursive_mutex> guard(mu_);
+  TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");
+  take_releases();
+  if (++ops_since_scan_ >= kScanExternalsEvery) {
+    ops_since_scan_ = 0;
+    release_expired_externals();
+  }
+  counters_.ops++;
+  const OpFacts& f = facts_table().of(op);
+  c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+  if (f.inplace_view) {
+    dispatch_inplace_view(op, f, stack);
+  } else if (f.writes(args)) {
+    dispatch_mutating(op, f, stack);
+  } else {
+    dispatch_pure(op, f, stack);
+  }
+}
+
+void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
+  c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+  Inputs in;
+  collect(f, args, in);
+  Held held(*this);
+  if (in.missing) make_inputs_resident(in, held);
+  uint64_t size_key = 0;
+  int64_t extra = 0;
+  bool predicted = false;
+  if (budgeted_ && !f.all_views) {
+    extra = predict(op, f, args, &size_key);
+    predicted = true;
+    if (usage_now() + extra > status_->budget) {
+      if (held.empty()) {
+        for (const CellPtr& c : in.cells) held.lock(c->id);
+      }
+      make_room(extra, f.name);
+      for (const CellPtr& c : in.cells) derive(c);
+    }
+  }
+  std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
+  if (f.shape_only) {
+    // `self` gives metadata only: its own data if resident, else a stand-in.
+    const at::Tensor self = args[0].toTensor();
+    if (DTRTensorImpl* w = wrapper_of(self)) {
+      const CellPtr& c = w->cell();
+      if (c->session.load() == this && derive(c)) {
+        args[0] = c->tensor;
+      } else if (c->session.load() != this && c->tensor.defined()) {
+        args[0] = c->tensor;
+      } else {
+        KernelGuard guard;
+        args[0] = at::empty_strided(self.sizes(), self.strides(), self.options().device(c->device));
+      }
+    }
+  }
+  std::vector<at::Tensor> reals;
+  reals.reserve(in.cells.size());
+  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
+  fill(args, in.slots, reals);
+  reals.clear();
+  int64_t t0 = now_ns();
+  {
+    KernelGuard kernel;
+    op.callBoxed(stack);
+  }
+  int64_t cost = now_ns() - t0;
+  c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
+  Outputs out;
+  flatten_results(results, f.n_returns, out);
+  if (out.tensors.empty()) return;
+  int64_t fresh = 0;
+  std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+  if (predicted) learned_sizes_[size_key] = fresh;
+  if (rec) {
+    rec->outputs = cells;
+    rec->fresh_bytes = fresh;
+    ops_[cells.front()->op] = std::move(rec);
+  }
+  wrap_results(results, out, cells);
+  held.release();  // the inputs may go now
+  after_op();
+}
+
+void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
+  // transpose_, squeeze_, as_strided_...: the op changes `self`'s geometry.
+  // On a region tensor it becomes a new view of the same storage (registered
+  // like `alias` followed by the out-of-place op), and the wrapper is rebased
+  // onto it; on a plain tensor it runs on that tensor, which is registered
+  // anew at its next use.
+  c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+  const at::Tensor self = args[0].toTensor();
+  DTRTensorImpl* w = wrapper_of(self);
+  if (w == nullptr || w->cell()->session.load() != this) {
+    externals_.erase(self.unsafeGetTensorImpl());
+    std::vector<c10::IValue> originals(args, args + f.n_args);
+    for (size_t i = 0; i < f.n_args; ++i) {
+      for_tensors(args[i], [&](const at::Tensor& t, int elem) {
+        if (DTRTensorImpl* x = wrapper_of(t)) set_tensor(args[i], elem, read(x->cell()));
+      });
+    }
+    KernelGuard kernel;
+    op.callBoxed(stack);
+    return;
+  }
+  Inputs in;
+  collect(f, args, in);
+  Held held(*this);
+  if (in.missing) make_inputs_resident(in, held);
+  std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
+  // The op runs on a fresh view, so the cell's own tensor keeps its geometry.
+  std::vector<at::Tensor> reals;
+  for (const CellPtr& c : in.cells) reals.push_back(c == w->cell() ? view_of(c->tensor.storage(), *c) : c->tensor);
+  at::Tensor view = reals[0];
+  std::vector<c10::IValue> originals(args, args + f.n_args);
+  fill(args, in.slots, reals);
+  int64_t t0 = now_ns();
+  {
+    KernelGuard kernel;
+    op.callBoxed(stack);
+  }
+  int64_t cost = now_ns() - t0;
+  Outputs out;
+  out.tensors.push_back(view);
+  out.places.emplace_back(0, -1);
+  int64_t fresh = 0;
+  std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+  if (rec) {
+    rec->outputs = cells;
+    ops_[cells.front()->op] = std::move(rec);
+  }
+  w->set_sizes_and_strides(view.sizes(), view.strides(), view.storage_offset());
+  name_cell(w, cells.front());
+  c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
+  for (size_t r = 0; r < f.n_returns; ++r) {
+    int source = f.returns_arg[r];
+    if (source >= 0) results[r] = originals[source];
+  }
+  after_op();
+}
+
+void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
+  // A pinned storage (an external: running statistics, an input) is about to
+  // be overwritten while a recorded op read its old data: the old version (its
+  // engine ids, which recorded ops and plans name) moves to a copy, and the
+  // program's tensors, which see the new data, are registered anew.
+  Group& g = groups_.at(cell->root);
+  if (budgeted_) make_room(g.nbytes, "the old version of an overwritten external");
+  const c10::Device device = cell->device;
+  c10::Storage program = g.storage;
+  g.storage = copy_storage(program, device);
+  for (const CellPtr& c : g.cells) {
+    if (c->tensor.defined()) c->tensor = view_of(g.storage, *c);
+  }
+  counters_.copies_on_write++;
+  std::vector<CellPtr> named = g.cells;  // the cells the program's tensors name now
+  CellPtr new_root;
+  for (const CellPtr& old : named) {
+    if (old->released) continue;
+    bool external = false;
+    for (auto& [impl, e] : externals_) {
+      if (e.cell.get() == old.get()) external = true;
+    }
+    if (!external && old->wrappers.load() == 0) continue;
+    at::Tensor t = view_of(program, *old);
+    CellPtr fresh;
+    if (!new_root) {
+      int64_t nbytes = static_cast<int64_t>(program.nbytes());
+      send_releases();
+      int64_t id = abi_.tensor(h_, nbytes, 1);
+      if (id < 0) fail("memscale_dtr_tensor");
+      Group& ng = groups_[id];
+      ng.storage = program;
+      ng.nbytes = nbytes;
+      external_roots_[program.unsafeGetStorageImpl()] = c10::make_intrusive<Cell>(id, id, -1, t);
+      new_root = external_roots_[program.unsafeGetStorageImpl()];
+      new_root->pinned = true;
+      new_root->session.store(this);
+      ng.cells.push_back(new_root);
+      ng.live = 1;
+      fresh = new_root;
+      counters_.externals++;
+    } else {
+      int64_t base = new_root->id;
+      int64_t size = static_cast<int64_t>(t.nbytes());
+      int32_t alias = 0;
+      int64_t id = -1;
+      send_releases();
+      if (abi_.call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
+      fresh = c10::make_intrusive<Cell>(id, new_root->root, -1, t);
+      fresh->pinned = true;
+      fresh->session.store(this);
+      groups_.at(new_root->root).cells.push_back(fresh);
+      groups_.at(new_root->root).live++;
+    }
+    for (auto& [impl, e] : externals_) {
+      if (e.cell.get() == old.get()) e.cell = fresh;
+    }
+    repoint(old, fresh);
+    for (size_t k = 0; k < in.cells.size(); ++k) {
+      if (in.cells[k].get() == old.get()) {
+        in.cells[k] = fresh;
+        in.ids[k] = fresh->id;
+      }
+    }
+  }
+}
+
+void Session::repoint(const CellPtr& old, const CellPtr& fresh) {
+  if (!old->wrapper.has_value()) return;
+  ImplPtr impl = old->wrapper->lock();
+  old->wrapper.reset();
+  if (!impl) return;
+  auto* w = dynamic_cast<DTRTensorImpl*>(impl.get());
+  if (w == nullptr || w->cell().get() != old.get()) return;
+  name_cell(w, fresh);
+}
+
+void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
+  c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+  std::vector<c10::IValue> originals(args, args + f.n_args);
+  Inputs in;
+  collect(f, args, in);
+  // The inputs it writes, once each.
+  std::vector<int> unique;
+  for (const Slot& s : in.slots) {
+    if (std::find(f.mutated.begin(), f.mutated.end(), s.arg) == f.mutated.end()) continue;
+    bool seen = false;
+    for (int u : unique) seen = seen || in.cells[u].get() == in.cells[s.input].get();
+    if (!seen) unique.push_back(s.input);
+  }
+  bool fresh_results = false;
+  for (size_t r = 0; r < f.n_returns; ++r) fresh_results = fresh_results || f.returns_arg[r] < 0;
+  if (recording_) {
+    for (int u : std::vector<int>(unique)) {
+      const CellPtr c = in.cells[u];
+      if (!c->pinned || !c->tensor.defined()) continue;
+      const Group& g = groups_.at(c->root);
+      bool consumed = fresh_results;
+      for (const CellPtr& x : g.cells) consumed = consumed || x->consumed;
+      if (consumed) copy_on_write(c, in);
+    }
+  }
+  Held held(*this);
+  in.missing = false;
+  for (const CellPtr& c : in.cells) in.missing = in.missing || !derive(c);
+  if (in.missing) make_inputs_resident(in, held);
+  uint64_t size_key = 0;
+  int64_t extra = 0;
+  if (budgeted_ && fresh_results) {
+    extra = predict(op, f, args, &size_key);
+    if (usage_now() + extra > status_->budget) {
+      if (held.empty()) {
+        for (const CellPtr& c : in.cells) held.lock(c->id);
+      }
+      make_room(extra, f.name);
+      for (const CellPtr& c : in.cells) derive(c);
+    }
+  }
+  std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
+  std::vector<at::Tensor> reals;
+  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
+  fill(args, in.slots, reals);
+  reals.clear();
+  int64_t t0 = now_ns();
+  {
+    KernelGuard kernel;
+    op.callBoxed(stack);
+  }
+  int64_t cost = now_ns() - t0;
+  c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
+  // Results that are written arguments go back as the program's objects.
+  Outputs out;
+  for (size_t r = 0; r < f.n_returns; ++r) {
+    int source = f.returns_arg[r];
+    if (source >= 0) {
+      results[r] = originals[source];
+      continue;
+    }
+    for_tensors(results[r], [&](const at::Tensor& t, int elem) {
+      if (!t.defined() || (t.layout() == at::kStrided && t._is_zerotensor())) return;
+      out.tensors.push_back(t);
+      out.places.emplace_back(static_cast<int>(r), elem);
+    });
+  }
+  if (!out.tensors.empty()) {
+    // Fresh results (batch norm's, besides its running statistics): their
+    // re-run writes into scratch copies of the written arguments.
+    int64_t fresh = 0;
+    std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+    if (extra || size_key) learned_sizes_[size_key] = fresh;
+    if (rec) {
+      auto call = std::make_unique<RecordedOp>(*rec);
+      call->outputs = cells;
+      call->fresh_bytes = fresh;
+      call->scratch = f.mutated;
+      ops_[cells.front()->op] = std::move(call);
+    }
+    wrap_results(results, out, cells);
+  }
+  if (!unique.empty()) register_mutation(f, op, in, unique, originals, rec.get(), cost);
+  after_op();
+}
+
+void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op, Inputs& in,
+                                 const std::vector<int>& unique, const std::vector<c10::IValue>& originals,
+                                 RecordedOp* record, int64_t cost) {
+  send_releases();
+  std::vector<int32_t> mutated(unique.begin(), unique.end());
+  std::vector<int64_t> new_ids(unique.size());
+  int64_t op_id = abi_.mutate(h_, f.name.c_str(), in.ids.data(), static_cast<int32_t>(in.ids.size()), mutated.data(),
+                              static_cast<int32_t>(mutated.size()), cost, f.flags, new_ids.data());
+  if (op_id < 0) fail("memscale_dtr_mutate(" + f.name + ")");
+  std::vector<CellPtr> versions;
+  for (size_t j = 0; j < unique.size(); ++j) {
+    const CellPtr old = in.cells[unique[j]];
+    Group& old_group = groups_.at(old->root);
+    // The new version takes over the old memory and its pins.
+    CellPtr fresh = c10::make_intrusive<Cell>(new_ids[j], new_ids[j], op_id, old->tensor);
+    fresh->pinned = old->pinned;
+    fresh->session.store(this);
+    Group& g = groups_[fresh->id];
+    g.storage = old_group.storage;
+    g.nbytes = old_group.nbytes;
+    g.cells.push_back(fresh);
+    g.live = 1;
+    if (old->pinned) {
+      auto root = external_roots_.find(old_group.storage.unsafeGetStorageImpl());
+      if (root != external_roots_.end()) root->second = fresh;
+      for (auto& [impl, e] : externals_) {
+        if (e.cell.get() == old.get()) e.cell = fresh;
+      }
+    }
+    repoint(old, fresh);
+    // Wrappers of the written argument on the stack name the new version too.
+    for (const Slot& s : in.slots) {
+      if (s.input != unique[j]) continue;
+      for_tensors(originals[s.arg], [&](const at::Tensor& t, int elem) {
+        if (elem != s.elem) return;
+        if (DTRTensorImpl* w = wrapper_of(t)) {
+          if (w->cell().get() == old.get()) name_cell(w, fresh);
+        }
+      });
+    }
+    // The engine released the old version; other live views of the storage
+    // now see the new data: each is re-registered as a view of the new version.
+    old->released = true;
+    old_group.live--;
+    for (const CellPtr& alias : std::vector<CellPtr>(old_group.cells)) {
+      if (alias.get() == old.get() || alias->released) continue;
+      if (alias->wrappers.load() == 0) continue;
+      int64_t b = fresh->id;
+      int64_t size = 1;
+      for (int64_t s : alias->sizes) size *= s;
+      size *= static_cast<int64_t>(alias->dtype.itemsize());
+      int32_t zero = 0;
+      int64_t id = -1;
+      int64_t view_op = abi_.call(h_, "alias", &b, 1, &size, &zero, 1, 0, kNoRecompute, &id);
+      if (view_op < 0) fail("memscale_dtr_call(alias)");
+      CellPtr view = c10::make_intrusive<Cell>(id, fresh->root, view_op);
+      view->sizes = alias->sizes;
+      view->strides = alias->strides;
+      view->offset = alias->offset;
+      view->dtype = alias->dtype;
+      view->device = alias->device;
+      view->conj = alias->conj;
+      view->neg = alias->neg;
+      view->pinned = fresh->pinned;
+      view->session.store(this);
+      g.cells.push_back(view);
+      g.live++;
+      repoint(alias, view);
+      alias->released = true;  // the engine keeps it only as the old version's view
+      release_ids_.push_back(alias->id);
+      old_group.live--;
+    }
+    old_group.storage = c10::Storage();
+    for (const CellPtr& c : old_group.cells) c->tensor.reset();
+    versions.push_back(fresh);
+  }
+  if (record != nullptr) {
+    auto rec = std::make_unique<RecordedOp>(*record);
+    rec->kind = RerunKind::kMutation;
+    rec->outputs = versions;
+    rec->mutated = unique;
+    // Every other written argument is left alone by a re-run (scratch copies).
+    rec->scratch.clear();
+    for (int pos : f.mutated) {
+      bool versioned = false;
+      for (int u : unique) {
+        for (const Slot& s : in.slots) versioned = versioned || (s.input == u && s.arg == pos);
+      }
+      if (!versioned) rec->scratch.push_back(pos);
+    }
+    rec->fresh_bytes = 0;
+    for (const CellPtr& v : versions) rec->fresh_bytes += groups_.at(v->root).nbytes;
+    ops_[op_id] = std::move(rec);
+  }
+}
+
+// ---------------------------------------------------------------- rebuilding
+
+void Session::materialize(const CellPtr& cell, Held& held) {
+  for (int attempt = 0; attempt < kMaxPlansPerCell; ++attempt) {
+    if (derive(cell)) {
+      held.lock(cell->id);
+      return;
+    }
+    send_releases();
+    int32_t kinds[1024];
+    int64_t ids[1024];
+    int32_t n = abi_.plan(h_, cell->id, kinds, ids, 1024);
+    if (n < 0) fail("memscale_dtr_plan(" + std::to_string(cell->id) + ")");
+    TORCH_CHECK(n <= 1024, "memscale.dtr: a rebuild plan of ", n, " steps is longer than the native region's 1024");
+    TORCH_CHECK(n > 0 || groups_.at(cell->root).resident(), "memscale.dtr: the engine holds storage ", cell->root,
+                " resident, but the region has no data for it");
+    for (int32_t i = 0; i < n; ++i) {
+      if (kinds[i] == kStepSwapIn) {
+        swap_in(ids[i]);
+      } else {
+        rerun(ids[i]);
+      }
+    }
+  }
+  TORCH_CHECK(false, "memscale.dtr: tensor ", cell->id, " was evicted again by every one of ", kMaxPlansPerCell,
+              " rebuild plans; raise the budget");
+}
+
+void Session::swap_in(int64_t root) {
+  Group& g = groups_.at(root);
+  TORCH_CHECK(g.host.defined(), "memscale.dtr: the engine asked to copy back storage ", root,
+              ", which was never copied out");
+  const c10::Device device = g.cells.front()->device;
+  if (budgeted_) make_room(g.nbytes, "a copy back from host memory");
+  {
+    KernelGuard guard;
+    g.storage = g.host.to(device).storage();
+  }
+  g.host.reset();
+  if (abi_.swapped_in(h_, root) < 0) fail("memscale_dtr_swapped_in");
+}
+
+void Session::rerun(int64_t op_id) {
+  auto it = ops_.find(op_id);
+  TORCH_CHECK(it != ops_.end(), "memscale.dtr: the engine asked to re-run op ", op_id, ", which was not recorded");
+  RecordedOp& r = *it->second;
+  Held held(*this);
+  for (const CellPtr& c : r.inputs) {
+    if (derive(c)) {
+      held.lock(c->id);
+    } else {
+      materialize(c, held);
+    }
+  }
+  if (budgeted_ && r.fresh_bytes) make_room(r.fresh_bytes, "a re-run of " + r.op.schema().name());
+  std::vector<at::Tensor> reals;
+  reals.reserve(r.inputs.size());
+  std::vector<c10::Storage> copies(r.inputs.size());
+  for (size_t k = 0; k < r.inputs.size(); ++k) {
+    const CellPtr& c = r.inputs[k];
+    derive(c);
+    bool copy = false;
+    if (r.kind == RerunKind::kMutation) {
+      copy = std::find(r.mutated.begin(), r.mutated.end(), static_cast<int>(k)) != r.mutated.end();
+    }
+    for (const Slot& s : r.slots) {
+      if (s.input == static_cast<int>(k) && std::find(r.scratch.begin(), r.scratch.end(), s.arg) != r.scratch.end()) {
+        copy = true;
+      }
+    }
+    if (copy) {
+      copies[k] = copy_storage(c->tensor.storage(), c->device);
+      reals.push_back(view_of(copies[k], *c));
+    } else {
+      reals.push_back(c->tensor);
+    }
+  }
+  torch::jit::Stack stack(r.args.begin(), r.args.end());
+  if (r.shape_only) {
+    const at::Tensor& meta = r.args[0].toTensor();
+    const CellPtr& any = r.outputs.front();
+    KernelGuard guard;
+    stack[0] = at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(any->device));
+  }
+  fill(stack.data(), r.slots, reals);
+  c10::optional<at::Tensor> saved;
+  if (r.rng_state.defined()) {
+    std::lock_guard<std::mutex> lock(r.generator->mutex());
+    saved = r.generator->get_state();
+    r.generator->set_state(r.rng_state);
+  }
+  int64_t t0 = now_ns();
+  try {
+    KernelGuard kernel;
+    r.op.callBoxed(&stack);
+  } catch (...) {
+    if (saved) {
+      std::lock_guard<std::mutex> lock(r.generator->mutex());
+      r.generator->set_state(*saved);
+    }
+    throw;
+  }
+  int64_t cost = now_ns() - t0;
+  if (saved) {
+    std::lock_guard<std::mutex> lock(r.generator->mutex());
+    r.generator->set_state(*saved);
+  }
+  counters_.reruns++;
+  if (r.kind == RerunKind::kMutation) {
+    for (size_t j = 0; j < r.outputs.size(); ++j) {
+      Group& g = groups_.at(r.outputs[j]->root);
+      if (!g.resident()) g.storage = copies[r.mutated[j]];
+    }
+  } else {
+    std::vector<at::Tensor> outs;
+    for (const c10::IValue& v : stack) {
+      for_tensors(v, [&](const at::Tensor& t, int) {
+        if (!t.defined() || (t.layout() == at::kStrided && t._is_zerotensor())) return;
+        outs.push_back(t);
+      });
+    }
+    TORCH_CHECK(outs.size() == r.outputs.size(), "memscale.dtr: a re-run of ", r.op.schema().name(), " returned ",
+                outs.size(), " tensors, its first run ", r.outputs.size());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const CellPtr& c = r.outputs[k];
+      if (c->root != c->id) continue;  // a view: derived from its base's storage
+      Group& g = groups_.at(c->root);
+      if (!g.resident()) g.storage = outs[k].storage();
+    }
+  }
+  if (abi_.rematerialized(h_, op_id, cost) < 0) fail("memscale_dtr_rematerialized");
+}
+
+at::Tensor Session::read(const CellPtr& cell) {
+  std::lock_guard<std::recursive_mutex> guard(mu_);
+  if (cell->session.load() != this || closed_) {
+    TORCH_CHECK(cell->tensor.defined(),
+                "memscale.dtr: this tensor was evicted inside a memscale.dtr region that exited with an error; "
+                "its data cannot be rebuilt");
+    return cell->tensor;
+  }
+  {
+    Held held(*this);
+    materialize(cell, held);
+  }
+  at::Tensor t = cell->tensor;
+  after_op();
+  return t;
+}
+
+// --------------------------------------------------------------------- close
+
+std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
+  std::lock_guard<std::recursive_mutex> guard(mu_);
+  std::vector<std::pair<at::Tensor, at::Tensor>> handed;
+  if (closed_) return handed;
+  try {
+    take_releases();
+    if (ok) {
+      send_releases();
+      if (abi_.finish(h_) < 0) fail("memscale_dtr_finish");
+      std::vector<CellPtr> escaping;
+      for (auto& [root, g] : groups_) {
+        for (const CellPtr& c : g.cells) {
+          if (!c->released && c->wrappers.load() > 0) escaping.push_back(c);
+        }
+      }
+      for (const CellPtr& c : escaping) {
+        Held held(*this);
+        materialize(c, held);
+      }
+      // Gradients of the parameters seen: plain tensors again.
+      for (auto& weak : leaves_) {
+        ImplPtr impl = weak.lock();
+        if (!impl) continue;
+        at::Tensor param(std::move(impl));
+        const at::Tensor& grad = param.grad();
+        if (DTRTensorImpl* w = wrapper_of(grad)) {
+          at::Tensor real = w->cell()->tensor;
+          if (real.defined()) param.mutable_grad() = real;
+        }
+      }
+      send_releases();
+    }
+  } catch (...) {
+    closed_ = true;
+    for (auto& [root, g] : groups_) {
+      for (const CellPtr& c : g.cells) c->session.store(nullptr);
+    }
+    throw;
+  }
+  closed_ = true;
+  for (auto& [root, g] : groups_) {
+    for (const CellPtr& c : g.cells) {
+      c->session.store(nullptr);
+      if (c->wrappers.load() > 0 && !c->released) {
+        derive(c);
+        if (ok && c->tensor.defined() && c->wrapper.has_value()) {
+          ImplPtr impl = c->wrapper->lock();
+          if (impl && !impl->requires_grad()) handed.emplace_back(at::Tensor(std::move(impl)), c->tensor);
+        }
+      } else {
+        c->tensor.reset();
+      }
+      c->wrapper.reset();
+    }
+  }
+  groups_.clear();
+  ops_.clear();
+  externals_.clear();
+  external_roots_.clear();
+  leaves_.clear();
+  {
+    std::lock_guard<std::mutex> g(release_mu_);
+    released_.clear();
+  }
+  return handed;
+}
+
+// ----------------------------------------------------------------- outside
+
+void run_outside(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  c10::IValue* args = stack->data() + (stack->size() - n);
+  for (size_t i = 0; i < n; ++i) {
+    bool owned = false;
+    std::vector<std::pair<int, at::Tensor>> reals;
+    for_tensors(args[i], [&](const at::Tensor& t, int elem) {
+      DTRTensorImpl* w = wrapper_of(t);
+      if (w == nullptr) return;
+      const CellPtr& cell = w->cell();
+      Session* s = cell->session.load();
+      at::Tensor real = s != nullptr ? s->read(cell) : cell->tensor;
+      TORCH_CHECK(real.defined(),
+                  "memscale.dtr: this tensor was evicted inside a memscale.dtr region that exited with an error; "
+                  "its data cannot be rebuilt");
+      reals.emplace_back(elem, real);
+    });
+    for (auto& [elem, real] : reals) {
+      if (elem >= 0 && !owned) {
+        own_lists(args[i]);
+        owned = true;
+      }
+      set_tensor(args[i], elem, real);
+    }
+  }
+  KernelGuard kernel;
+  op.callBoxed(stack);
+}
+
+}  // namespace memscale

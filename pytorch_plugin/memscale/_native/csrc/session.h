@@ -1,0 +1,189 @@
+// One entry of a native DTR region: its engine handle and its bookkeeping.
+//
+// The C++ twin of memscale/_region/session.py + dispatch.py + rebuild.py for
+// the per-op path. A Session lives from a region's entry to its exit; the
+// engine instance is created and destroyed by Python (memscale._native.engine),
+// which hands its handle over. For every op the region's kernel hands over
+// (Session::dispatch):
+//
+//  1. releases queued by dying wrappers go to the engine with the op;
+//  2. the arguments become cells: wrappers name theirs, plain tensors are
+//     registered as pinned externals on first sight;
+//  3. evicted inputs are rebuilt from the engine's plans (re-runs of recorded
+//     ops, copies back from host memory), every input locked meanwhile;
+//  4. under a budget the engine makes room first for the bytes the op is about
+//     to allocate (learned per op and argument shapes; predicted on the meta
+//     device the first time);
+//  5. the op runs on the real tensors, is registered (memscale_dtr_op: one
+//     call with the releases, handing back the storages the engine freed) and
+//     recorded for re-runs; its results come back as wrappers;
+//  6. the budget loop runs when the engine's status block says it has work.
+//
+// In-place ops make new versions (memscale_dtr_mutate): the wrapper moves to the
+// new version, the old one stays recomputable; a pinned storage that a
+// recorded op read is copied before it is overwritten. Decides nothing: the
+// engine chooses victims and plans rebuilds.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "cell.h"
+#include "engine_abi.h"
+#include "op_facts.h"
+
+namespace memscale {
+
+// What Python tells a session about its entry.
+struct SessionOptions {
+  int64_t handle = 0;          // the engine instance (memscale_dtr_create)
+  std::string library;         // the loaded libmemscale.so
+  bool budgeted = false;       // a budget > 0, or the stress setting
+  bool recording = true;       // ops are recorded (recompute allowed)
+  int64_t usage_address = 0;   // the allocator's published usage (usage "allocator"), or 0
+  int64_t drain_batch = 256;   // without a budget: freed storages fetched this many at a time
+};
+
+// Counters of the native path itself (the engine keeps the DTR counters).
+struct SessionCounters {
+  int64_t ops = 0;
+  int64_t reruns = 0;
+  int64_t predictions = 0;       // output sizes predicted on the meta device
+  int64_t copies_on_write = 0;
+  int64_t externals = 0;
+};
+
+class Session {
+ public:
+  explicit Session(const SessionOptions& options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs one op inside the region (the kernel's job while this session is active).
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+  // The real tensor of a cell of this session, rebuilt if evicted.
+  at::Tensor read(const CellPtr& cell);
+
+  // A wrapper died: its cell is released at the next op (any thread).
+  void queue_release(const CellPtr& cell);
+
+  // Ends the entry: with ok, what escapes is made resident first; gradients
+  // of the parameters seen become plain tensors. Returns the escaping
+  // wrappers that do not require grad, each with its real tensor (Python
+  // hands them back as plain tensors). Every cell is detached afterwards.
+  std::vector<std::pair<at::Tensor, at::Tensor>> close(bool ok);
+
+  void set_budgeted(bool budgeted);
+  bool closed() const { return closed_; }
+  const SessionCounters& counters() const { return counters_; }
+
+  // While suspended (an optimizer step) ops run as outside the region.
+  std::atomic<bool> suspended{false};
+
+ private:
+  struct Inputs;
+  struct Outputs;
+  class Held;
+  struct External {
+    WeakImpl weak;
+    CellPtr cell;
+  };
+
+  // Arguments and results.
+  void collect(const OpFacts& f, c10::IValue* args, Inputs& in);
+  CellPtr cell_of(const at::Tensor& t);
+  CellPtr extern_cell(const at::Tensor& t);
+  void make_inputs_resident(Inputs& in, Held& held);
+  void fill(c10::IValue* args, const std::vector<Slot>& slots, const std::vector<at::Tensor>& reals);
+  void flatten_results(c10::IValue* results, size_t n, Outputs& out);
+  std::vector<CellPtr> register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+                                     int64_t* fresh_bytes);
+  void wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells);
+
+  // The paths of dispatch.
+  void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
+  void dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
+  void dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
+  void copy_on_write(const CellPtr& cell, Inputs& in);
+  void register_mutation(const OpFacts& f, const c10::OperatorHandle& op, Inputs& in, const std::vector<int>& unique,
+                         const std::vector<c10::IValue>& originals, RecordedOp* record, int64_t cost);
+  void repoint(const CellPtr& old, const CellPtr& fresh);
+
+  // Sizes and recording.
+  int64_t predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key);
+  std::unique_ptr<RecordedOp> start_record(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args,
+                                           const Inputs& in);
+
+  // Rebuilding.
+  void materialize(const CellPtr& cell, Held& held);
+  bool derive(const CellPtr& cell);
+  void rerun(int64_t op_id);
+  void swap_in(int64_t root);
+
+  // The engine.
+  void after_op();
+  void make_room(int64_t extra, const std::string& what);
+  void evict(int64_t extra, const std::string& why);
+  void carry_out(int64_t root, int32_t action);
+  void drop(Group& g);
+  void take_releases();
+  void send_releases();
+  void release_expired_externals();
+  int64_t usage_now() const;
+  [[noreturn]] void fail(const std::string& what) const;
+
+  const EngineAbi& abi_;
+  const int64_t h_;
+  const EngineStatus* status_;
+  const bool recording_;
+  const std::atomic<int64_t>* usage_live_;
+  const int64_t drain_batch_;
+  bool budgeted_ = false;
+  int64_t drain_at_ = 1;
+  bool closed_ = false;
+
+  std::recursive_mutex mu_;
+  std::unordered_map<int64_t, Group> groups_;
+  std::unordered_map<int64_t, std::unique_ptr<RecordedOp>> ops_;
+  std::unordered_map<const c10::TensorImpl*, External> externals_;
+  std::unordered_map<const c10::StorageImpl*, CellPtr> external_roots_;
+  std::vector<WeakImpl> leaves_;
+  std::unordered_map<uint64_t, int64_t> learned_sizes_;
+
+  std::mutex release_mu_;
+  std::vector<CellPtr> released_;       // queued by dying wrappers
+  std::vector<int64_t> release_ids_;    // told to the engine with its next call
+  std::vector<int64_t> frame_;
+  SessionCounters counters_;
+  int64_t ops_since_scan_ = 0;
+};
+
+// The session ops go to, or null (set by the region's entry, process-wide:
+// autograd's worker threads run the backward ops of the entered region).
+Session* active_session();
+void set_active_session(Session* session);
+
+// Runs an op as outside any region: wrappers replaced by their real tensors
+// (rebuilt through their open session when evicted), plain results.
+void run_outside(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// A tensor on `storage` with the geometry of `cell` (no dispatch).
+at::Tensor view_of(const c10::Storage& storage, const Cell& cell);
+
+// The bytes of a whole storage, as a uint8 tensor (no dispatch).
+at::Tensor bytes_of(const c10::Storage& storage, const c10::Device& device);
+
+}  // namespace memscale

@@ -1,0 +1,211 @@
+"""The native region: an entry whose per-op path is the C++ extension.
+
+:class:`NativeSession` stands where :class:`~.session.Session` stands for a
+Python entry, and :class:`NativeMode` where :class:`~.mode.RegionMode` does:
+the region (:class:`~.region.DTRRegion`) creates one of each per entry when
+:func:`use_native` says so. Python keeps the engine's lifetime
+(:class:`~memscale._native.engine.Engine`: create, stats, tuning, destroy)
+and the exit's hand-back of escaping tensors; every op, eviction and rebuild
+happens in C++ (``memscale/_native/csrc/session.h``).
+
+What the native path does not do yet chooses the Python region at entry
+(never in the middle of a step): a trace recorder (``sink``), verified
+rebuilds (:func:`memscale.check`'s), the drop-in steps' failed-backward
+watch, and parking nested rebuilds in host memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._native import lib as _lib
+from .._native import region_ext
+from .._native.engine import Engine
+from ..errors import MemscaleError
+from .device import sync_count
+from .tensor import hand_back
+
+if TYPE_CHECKING:
+    from .region import DTRRegion
+
+log = logging.getLogger("memscale")
+
+_warned = False
+
+
+def use_native(region: DTRRegion, sink: Any) -> bool:
+    """Whether an entry of ``region`` runs on the native path.
+
+    ``MEMSCALE_NATIVE=1`` requires it (an error says why it cannot be used),
+    ``0`` refuses it; unset, it is used when the extension builds and loads
+    and the entry needs nothing it lacks, else the Python path is, with one
+    warning per process when the extension is what failed.
+
+    Raises:
+        MemscaleError: ``MEMSCALE_NATIVE=1`` and the native region cannot run
+            this entry.
+    """
+    global _warned
+    wanted = region_ext.choice()
+    if wanted is False:
+        return False
+    lacking = _lacking(region, sink)
+    if lacking is not None:
+        if wanted:
+            raise MemscaleError(f"MEMSCALE_NATIVE=1: the native region does not support {lacking} yet; unset it")
+        return False
+    if region_ext.extension() is None:
+        reason = region_ext.unavailable_reason()
+        if wanted:
+            raise MemscaleError(f"MEMSCALE_NATIVE=1: the native region's extension cannot be used: {reason}")
+        if not _warned:
+            _warned = True
+            log.warning(
+                "memscale: the native region's extension cannot be used (%s); using the Python region, whose "
+                "per-op bookkeeping costs about 10x more CPU time (set MEMSCALE_NATIVE=0 to silence this)",
+                reason,
+            )
+        return False
+    return True
+
+
+def _lacking(region: DTRRegion, sink: Any) -> str | None:
+    if sink is not None:
+        return "trace recording (memscale record)"
+    if region.verify_where is not None:
+        return "verified rebuilds (memscale.check)"
+    if region.ends_on_failed_backward:
+        return "the drop-in steps' failed-backward watch"
+    return None
+
+
+class NativeSession:
+    """One native entry: the engine instance and the C++ session on it."""
+
+    def __init__(self, region: DTRRegion, config: dict[str, Any]) -> None:
+        ext = region_ext.extension()
+        assert ext is not None
+        self.region = region
+        self.config = config
+        self.engine = Engine(config)
+        self.status = self.engine.status
+        self.tuning: dict[str, Any] | None = None
+        self.tune_error: str | None = None
+        self.nested_restarts = 0
+        self.sync_mark = sync_count()
+        self._sync_end: int | None = None
+        usage_address = 0
+        if config.get("usage") == "allocator":
+            usage_address = int(_lib.lib().memscale_allocated_address(int(config.get("device") or 0)) or 0)
+        budgeted = int(config.get("budget") or 0) > 0 or bool(config.get("stress"))
+        self.native = ext.Session(
+            self.engine.handle, region_ext.library_path(), budgeted, region.recompute, usage_address
+        )
+        self.closed = False
+
+    def set_budget(self, budget: int) -> None:
+        """Change the running entry's budget (bytes, 0 = unlimited)."""
+        self.engine.set_budget(budget)
+        self.native.set_budgeted(budget > 0 or bool(self.config.get("stress")))
+
+    def synchronizations(self) -> int:
+        """How many times the entry's code waited for the device."""
+        end = self._sync_end if self._sync_end is not None else sync_count()
+        return end - self.sync_mark
+
+    def counters(self) -> dict[str, int]:
+        """The native path's own counters (ops, re-runs, predictions...)."""
+        return dict(self.native.counters())
+
+    def close(self, ok: bool) -> dict[str, Any]:
+        """Make what escapes resident, hand it back, destroy the engine; returns its stats."""
+        stats: dict[str, Any] = {}
+        try:
+            handed = self.native.close(ok)
+            stats = self.engine.stats()
+            if ok and stats.get("auto"):
+                try:
+                    self.tuning = self.engine.tune()
+                except MemscaleError as exc:
+                    self.tune_error = str(exc)
+        finally:
+            self.closed = True
+            self._sync_end = sync_count()
+            self.engine.close()
+        # A view's wrapper references its base's: go round until a round hands back nothing.
+        pending = list(handed)
+        while pending:
+            left = [(w, t) for w, t in pending if not hand_back(w, t)]
+            if len(left) == len(pending):
+                break
+            pending = left
+        return stats
+
+
+class NativeMode:
+    """The native region's switch on this thread: the region key in the
+    thread-local include set and the session active while entered."""
+
+    def __init__(self, session: NativeSession) -> None:
+        self._session = session
+        self._was_included = False
+        self.watch_backward = False
+
+    @property
+    def session(self) -> NativeSession:
+        """The entry's session (replaced by :meth:`DTRRegion.end_step`)."""
+        return self._session
+
+    @session.setter
+    def session(self, fresh: NativeSession) -> None:
+        ext = region_ext.extension()
+        assert ext is not None
+        ext.leave(self._session.native, self._was_included)
+        self._session = fresh
+        self._was_included = ext.enter(fresh.native)
+
+    def __enter__(self) -> NativeMode:
+        ext = region_ext.extension()
+        assert ext is not None
+        self._was_included = ext.enter(self._session.native)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ext = region_ext.extension()
+        assert ext is not None
+        ext.leave(self._session.native, self._was_included)
+
+    @property
+    def suspended(self) -> bool:
+        """While set, ops run as outside the region (the optimizer's update)."""
+        return bool(self._session.native.suspended)
+
+    @suspended.setter
+    def suspended(self, on: bool) -> None:
+        ext = region_ext.extension()
+        assert ext is not None
+        self._session.native.suspended = on
+        ext.set_included(not on)
+
+    def backward_failure(self) -> BaseException | None:
+        """Not watched on the native path (see :func:`use_native`)."""
+        return None
+
+
+def is_native_tensor(t: Any) -> bool:
+    """Whether ``t`` is a tensor of a native region."""
+    ext = region_ext.extension() if region_ext.choice() is not False else None
+    return ext is not None and isinstance(t, torch.Tensor) and bool(ext.is_wrapper(t))
+
+
+def unwrap_native(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor behind a native region tensor (rebuilt if evicted)."""
+    ext = region_ext.extension()
+    assert ext is not None
+    return ext.unwrap(t)  # type: ignore[no-any-return]
+
+
+__all__ = ["NativeMode", "NativeSession", "is_native_tensor", "unwrap_native", "use_native"]
