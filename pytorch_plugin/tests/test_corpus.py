@@ -1,0 +1,56 @@
+"""The script corpus (bench/scripts/, run by bench/corpus.py): public-style
+training scripts, unchanged, plainly and under ``python -m memscale run``.
+
+With nothing to evict, what a script prints and saves must be bitwise the
+plain run's. At half of its measured peak it must be bitwise too, or stop with
+memscale's one-line error that the budget is below what a step needs (the
+scripts whose first layer's activations are half their peak). The fast subset
+(the hand-written SGD loop and the GAN, nothing to evict) runs in ``make test``;
+the rest is slow.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from _helpers import require_engine
+
+pytest.importorskip("torch")
+require_engine()
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import corpus  # noqa: E402
+
+#: A whole model saved with torch.save(model) names memscale's (detached)
+#: hooks: the same state, but loading it needs memscale importable (README, Limits).
+PICKLE_NAMES_MEMSCALE = "model.pt: the same state, but its pickle names memscale (hooks left on the model)"
+
+
+def _check(script: str, variants: list[str]) -> None:
+    rows = corpus.check(script, variants)
+    assert [r.variant for r in rows] == variants, rows
+    for row in rows:
+        if row.variant == "half" and row.error is not None:
+            assert "is below what" in row.error and row.error.startswith("exit 2: memscale: error: "), row
+            continue
+        assert row.error is None, row
+        assert all(d == PICKLE_NAMES_MEMSCALE for d in row.differences), row.differences
+        assert row.steps and row.peak, row
+        if row.variant == "roomy":
+            assert row.evictions == 0, row
+        else:
+            assert row.evictions and row.budget and row.peak <= row.budget, row
+
+
+@pytest.mark.parametrize("script", ["word_lstm", "dcgan"])
+def test_a_script_with_nothing_to_evict_prints_and_saves_what_it_does_plainly(script: str) -> None:
+    _check(script, ["roomy"])
+
+
+@pytest.mark.slow  # three runs of each script in child processes
+@pytest.mark.parametrize("script", list(corpus.SCRIPTS))
+def test_every_corpus_script_under_memscale_run(script: str) -> None:
+    _check(script, ["roomy", "half"])
