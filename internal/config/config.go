@@ -41,6 +41,9 @@ const (
 	// being read as something else.
 	EnvOpBatch     = "MEMSCALE_OP_BATCH"
 	EnvNoExtension = "MEMSCALE_NO_EXTENSION"
+	// EnvNative chooses the DTR region's per-op path: 1 the native (C++)
+	// region, 0 the Python one, unset the native one when it builds.
+	EnvNative = "MEMSCALE_NATIVE"
 )
 
 // otherKnownVars are MEMSCALE_* variables read by other parts of memscale
@@ -256,6 +259,7 @@ func Load(lookup LookupFunc) (Config, error) {
 	choice(&l, EnvLogFormat, LogFormats, func(v string) { c.LogFormat = v })
 	l.positive(EnvOpBatch, MaxOpBatch, "ops registered per engine call; 1: one call per op", &c.OpBatch)
 	choice(&l, EnvNoExtension, []string{"1", "0"}, func(v string) { c.NoExtension = v == "1" })
+	choice(&l, EnvNative, []string{"1", "0"}, func(v string) {})
 	l.budgetSlack(EnvBudgetSlack, &c.BudgetSlack)
 
 	if err := c.checkStatic(); err != nil {
@@ -343,7 +347,7 @@ func KnownVars() []string {
 		EnvBackend, EnvMemoryLimit, EnvEvictionThreshold, EnvEvicteeMinSize,
 		EnvHeuristic, EnvRecompTimeFactor, EnvRecompMemoryFactor, EnvSimCapacity,
 		EnvTraceCapacity, EnvLogLevel, EnvLogFormat, EnvOpBatch, EnvNoExtension,
-		EnvBudgetSlack,
+		EnvBudgetSlack, EnvNative,
 	}
 }
 

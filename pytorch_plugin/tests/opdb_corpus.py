@@ -216,7 +216,8 @@ def open_region(mode: str) -> Iterator[Any]:
         region = memscale.dtr(1 << 40, heuristic="lru", evictee_min_size=0)
     else:
         raise ValueError(f"opdb mode {mode!r}")
-    with region:
+    # These two settings reach into the Python region's internals: they run on it.
+    with _python_region(mode in ("emulated-stress", "harsh")), region:
         if mode == "emulated-stress":
             session = region._session
             after_op = session.after_op
@@ -231,6 +232,23 @@ def open_region(mode: str) -> Iterator[Any]:
                 yield region
             return
         yield region
+
+
+@contextlib.contextmanager
+def _python_region(wanted: bool) -> Iterator[None]:
+    """``MEMSCALE_NATIVE=0`` for the block when ``wanted``."""
+    if not wanted:
+        yield
+        return
+    old = os.environ.get("MEMSCALE_NATIVE")
+    os.environ["MEMSCALE_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MEMSCALE_NATIVE"]
+        else:
+            os.environ["MEMSCALE_NATIVE"] = old
 
 
 @contextlib.contextmanager

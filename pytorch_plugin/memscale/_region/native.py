@@ -69,7 +69,42 @@ def use_native(region: DTRRegion, sink: Any) -> bool:
                 reason,
             )
         return False
+    _read_data_through_wrappers()
     return True
+
+
+_patched = False
+
+
+def _read_data_through_wrappers() -> None:
+    """Let the few tensor methods that read data without an op (``tolist``,
+    ``numpy``, printing) read a native region tensor's real tensor.
+
+    A native wrapper has no storage of its own; every op on it reaches the
+    region, but ``Tensor.tolist``, ``Tensor.numpy`` and ``repr`` read the data
+    pointer directly. Each is wrapped once per process to pass the real
+    tensor (rebuilt if evicted) for a wrapper and the tensor itself otherwise.
+    """
+    global _patched
+    if _patched:
+        return
+    ext = region_ext.extension()
+    assert ext is not None
+    unwrap = ext.unwrap
+    import torch._tensor_str as tensor_str
+
+    def reading(method: Any) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return method(unwrap(self), *args, **kwargs)
+
+        read.__name__ = getattr(method, "__name__", "read")
+        read.__doc__ = getattr(method, "__doc__", None)
+        return read
+
+    torch.Tensor.tolist = reading(torch.Tensor.tolist)  # type: ignore[method-assign]
+    torch.Tensor.numpy = reading(torch.Tensor.numpy)  # type: ignore[method-assign]
+    tensor_str._str = reading(tensor_str._str)
+    _patched = True
 
 
 def _lacking(region: DTRRegion, sink: Any) -> str | None:

@@ -51,6 +51,7 @@ struct Cell : c10::intrusive_ptr_target {
   bool pinned = false;    // never evicted (externals, their aliases and versions)
   bool released = false;  // no wrapper or external names it any more
   bool consumed = false;  // a recorded op read it (a pinned one is copied on write)
+  bool external = false;  // a plain tensor of the program names it (Session's externals)
   // Wrappers naming this cell; the last one to die queues its release.
   std::atomic<int> wrappers{0};
   // The latest wrapper made for it (to repoint it after an in-place op, and
@@ -100,6 +101,7 @@ struct Slot {
 enum class RerunKind : uint8_t {
   kCall,      // run the op again; its fresh outputs are the results
   kMutation,  // run the in-place op on copies of the old versions it wrote
+  kView,      // nothing to run: a view re-derived from its base's storage
 };
 
 struct RecordedOp {

@@ -79,7 +79,13 @@ class Registry {
       if (done_.count(key)) continue;
       auto op = d.findOp(name);
       if (!op.has_value() || !op->hasSchema()) continue;
-      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      // An op that decomposes for every backend (no kernel of its own for
+      // the CPU or CUDA) decomposes above the region too; one with kernels
+      // of its own (silu_backward) runs them, as on plain tensors.
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+        continue;
+      }
       if (op->hasKernelForDispatchKey(kRegionKey)) continue;  // someone else's: leave it
       handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
                                         std::nullopt, nullptr, kDebug));

@@ -4,10 +4,12 @@
 // per operator, not only as a backend fallback: a fallback is shadowed by the
 // CompositeExplicitAutograd kernels many ops have (add.Tensor, mm,
 // mul.Scalar), which cover every backend key, PrivateUse2 included. Ops with
-// a CompositeImplicitAutograd kernel are skipped: they decompose above
-// autograd into ops that reach the region one by one (a kernel of ours would
-// take precedence over the decomposition and leave autograd without a
-// formula). The fallback still catches ops with no kernel of any kind for the
+// a CompositeImplicitAutograd kernel and no CPU or CUDA kernel of their own
+// are skipped: they decompose above autograd into ops that reach the region
+// one by one (a kernel of ours would take precedence over the decomposition
+// and leave autograd without a formula). Ops with both (silu_backward) get
+// ours, so they run their own kernels as they do on plain tensors (the
+// decomposition differs in the last bits). The fallback still catches ops with no kernel of any kind for the
 // key. Operators defined after the first registration (a library imported
 // later, a torch.library custom op) are seen by a registration listener and
 // registered at the next region entry (refresh_kernels).

@@ -357,6 +357,7 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
     if (key != nullptr && storage.data() != nullptr) external_roots_[key] = cell;
   }
   cell->pinned = true;
+  cell->external = true;
   cell->session.store(this);
   externals_.emplace(impl, External{WeakImpl(t.getIntrusivePtr()), cell});
   if (t.requires_grad() && t.is_leaf()) leaves_.emplace_back(t.getIntrusivePtr());
@@ -806,11 +807,7 @@ void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
   CellPtr new_root;
   for (const CellPtr& old : named) {
     if (old->released) continue;
-    bool external = false;
-    for (auto& [impl, e] : externals_) {
-      if (e.cell.get() == old.get()) external = true;
-    }
-    if (!external && old->wrappers.load() == 0) continue;
+    if (!old->external && old->wrappers.load() == 0) continue;
     at::Tensor t = view_of(program, *old);
     CellPtr fresh;
     if (!new_root) {
@@ -842,9 +839,7 @@ void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
       groups_.at(new_root->root).cells.push_back(fresh);
       groups_.at(new_root->root).live++;
     }
-    for (auto& [impl, e] : externals_) {
-      if (e.cell.get() == old.get()) e.cell = fresh;
-    }
+    move_externals(old, fresh);
     repoint(old, fresh);
     for (size_t k = 0; k < in.cells.size(); ++k) {
       if (in.cells[k].get() == old.get()) {
@@ -853,6 +848,15 @@ void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
       }
     }
   }
+}
+
+void Session::move_externals(const CellPtr& old, const CellPtr& fresh) {
+  if (!old->external) return;
+  for (auto& [impl, e] : externals_) {
+    if (e.cell.get() == old.get()) e.cell = fresh;
+  }
+  old->external = false;
+  fresh->external = true;
 }
 
 void Session::repoint(const CellPtr& old, const CellPtr& fresh) {
@@ -976,10 +980,8 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     if (old->pinned) {
       auto root = external_roots_.find(old_group.storage.unsafeGetStorageImpl());
       if (root != external_roots_.end()) root->second = fresh;
-      for (auto& [impl, e] : externals_) {
-        if (e.cell.get() == old.get()) e.cell = fresh;
-      }
     }
+    move_externals(old, fresh);
     repoint(old, fresh);
     // Wrappers of the written argument on the stack name the new version too.
     for (const Slot& s : in.slots) {
@@ -997,14 +999,14 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     old_group.live--;
     for (const CellPtr& alias : std::vector<CellPtr>(old_group.cells)) {
       if (alias.get() == old.get() || alias->released) continue;
-      if (alias->wrappers.load() == 0) continue;
+      if (alias->wrappers.load() == 0 && !alias->external) continue;
       int64_t b = fresh->id;
       int64_t size = 1;
       for (int64_t s : alias->sizes) size *= s;
       size *= static_cast<int64_t>(alias->dtype.itemsize());
       int32_t zero = 0;
       int64_t id = -1;
-      int64_t view_op = abi_.call(h_, "alias", &b, 1, &size, &zero, 1, 0, kNoRecompute, &id);
+      int64_t view_op = abi_.call(h_, "alias", &b, 1, &size, &zero, 1, 0, recording_ ? 0 : kNoRecompute, &id);
       if (view_op < 0) fail("memscale_dtr_call(alias)");
       CellPtr view = c10::make_intrusive<Cell>(id, fresh->root, view_op);
       view->sizes = alias->sizes;
@@ -1018,7 +1020,15 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
       view->session.store(this);
       g.cells.push_back(view);
       g.live++;
+      if (recording_) {
+        auto rec = std::make_unique<RecordedOp>(op);
+        rec->kind = RerunKind::kView;
+        rec->inputs = {fresh};
+        rec->outputs = {view};
+        ops_[view_op] = std::move(rec);
+      }
       repoint(alias, view);
+      move_externals(alias, view);
       alias->released = true;  // the engine keeps it only as the old version's view
       release_ids_.push_back(alias->id);
       old_group.live--;
@@ -1100,6 +1110,11 @@ void Session::rerun(int64_t op_id) {
     } else {
       materialize(c, held);
     }
+  }
+  if (r.kind == RerunKind::kView) {
+    // Its base is resident now: the view is derived when read.
+    if (abi_.rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
+    return;
   }
   if (budgeted_ && r.fresh_bytes) make_room(r.fresh_bytes, "a re-run of " + r.op.schema().name());
   std::vector<at::Tensor> reals;
@@ -1214,10 +1229,11 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
           if (!c->released && c->wrappers.load() > 0) escaping.push_back(c);
         }
       }
-      for (const CellPtr& c : escaping) {
-        Held held(*this);
-        materialize(c, held);
-      }
+      // Everything that leaves stays locked until all of it is resident (the
+      // engine lets usage exceed the budget after finish, but still evicts
+      // what is unlocked to stay within it).
+      Held held(*this);
+      for (const CellPtr& c : escaping) materialize(c, held);
       // Gradients of the parameters seen: plain tensors again.
       for (auto& weak : leaves_) {
         ImplPtr impl = weak.lock();

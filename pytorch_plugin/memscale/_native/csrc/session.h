@@ -121,6 +121,7 @@ class Session {
   void register_mutation(const OpFacts& f, const c10::OperatorHandle& op, Inputs& in, const std::vector<int>& unique,
                          const std::vector<c10::IValue>& originals, RecordedOp* record, int64_t cost);
   void repoint(const CellPtr& old, const CellPtr& fresh);
+  void move_externals(const CellPtr& old, const CellPtr& fresh);
 
   // Sizes and recording.
   int64_t predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key);
