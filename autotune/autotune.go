@@ -253,7 +253,7 @@ func Tune(tr *rc.Trace, opt Options) (Report, error) {
 	if err := errors.Join(errs...); err != nil {
 		return Report{}, err
 	}
-	rep := Report{Trials: t.trials, Instructions: len(tr.Instrs)}
+	rep := Report{Trials: t.trials, Instructions: tr.Len()}
 	for i, trial := range t.trials {
 		if !trial.Result.Feasible() {
 			continue

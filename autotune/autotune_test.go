@@ -117,7 +117,7 @@ func TestTuneMatchesExhaustiveSearch(t *testing.T) {
 					assert.Equal(t, all[want].Overhead, rep.Overhead())
 					assert.Equal(t, all[0].Overhead, rep.Trials[0].Result.Overhead, "the default runs to the end")
 					assert.LessOrEqual(t, rep.Overhead(), all[0].Overhead, "never worse than the default")
-					assert.Equal(t, len(tr.Instrs), rep.Instructions)
+					assert.Equal(t, tr.Len(), rep.Instructions)
 					for i, tri := range rep.Trials {
 						if tri.Result.Feasible() {
 							assert.Equal(t, all[i].Overhead, tri.Result.Overhead, "a finished trial is the full replay")

@@ -17,9 +17,9 @@ const KindPin Kind = KindAnnotate + 1
 // returned, or a tensor with no reference left, fails and records nothing.
 // The zero value is ready to use.
 type Builder struct {
-	instrs []Instr
-	refs   []int32  // tensor -> references held by the program
-	size   []uint64 // tensor -> size of the storage it lives in
+	tr   Trace    // the instructions recorded
+	refs []int32  // tensor -> references held by the program
+	size []uint64 // tensor -> size of the storage it lives in
 }
 
 func (b *Builder) check(what string, t int32) error {
@@ -40,12 +40,17 @@ func (b *Builder) newTensor(size uint64) int32 {
 }
 
 func (b *Builder) add(in Instr) {
-	in.Line = len(b.instrs) + 1
-	b.instrs = append(b.instrs, in)
+	in.Line = b.tr.Len() + 1
+	if err := b.tr.Append(in); err != nil {
+		// 2^32-1 instructions, arguments or outputs: far beyond what
+		// anything records (the engine's recorder stops at
+		// evict.MaxRecordedInstructions, 2^20)
+		panic(fmt.Sprintf("trace builder: %v", err))
+	}
 }
 
 // Len returns the number of instructions recorded so far.
-func (b *Builder) Len() int { return len(b.instrs) }
+func (b *Builder) Len() int { return b.tr.Len() }
 
 // Constant records an external tensor of size bytes (CONSTANT) and returns
 // its number.
@@ -149,11 +154,9 @@ func (b *Builder) Pin(t int32) error {
 // creation. The builder can go on recording without changing the returned
 // trace (recorded instructions are never modified, so they are shared).
 func (b *Builder) Trace() *Trace {
-	tr := &Trace{
-		Instrs: append([]Instr(nil), b.instrs...),
-		Names:  make([]string, len(b.refs)),
-		Lines:  len(b.instrs),
-	}
+	tr := b.tr.clip()
+	tr.Names = make([]string, len(b.refs))
+	tr.Lines = b.tr.Len()
 	for t, n := range b.refs {
 		tr.Names[t] = fmt.Sprintf("t%d", t)
 		if n > 0 {

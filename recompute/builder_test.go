@@ -35,9 +35,14 @@ func TestBuilderErrorsRecordNothing(t *testing.T) {
 	tr := b.Trace()
 	require.Equal(t, []int32{0, 2}, tr.Outputs)
 	require.Equal(t, []string{"t0", "t1", "t2"}, tr.Names)
-	require.Equal(t, uint64(0), tr.Instrs[1].Outs[1].Size, "an alias has no size of its own")
+	require.Equal(t, uint64(0), tr.At(1).Outs[1].Size, "an alias has no size of its own")
 	require.Equal(t, "PIN", KindPin.String())
-	// the returned trace is a copy
-	tr.Instrs[0].Size = 99
-	require.Equal(t, uint64(10), b.Trace().Instrs[0].Size)
+	// the returned trace does not change when either goes on
+	n = tr.Len()
+	require.NoError(t, tr.Append(Instr{Kind: KindRelease, T: 0}))
+	b.Constant(5)
+	require.Equal(t, n+1, b.Len())
+	require.Equal(t, Instr{Kind: KindRelease, T: 0}, tr.At(n))
+	require.Equal(t, Instr{Kind: KindConstant, Line: n + 1, T: 3, Size: 5}, b.Trace().At(n))
+	require.Equal(t, uint64(10), b.Trace().At(0).Size)
 }

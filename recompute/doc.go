@@ -105,7 +105,8 @@
 // counts are checked (a name used after its last release is an error). A
 // Trace is the lowered instructions from START on, the names, and its
 // Outputs: the tensors still referenced at the end, which must be resident
-// then. Parse streams the instructions, ReadTrace keeps them; a malformed
+// then. Parse streams the instructions, ReadTrace keeps them (packed:
+// packed.go, read back by Trace.At and Trace.All); a malformed
 // line is a *ParseError naming the line and the reason. LoadTrace and
 // DecodeTrace (file.go) read a file or stream, gunzipping it when it starts
 // with gzip's magic bytes.
@@ -127,6 +128,7 @@
 //	plan.go     Step, Plan
 //	classes.go  Classes (union-find with costs)
 //	trace.go    the trace format: Instr, Trace, Parse, ReadTrace
+//	packed.go   how a Trace holds its instructions: Len, At, All, Append
 //	file.go     LoadTrace, DecodeTrace (gzip)
 //	builder.go  Builder, KindPin
 package recompute

@@ -66,10 +66,10 @@ const (
 
 // Out is one output of a CALL or MUTATE instruction.
 type Out struct {
-	// T is the trace tensor number of the output.
-	T int32
 	// Size is the output's storage size in bytes (0 for an alias).
 	Size uint64
+	// T is the trace tensor number of the output.
+	T int32
 	// Alias is -1 for fresh storage, otherwise the argument index whose
 	// storage the output shares.
 	Alias int32
@@ -104,10 +104,16 @@ type Instr struct {
 	Time int64
 }
 
-// Trace is a whole parsed trace, ready to replay.
+// Trace is a whole parsed trace, ready to replay. Its instructions, from
+// the START annotation on, are packed (packed.go): Len, At, All and Append
+// read and add them.
 type Trace struct {
-	// Instrs are the instructions from the START annotation on.
-	Instrs []Instr
+	recs    []instrRec
+	args    []int32
+	outs    []Out
+	muts    []int32
+	ops     []string         // interned op names and annotations; ops[0] = ""
+	opIndex map[string]int32 // ops' indices, for Append (nil until needed)
 	// Names holds, for each trace tensor number, the name it was created
 	// under (MUTATE versions get the argument's name with a "$" suffix).
 	Names []string
@@ -154,13 +160,11 @@ func (e *ParseError) Error() string {
 func ReadTrace(r io.Reader, opt ParseOptions) (*Trace, error) {
 	tr := &Trace{}
 	p := newParser(opt)
-	err := p.run(r, func(in Instr) error {
-		tr.Instrs = append(tr.Instrs, in)
-		return nil
-	})
+	err := p.run(r, tr.Append)
 	if err != nil {
 		return nil, err
 	}
+	tr.compact()
 	tr.Names = p.names
 	tr.Outputs = p.outputs()
 	tr.Lines = p.line

@@ -45,15 +45,15 @@ func TestParseValid(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, tr.StartLine)
 	assert.Equal(t, 1, tr.IgnoredReleases)
-	require.Len(t, tr.Instrs, 7)
+	require.Equal(t, 7, tr.Len())
 	assert.Equal(t, []string{"w", "a", "b", "a$"}, tr.Names)
 
-	c := tr.Instrs[0]
+	c := tr.At(0)
 	assert.Equal(t, Instr{Kind: KindConstant, Line: 4, T: 0, Size: 100}, c)
-	assert.Equal(t, KindCopy, tr.Instrs[1].Kind)
-	assert.Equal(t, int32(0), tr.Instrs[1].T)
+	assert.Equal(t, KindCopy, tr.At(1).Kind)
+	assert.Equal(t, int32(0), tr.At(1).T)
 
-	call := tr.Instrs[2]
+	call := tr.At(2)
 	assert.Equal(t, KindCall, call.Kind)
 	assert.Equal(t, 7, call.Line)
 	assert.Equal(t, "split", call.Op)
@@ -61,22 +61,22 @@ func TestParseValid(t *testing.T) {
 	assert.Equal(t, []int32{0}, call.Args)
 	assert.Equal(t, []Out{{T: 1, Size: 40, Alias: -1}, {T: 2, Size: 0, Alias: 0}}, call.Outs)
 
-	assert.Equal(t, KindAnnotate, tr.Instrs[3].Kind)
-	assert.Equal(t, AnnotationBackward, tr.Instrs[3].Op)
+	assert.Equal(t, KindAnnotate, tr.At(3).Kind)
+	assert.Equal(t, AnnotationBackward, tr.At(3).Op)
 
-	mut := tr.Instrs[4]
+	mut := tr.At(4)
 	assert.Equal(t, KindMutate, mut.Kind)
 	assert.Equal(t, []int32{1, 0}, mut.Args)
 	assert.Equal(t, []int32{0}, mut.Mutated)
 	// the new version of a has a's storage size (40)
 	assert.Equal(t, []Out{{T: 3, Size: 40, Alias: -1}}, mut.Outs)
 
-	cf := tr.Instrs[5]
+	cf := tr.At(5)
 	assert.Equal(t, KindCopyFrom, cf.Kind)
 	assert.Equal(t, int32(3), cf.T, "w2 now names a's new version")
 	assert.Equal(t, int32(0), cf.Old)
 
-	assert.Equal(t, Instr{Kind: KindRelease, Line: 16, T: 2}, tr.Instrs[6])
+	assert.Equal(t, Instr{Kind: KindRelease, Line: 16, T: 2}, tr.At(6))
 	// still referenced at the end: w (one ref left), a$ (two: a and w2)
 	assert.Equal(t, []int32{0, 3}, tr.Outputs)
 }
@@ -173,7 +173,7 @@ func itoa(n int) string {
 func TestParseNoStartOption(t *testing.T) {
 	tr, err := ReadTrace(strings.NewReader(lines(`{"INSTRUCTION":"CONSTANT","NAME":"w"}`, `{"INSTRUCTION":"MEMORY","NAME":"w","MEMORY":8}`)), ParseOptions{NoStart: true})
 	require.NoError(t, err)
-	require.Len(t, tr.Instrs, 1)
+	require.Equal(t, 1, tr.Len())
 	assert.Equal(t, []int32{0}, tr.Outputs)
 }
 
@@ -212,7 +212,7 @@ func TestParseSharedTraces(t *testing.T) {
 			tr, err := ReadTrace(f, ParseOptions{})
 			require.NoError(t, err)
 			w := want[tc.Name]
-			assert.Equal(t, w.instrs, len(tr.Instrs))
+			assert.Equal(t, w.instrs, tr.Len())
 			assert.Equal(t, w.tensors, tr.NumTensors())
 			assert.Equal(t, w.outputs, len(tr.Outputs))
 			assert.Equal(t, 1, tr.StartLine)
@@ -243,7 +243,7 @@ func FuzzParse(f *testing.F) {
 		}
 		n := int32(tr.NumTensors())
 		valid := func(x int32) bool { return x >= 0 && x < n }
-		for _, in := range tr.Instrs {
+		for _, in := range tr.All() {
 			switch in.Kind {
 			case KindConstant, KindCopy, KindRelease:
 				require.True(t, valid(in.T))

@@ -61,16 +61,16 @@ func TestRecordingKinds(t *testing.T) {
 	tr, err := e.Recording()
 	require.NoError(t, err)
 	var kinds []rc.Kind
-	for _, in := range tr.Instrs {
+	for _, in := range tr.All() {
 		kinds = append(kinds, in.Kind)
 	}
 	require.Equal(t, []rc.Kind{rc.KindConstant, rc.KindConstant, rc.KindCall, rc.KindCopy, rc.KindMutate, rc.KindPin,
 		rc.KindRelease, rc.KindRelease}, kinds)
-	call := tr.Instrs[2]
+	call := tr.At(2)
 	require.Equal(t, []int32{0, 1}, call.Args)
 	require.Equal(t, []rc.Out{{T: 2, Size: 80, Alias: -1}, {T: 3, Size: 0, Alias: 1}}, call.Outs)
 	require.Equal(t, int64(7), call.Time)
-	mut := tr.Instrs[4]
+	mut := tr.At(4)
 	require.Equal(t, []int32{0}, mut.Mutated)
 	require.Equal(t, []rc.Out{{T: 4, Size: 80, Alias: -1}}, mut.Outs)
 	// w, x and the new version are still referenced.

@@ -159,9 +159,9 @@ func Budget(ratio float64, peak uint64) uint64 { return max(uint64(ratio*float64
 // math.MaxInt64.
 func BaseCompute(tr *rc.Trace) int64 {
 	var n int64
-	for i := range tr.Instrs {
-		if k := tr.Instrs[i].Kind; k == rc.KindCall || k == rc.KindMutate {
-			n = satmath.AddInt64(n, tr.Instrs[i].Time)
+	for _, in := range tr.All() {
+		if in.Kind == rc.KindCall || in.Kind == rc.KindMutate {
+			n = satmath.AddInt64(n, in.Time)
 		}
 	}
 	return n
@@ -169,6 +169,7 @@ func BaseCompute(tr *rc.Trace) int64 {
 
 type runner struct {
 	tr       *rc.Trace
+	cur      rc.Instr // the instruction being run
 	opt      Options
 	eng      *evict.Engine
 	mem      MemoryModel
@@ -250,12 +251,21 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 		r.res.Recording = rec
 	}
 	r.res.Wall = time.Since(start)
+	if endHook != nil {
+		endHook(eng)
+	}
 	return r.res, err
 }
 
+// endHook, when set (by tests), sees the engine at the end of every Run,
+// while the runner's structures are still alive: the memory benchmark
+// measures the live heap there.
+var endHook func(*evict.Engine)
+
 func (r *runner) run() error {
-	for i := range r.tr.Instrs {
-		in := &r.tr.Instrs[i]
+	for i := range r.tr.Len() {
+		r.cur = r.tr.At(i)
+		in := &r.cur
 		if err := r.step(in); err != nil {
 			var stop *errStop
 			if errors.As(err, &stop) {

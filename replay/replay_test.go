@@ -100,7 +100,7 @@ func TestInvariantsEveryRatio(t *testing.T) {
 					if res.Status == OK {
 						assert.LessOrEqual(t, res.Peak, Budget(ratio, base.Peak))
 						assert.GreaterOrEqual(t, res.Overhead, 1.0)
-						assert.Equal(t, len(tr.Instrs), res.Instructions)
+						assert.Equal(t, tr.Len(), res.Instructions)
 					} else {
 						assert.NotEmpty(t, res.Reason)
 					}

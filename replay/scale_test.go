@@ -105,7 +105,7 @@ func TestTrainingTraceLog(t *testing.T) {
 	parsed, err := rc.DecodeTrace(&buf)
 	require.NoError(t, err)
 	built := trainingTrace(400)
-	require.Equal(t, len(built.Instrs), len(parsed.Instrs))
+	require.Equal(t, built.Len(), parsed.Len())
 	b1, err := Run(built, Options{})
 	require.NoError(t, err)
 	b2, err := Run(parsed, Options{})

@@ -73,7 +73,7 @@ func TestWriteSweepTable(t *testing.T) {
 	p("| trace | peak bytes | compute ns | instructions |")
 	p("|---|---:|---:|---:|")
 	for _, st := range traces {
-		p("| %s | %d | %d | %d |", sharedtraces.Title(st.name), st.base.Peak, st.base.Compute, len(st.tr.Instrs))
+		p("| %s | %d | %d | %d |", sharedtraces.Title(st.name), st.base.Peak, st.base.Compute, st.tr.Len())
 	}
 	p("")
 	p("These equal the simulator's baselines exactly (TestBaselineExact).")

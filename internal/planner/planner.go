@@ -177,9 +177,9 @@ func Analyze(ctx context.Context, name string, tr *rc.Trace, info ModelInfo, opt
 // and inputs).
 func constantBytes(tr *rc.Trace) uint64 {
 	var n uint64
-	for i := range tr.Instrs {
-		if tr.Instrs[i].Kind == rc.KindConstant {
-			n += tr.Instrs[i].Size
+	for _, in := range tr.All() {
+		if in.Kind == rc.KindConstant {
+			n += in.Size
 		}
 	}
 	return n

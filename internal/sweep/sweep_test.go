@@ -135,6 +135,7 @@ func TestRunSharesParsedTrace(t *testing.T) {
 	tr, err := rc.DecodeTrace(strings.NewReader(chainTrace(12, 256)))
 	require.NoError(t, err)
 	snapshot := cloneTrace(tr)
+	instrs := cloneInstrs(tr)
 	in := []Input{{Name: "a", Path: "mem", Trace: tr}, {Name: "b", Path: "mem", Trace: tr}}
 	cfg := Config{Ratios: []float64{0.2, 0.4, 0.6, 0.8}, Heuristics: evict.Heuristics(), Workers: 8}
 	par, err := Run(context.Background(), in, cfg)
@@ -143,6 +144,7 @@ func TestRunSharesParsedTrace(t *testing.T) {
 	seq, err := Run(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Equal(t, snapshot, tr, "the parsed trace was modified")
+	assert.Equal(t, instrs, cloneInstrs(tr), "the parsed trace's instructions were modified")
 	for ti := range par.Traces {
 		assert.Zero(t, par.Traces[ti].Baseline.Parse, "a given trace is not parsed again")
 		for i := range par.Traces[ti].Runs {
@@ -155,15 +157,20 @@ func TestRunSharesParsedTrace(t *testing.T) {
 	}
 }
 
-func cloneTrace(tr *rc.Trace) *rc.Trace {
-	c := *tr
-	c.Instrs = make([]rc.Instr, len(tr.Instrs))
-	for i, in := range tr.Instrs {
+// cloneInstrs returns a deep copy of the trace's instructions.
+func cloneInstrs(tr *rc.Trace) []rc.Instr {
+	out := tr.Instructions()
+	for i, in := range out {
 		in.Args = append([]int32(nil), in.Args...)
 		in.Outs = append([]rc.Out(nil), in.Outs...)
 		in.Mutated = append([]int32(nil), in.Mutated...)
-		c.Instrs[i] = in
+		out[i] = in
 	}
+	return out
+}
+
+func cloneTrace(tr *rc.Trace) *rc.Trace {
+	c := *tr
 	c.Names = append([]string(nil), tr.Names...)
 	c.Outputs = append([]int32(nil), tr.Outputs...)
 	return &c
