@@ -101,43 +101,43 @@ type Tensor struct {
 	Defined bool
 	// Refs counts the program's references to the tensor.
 	Refs int32
-	// Consumers are the ops that read the tensor.
-	Consumers []OpID
 }
 
-// Storage is a block of memory shared by a root tensor and its views.
+// Storage is a block of memory shared by a root tensor and its views. Its
+// fields are ordered by size so that it packs in 136 bytes (a graph holds
+// one per op of a step: issue 32).
 type Storage struct {
 	// Root is the tensor that owns the storage.
 	Root TensorID
 	// Size is the storage's size in bytes.
 	Size uint64
-	// Tensors are the root followed by its views.
-	Tensors []TensorID
-	// State is the storage's residency.
-	State State
-	// Locks counts holders that need the storage resident right now.
-	Locks int32
-	// Pins counts holders that need the storage resident forever.
-	Pins int32
-	// Refs is the sum of Refs over Tensors.
-	Refs int32
 	// LastAccess is the clock value at the storage's last use.
 	LastAccess int64
 	// Compute is the summed cost of the distinct ops that produced Tensors:
 	// what re-running them costs once the inputs are resident.
 	Compute int64
-	// NoRecompute is set when the root cannot be rebuilt by re-running an op
-	// (an external tensor, a NoRecompute op, or a storage overwritten in
-	// place whose value is lost).
-	NoRecompute bool
+	// Tensors are the root followed by its views.
+	Tensors []TensorID
 	// Parents are the storages read by the ops that produced Tensors
 	// (excluding this storage), once per op.
 	Parents []StorageID
 	// Children are the storages produced by ops that read Tensors (excluding
 	// this storage), once per op. Parents and Children mirror each other.
 	Children []StorageID
+	// Locks counts holders that need the storage resident right now.
+	Locks int32
+	// Pins counts holders that need the storage resident forever.
+	Pins int32
+	// Refs is the sum of Refs over Tensors.
+	Refs int32
 	// LiveChildren counts the entries of Children that are not Released.
 	LiveChildren int32
+	// State is the storage's residency.
+	State State
+	// NoRecompute is set when the root cannot be rebuilt by re-running an op
+	// (an external tensor, a NoRecompute op, or a storage overwritten in
+	// place whose value is lost).
+	NoRecompute bool
 
 	stamp uint64 // scratch mark for traversals
 }
@@ -352,12 +352,6 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 	}
 	g.ops = append(g.ops, op)
 	g.opStamp = append(g.opStamp, 0)
-	for _, in := range inputs {
-		c := &g.tensors[in].Consumers
-		if n := len(*c); n == 0 || (*c)[n-1] != id {
-			*c = append(*c, id)
-		}
-	}
 	g.link(id)
 	return id, nil
 }

@@ -167,6 +167,42 @@ func BaseCompute(tr *rc.Trace) int64 {
 	return n
 }
 
+// reserveLimit is the largest count evict.Config.Reserve accepts.
+const reserveLimit = 1 << 26
+
+// graphSize counts the ops, tensors and storages a replay of tr adds to the
+// engine's graph, so that the engine makes room for them up front instead
+// of growing (and copying) its arrays: growth leaves up to a quarter of
+// each unused and, while it copies, holds the old and the new array
+// (issue 32). Counts above what Reserve accepts are left at zero.
+func graphSize(tr *rc.Trace) evict.GraphSize {
+	var n evict.GraphSize
+	for _, in := range tr.All() {
+		switch in.Kind {
+		case rc.KindConstant:
+			n.Tensors++
+			n.Storages++
+		case rc.KindCall, rc.KindMutate:
+			n.Ops++
+			n.Tensors += len(in.Outs)
+			for _, o := range in.Outs {
+				if o.Alias < 0 {
+					n.Storages++
+				}
+			}
+		}
+	}
+	clamp := func(x *int) {
+		if *x > reserveLimit {
+			*x = 0
+		}
+	}
+	clamp(&n.Ops)
+	clamp(&n.Tensors)
+	clamp(&n.Storages)
+	return n
+}
+
 type runner struct {
 	tr       *rc.Trace
 	cur      rc.Instr // the instruction being run
@@ -202,6 +238,9 @@ func Run(tr *rc.Trace, opt Options) (Result, error) {
 	cfg.Budget = opt.Budget
 	cfg.Usage = r.mem.UsageSource()
 	cfg.Record = cfg.Record || opt.Record
+	if cfg.Reserve == (evict.GraphSize{}) {
+		cfg.Reserve = graphSize(tr)
+	}
 	eng, err := evict.New(cfg)
 	if err != nil {
 		return Result{}, fmt.Errorf("replay: %w", err)
