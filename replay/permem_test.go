@@ -69,3 +69,27 @@ func BenchmarkMemoryPerOp(b *testing.B) {
 		}
 	}
 }
+
+// TestGraphSizeIsExact checks the counts a replay reserves against what the
+// engine's graph holds after an unbudgeted replay (the reference: every op
+// recorded once, nothing re-run): the synthetic step and a trace with
+// views, copies and in-place ops.
+func TestGraphSizeIsExact(t *testing.T) {
+	var b rc.Builder
+	w := b.Constant(64)
+	x := b.Constant(32)
+	out, err := b.Call("f", []int32{x, w}, []rc.OutSpec{{Size: 128, Alias: -1}, {Alias: 0}}, 5)
+	require.NoError(t, err)
+	require.NoError(t, b.Copy(out[0]))
+	_, err = b.Mutate("g_", []int32{out[0], w}, []int{0}, 3)
+	require.NoError(t, err)
+	require.NoError(t, b.Release(out[1]))
+	for _, tr := range []*rc.Trace{trainingTrace(400), b.Trace()} {
+		var st evict.Stats
+		endHook = func(e *evict.Engine) { st = e.Stats() }
+		_, err := Run(tr, Options{Check: true})
+		endHook = nil
+		require.NoError(t, err)
+		require.Equal(t, evict.GraphSize{Ops: st.Ops, Tensors: st.Tensors, Storages: st.Storages}, graphSize(tr))
+	}
+}
