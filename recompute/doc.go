@@ -25,7 +25,10 @@
 // gets fresh storage (OutSpec.Alias = -1) or is a view of one of the op's
 // inputs (Alias = that input's index) and joins the input's storage.
 // TensorID, StorageID and OpID are dense indices from 0, issued in order and
-// never reused.
+// never reused. A graph holds one Tensor, Storage and Op per op of a step
+// in three flat arrays, so their sizes are the engine's memory per op: a
+// storage's views are linked through the tensors (StorageTensors lists
+// them), and fields are ordered so that nothing is padding (issue 32).
 //
 // A storage has a State: Resident (in device memory), Evicted (dropped,
 // rebuilt by re-running ops), Swapped (copied to host, copied back on

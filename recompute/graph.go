@@ -6,6 +6,7 @@ package recompute
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/memscale/memscale/internal/satmath"
@@ -101,11 +102,15 @@ type Tensor struct {
 	Defined bool
 	// Refs counts the program's references to the tensor.
 	Refs int32
+	// nextView links the views of a storage (Storage.views): the next
+	// one's TensorID+1, 0 at the end. It fits the padding after Refs.
+	nextView int32
 }
 
 // Storage is a block of memory shared by a root tensor and its views. Its
-// fields are ordered by size so that it packs in 136 bytes (a graph holds
-// one per op of a step: issue 32).
+// fields are ordered by size so that it packs in 112 bytes (a graph holds
+// one per op of a step: issue 32); its views are a list threaded through
+// the tensors (Graph.StorageTensors), not a slice of its own.
 type Storage struct {
 	// Root is the tensor that owns the storage.
 	Root TensorID
@@ -116,8 +121,6 @@ type Storage struct {
 	// Compute is the summed cost of the distinct ops that produced Tensors:
 	// what re-running them costs once the inputs are resident.
 	Compute int64
-	// Tensors are the root followed by its views.
-	Tensors []TensorID
 	// Parents are the storages read by the ops that produced Tensors
 	// (excluding this storage), once per op.
 	Parents []StorageID
@@ -138,6 +141,9 @@ type Storage struct {
 	// (an external tensor, a NoRecompute op, or a storage overwritten in
 	// place whose value is lost).
 	NoRecompute bool
+	// views is the most recently added view's TensorID+1 (0: none); each
+	// view's Tensor.nextView names the one added before it.
+	views int32
 
 	stamp uint64 // scratch mark for traversals
 }
@@ -172,6 +178,19 @@ const MaxSize = 1 << 48
 // and locked totals) is a sum over a subset of them, so none of those sums
 // can wrap around a uint64.
 const MaxLiveBytes = 1 << 62
+
+// MaxTensors bounds the tensors of a graph (2^31-2): a storage's views
+// are linked by 32-bit numbers. At 32 bytes a tensor that is 64 GiB of
+// tensors alone, beyond any step.
+const MaxTensors = math.MaxInt32 - 1
+
+// checkTensors returns an error naming what unless n more tensors fit.
+func (g *Graph) checkTensors(what string, n int) error {
+	if len(g.tensors)+n > MaxTensors {
+		return fmt.Errorf("%s: %d tensors already, the most a graph holds is %d: %w", what, len(g.tensors), MaxTensors, ErrTooLarge)
+	}
+	return nil
+}
 
 // ErrTooLarge is wrapped by the errors of AddExternal and AddOp for a size
 // above MaxSize or storages above MaxLiveBytes in all.
@@ -274,11 +293,14 @@ func (g *Graph) AddExternal(size uint64, clock int64) (TensorID, error) {
 	if err := g.checkSize("external tensor", size, size); err != nil {
 		return 0, err
 	}
+	if err := g.checkTensors("external tensor", 1); err != nil {
+		return 0, err
+	}
 	g.live += size
 	t := TensorID(len(g.tensors))
 	s := StorageID(len(g.storages))
 	g.storages = append(g.storages, Storage{
-		Root: t, Size: size, Tensors: []TensorID{t}, State: Resident,
+		Root: t, Size: size, State: Resident,
 		Refs: 1, LastAccess: clock, NoRecompute: true,
 	})
 	g.tensors = append(g.tensors, Tensor{Op: NoOp, Alias: -1, Storage: s, Defined: true, Refs: 1})
@@ -305,6 +327,9 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 			return 0, fmt.Errorf("op %s input %d: tensor %d is not resident (storage %s, defined=%v)",
 				name, i, in, g.storages[x.Storage].State, x.Defined)
 		}
+	}
+	if err := g.checkTensors("op "+name, len(outs)); err != nil {
+		return 0, err
 	}
 	var fresh uint64
 	for i, o := range outs {
@@ -340,7 +365,10 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 			sid = g.tensors[inputs[o.Alias]].Storage
 		}
 		s := &g.storages[sid]
-		s.Tensors = append(s.Tensors, t)
+		var next int32
+		if o.Alias >= 0 {
+			next, s.views = s.views, int32(t)+1
+		}
 		s.Refs++
 		if s.stamp != g.epoch {
 			// first output of this op in s: the op's cost is part of
@@ -348,7 +376,7 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 			s.stamp = g.epoch
 			s.Compute = satmath.AddInt64(s.Compute, cost)
 		}
-		g.tensors = append(g.tensors, Tensor{Op: id, Index: int32(i), Alias: o.Alias, Storage: sid, Defined: true, Refs: 1})
+		g.tensors = append(g.tensors, Tensor{Op: id, Index: int32(i), Alias: o.Alias, Storage: sid, Defined: true, Refs: 1, nextView: next})
 	}
 	g.ops = append(g.ops, op)
 	g.opStamp = append(g.opStamp, 0)
@@ -396,9 +424,28 @@ func (g *Graph) Drop(s StorageID) {
 	st := &g.storages[s]
 	g.leave(st)
 	st.State = Evicted
-	for _, t := range st.Tensors {
-		g.tensors[t].Defined = false
+	g.undefine(st)
+}
+
+// undefine marks the root and every view of st undefined.
+func (g *Graph) undefine(st *Storage) {
+	g.tensors[st.Root].Defined = false
+	for v := st.views; v != 0; v = g.tensors[v-1].nextView {
+		g.tensors[v-1].Defined = false
 	}
+}
+
+// StorageTensors appends to buf the tensors of storage s, the root first,
+// then its views in the order they were made, and returns it.
+func (g *Graph) StorageTensors(s StorageID, buf []TensorID) []TensorID {
+	st := &g.storages[s]
+	buf = append(buf, st.Root)
+	n := len(buf)
+	for v := st.views; v != 0; v = g.tensors[v-1].nextView {
+		buf = append(buf, TensorID(v-1))
+	}
+	slices.Reverse(buf[n:])
+	return buf
 }
 
 // SwapOut moves storage s to host memory; its tensors keep their values.
@@ -435,9 +482,7 @@ func (g *Graph) Release(s StorageID) {
 		g.live -= st.Size
 	}
 	st.State = Released
-	for _, t := range st.Tensors {
-		g.tensors[t].Defined = false
-	}
+	g.undefine(st)
 }
 
 // Rerun records that op o ran again. All its inputs must be resident. Every
