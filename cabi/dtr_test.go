@@ -267,12 +267,16 @@ func TestDTRFinish(t *testing.T) {
 
 	require.Equal(t, 0, abiDTRFinish(h))
 	require.Equal(t, 0, abiDTRFinish(h), "twice is fine")
-	for _, extra := range []int64{0, 300} {
-		n, _ = abiDTREvict(h, extra, 8)
-		assert.Equal(t, int32(0), n, "extra %d: %s", extra, lastError())
-	}
+	// the budget still binds: the errors name what leaves the step
+	_, before := abiDTRStatus(h)
+	n, _ = abiDTREvict(h, 0, 8)
+	assert.Equal(t, int32(-1), n)
+	assert.Contains(t, lastError(), "is below what leaves this step")
+	n, _ = abiDTREvict(h, 300, 8)
+	assert.Equal(t, int32(-1), n)
+	assert.Contains(t, lastError(), "larger than the whole budget")
 	_, st := abiDTRStatus(h)
-	assert.Greater(t, st.Usage, st.Budget, "over the budget, and that is allowed now")
+	assert.Equal(t, before.Usage, st.Usage, "nothing made resident over the budget")
 	assert.Equal(t, true, statsOf(t, h)["finished"])
 	assert.Equal(t, -1, abiDTRFinish(987654))
 	assert.Contains(t, lastError(), "memscale_dtr_finish: unknown engine handle 987654")

@@ -154,12 +154,13 @@ func (e *Engine) Score(t rc.TensorID) (float64, error) {
 // It fails, wrapping ErrNoEvictable and naming usage and budget, only when
 // usage + extra is over the budget, nothing is evictable and nothing was
 // written; and, before doing anything, with a *TooLargeError when extra > 0
-// alone is larger than the budget. Once the engine is finished (Finish) it
-// fails neither way: it evicts what it can and returns. When the budget is
-// below what the step needs at this point (the pinned storages, the locked
-// ones and extra), the error says so first, naming those parts and the
-// step's minimum budget so far (MinBudget). Every call closes an open
-// Reclaim.
+// alone is larger than the budget - also once the engine is finished
+// (Finish): what leaves the step must fit the budget too, and the error
+// then says so. When the budget is below what the step needs at this point
+// (the pinned storages, the locked ones and extra), the error says so
+// first, naming those parts and the step's minimum budget so far
+// (MinBudget), which that point becomes when it is a bound (noteNeed). Every
+// call closes an open Reclaim.
 //
 // With Config.Stress it ignores the budget and extra: after the pending
 // storages it evicts every candidate that was not rebuilt during the
@@ -169,10 +170,12 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 	if e.cfg.Stress {
 		return e.stressEvict(out, e.handOutPending(out)), nil
 	}
-	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget && !e.finished {
+	if extra > 0 && e.cfg.Budget > 0 && extra > e.cfg.Budget {
 		f := e.floorNow(extra)
+		e.noteNeed(&f)
 		return 0, &TooLargeError{Extra: extra, Budget: e.cfg.Budget, Pinned: f.reg + f.later,
-			PinnedAtRegistration: f.reg, PinnedLater: f.later, UnderMinSize: f.small, Locked: f.locked, MinBudget: f.most}
+			PinnedAtRegistration: f.reg, PinnedLater: f.later, UnderMinSize: f.small, Locked: f.locked, MinBudget: f.most,
+			Plans: f.plans, Finished: f.finished}
 	}
 	n := e.handOutPending(out)
 	if e.cfg.Budget == 0 {
@@ -193,11 +196,13 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 		}
 		s, ok := e.pick()
 		if !ok {
-			if n > 0 || e.finished {
+			if n > 0 {
 				break
 			}
+			f := e.floorNow(extra)
+			e.noteNeed(&f)
 			return 0, fmt.Errorf("evict: %s%susage %d + %d requested > budget %d: %w (%s)",
-				e.outsideNote(u, extra), e.floorNow(extra).below(e.cfg.Budget), u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
+				e.outsideNote(u, extra), f.below(e.cfg.Budget), u, extra, e.cfg.Budget, ErrNoEvictable, e.whyNoneEvictable())
 		}
 		out[n] = e.evictStorage(s)
 		if e.cfg.OnEvict != nil {
@@ -211,7 +216,8 @@ func (e *Engine) Evict(extra uint64, out []Victim) (int, error) {
 
 // Finish marks the engine finished (see Engine): the program's step is
 // over, and the caller is about to make resident every tensor that escapes
-// it. Calling it again changes nothing.
+// it. The budget still binds: an error of the budget loop then names what
+// leaves the step. Calling it again changes nothing.
 func (e *Engine) Finish() { e.finished = true }
 
 // Finished reports whether Finish was called.

@@ -182,8 +182,10 @@
 // of a call are still counted by it until the caller frees them, so the loop
 // subtracts what it evicted in this call. Once the engine is finished
 // (Finish: the step is over and the caller is about to make every escaping
-// tensor resident), steps 1 and 4 never fail: the loop evicts what it can,
-// and usage may end over the budget, which the peak shows. EvictOne evicts
+// tensor resident) the budget still binds: a run never goes over it before
+// raising, and the error of step 1 or 4 then names what leaves the step. A
+// failure that is a bound (no open plan) becomes the step's minimum budget
+// (noteNeed), so a failed step reports the minimum its error names. EvictOne evicts
 // the best victim whatever the budget (a memory model that could not place a
 // block although the budget allows it).
 //

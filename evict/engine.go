@@ -60,13 +60,18 @@ type TooLargeError struct {
 	PinnedAtRegistration, PinnedLater, UnderMinSize, Locked uint64
 	// MinBudget is the step's minimum budget so far (Engine.MinBudget).
 	MinBudget MinBudgetParts
+	// Plans is the number of unfinished rematerialization plans holding
+	// inputs among Locked; Finished that the engine was finished (the
+	// request was for what leaves the step).
+	Plans    int
+	Finished bool
 }
 
 // Error says that the budget is below what the step needs at this point
 // (naming the parts), what is too large, and what budget would do.
 func (e *TooLargeError) Error() string {
 	f := floorNow{reg: e.PinnedAtRegistration, later: e.PinnedLater, small: e.UnderMinSize, locked: e.Locked, extra: e.Extra,
-		most: e.MinBudget}
+		most: e.MinBudget, plans: e.Plans, finished: e.Finished}
 	return fmt.Sprintf("evict: %san allocation of %d bytes is larger than the whole budget of %d bytes: "+
 		"raise the budget above %d plus the pinned bytes (%d now)", f.below(e.Budget), e.Extra, e.Budget, e.Extra, e.Pinned)
 }
@@ -153,10 +158,9 @@ type Stats struct {
 // Engine is the DTR engine: the lineage graph plus the eviction policy.
 //
 // An engine is finished once Finish is called: the program's step is over
-// and the caller is about to make every tensor that escapes it resident,
-// whatever the budget. From then on Evict evicts what it can and never
-// fails for lack of candidates, nor for an allocation larger than the
-// budget; the overshoot shows in the peak usage. Nothing else changes.
+// and the caller is about to make every tensor that escapes it resident.
+// The budget still binds (a run never goes over it before raising): when
+// what leaves the step does not fit, Evict fails and its error says so.
 type Engine struct {
 	cfg   Config
 	h     Heuristic
@@ -186,7 +190,8 @@ type Engine struct {
 	soft    softHolds
 	scratch []rc.StorageID
 	rec     *recorder // nil unless cfg.Record
-	// finished is set by Finish: the budget loop no longer fails.
+	// finished is set by Finish: the budget loop's errors name what leaves
+	// the step.
 	finished bool
 	// reclaimGot is the bytes written by an open Reclaim (one whose last
 	// call filled its out), 0 when none is open.

@@ -167,11 +167,39 @@ type floorNow struct {
 	// plans is the number of unfinished rematerialization plans (HoldPlan)
 	// whose held inputs are among the locked bytes.
 	plans int
+	// finished: the engine is finished (Finish), so the locked bytes and
+	// extra are what leaves the step (the caller makes it resident).
+	finished bool
 }
 
 func (e *Engine) floorNow(extra uint64) floorNow {
 	return floorNow{reg: e.pinnedReg, later: e.pinnedLater, small: e.small, locked: e.lockedBytes(), extra: extra,
-		most: e.minBudget, plans: len(e.plans)}
+		most: e.minBudget, plans: len(e.plans), finished: e.finished}
+}
+
+// Op names of MinBudgetParts for a point where the budget loop found no
+// room (noteNeed): during the step, and at its end (Finish).
+const (
+	pointOp = "a point that found no room"
+	leaveOp = "what leaves the step"
+)
+
+// noteNeed keeps the point f as the step's minimum budget when it is a
+// bound - no plan holds inputs, so everything pinned, locked and requested
+// had to be resident at once - larger than the minimum so far (f.most
+// follows). The budget loop calls it when it fails: the minimum budget a
+// failed step reports (Stats, the summaries) is the one its error names.
+func (e *Engine) noteNeed(f *floorNow) {
+	if f.plans > 0 || f.bytes() <= e.minBudget.Bytes() {
+		return
+	}
+	op := pointOp
+	if f.finished {
+		op = leaveOp
+	}
+	e.minBudget = MinBudgetParts{PinnedAtRegistration: f.reg, PinnedLater: f.later, UnderMinSize: f.small,
+		OpBytes: f.locked + f.extra, Op: op}
+	f.most = e.minBudget
 }
 
 func (f floorNow) bytes() uint64 { return f.reg + f.later + f.small + f.locked + f.extra }
@@ -193,6 +221,14 @@ func (f floorNow) below(budget uint64) string {
 	}
 	h := func(n uint64) string { return bytesize.Format(n, 1) }
 	most, where := f.most.Bytes(), "largest op: "+f.most.Op
+	switch {
+	case (f.most.Op == pointOp || f.most.Op == leaveOp) && f.bytes() == most:
+		where = "this point"
+	case f.most.Op == pointOp:
+		where = "an earlier point that found no room"
+	case f.most.Op == leaveOp:
+		where = leaveOp
+	}
 	if f.plans > 0 && f.bytes() > most {
 		// Not a bound: what the nested plans hold depends on the engine's
 		// choices, so the step's lower bound stays the largest op's.
@@ -204,6 +240,12 @@ func (f floorNow) below(budget uint64) string {
 	}
 	if f.bytes() > most {
 		most, where = f.bytes(), "this point"
+	}
+	if f.finished {
+		return fmt.Sprintf("budget %s is below what leaves this step: %s pinned at registration (parameters, inputs) + "+
+			"%s pinned later (gradients) + %s%s resident and %s to make resident of the tensors the step hands back "+
+			"(they leave it resident, and the next step starts with them); the step's minimum budget so far is %s (%s); ",
+			h(budget), h(f.reg), h(f.later), f.smallPart(h), h(f.locked), h(f.extra), h(most), where)
 	}
 	return fmt.Sprintf("budget %s is below what this step needs at this point: %s pinned at registration (parameters, inputs) + "+
 		"%s pinned later (gradients) + %s%s locked by the running op + %s requested; "+

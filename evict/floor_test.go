@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/memscale/memscale/internal/bytesize"
 	rc "github.com/memscale/memscale/recompute"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -278,9 +279,16 @@ func TestMinBudgetRandomHistories(t *testing.T) {
 				e.SetBudget(uint64(rng.Intn(int(e.Usage()) + 1)))
 				var buf [4]Victim
 				for {
-					n, err := e.Evict(uint64(rng.Intn(100)), buf[:])
+					extra := uint64(rng.Intn(100))
+					n, err := e.Evict(extra, buf[:])
 					if err != nil {
 						require.True(t, errors.Is(err, ErrNoEvictable), "%s: %v", what, err)
+						if len(e.plans) == 0 {
+							// a request that found no room is a bound: the
+							// pinned, small and locked storages and extra
+							reg, later := scanPinned(e, isReg)
+							most = max(most, reg+later+scanSmall(e)+e.lockedBytes()+extra)
+						}
 						break
 					}
 					if n < len(buf) {
@@ -395,8 +403,35 @@ func TestBudgetBelowWhatTheStepNeeds(t *testing.T) {
 			msg := err.Error()
 			require.Equal(t, "evict: "+tc.prefix, msg[:min(len(msg), len("evict: "+tc.prefix))], "the floor comes first")
 			assert.Contains(t, msg[len("evict: "+tc.prefix):], tc.rest, "the details follow")
+			// one source of truth: the minimum budget the engine reports
+			// (Stats, the summaries) is the one the error names
+			assert.Contains(t, msg, fmt.Sprintf("so far is %s (", bytesize.Format(e.Stats().MinBudget, 1)))
 		})
 	}
+}
+
+// TestFailedRequestSetsTheMinimumBudget: a request that finds no room and
+// is a bound (no open plan) becomes the step's minimum budget, so a failed
+// step reports what its error names; a second error names it again.
+func TestFailedRequestSetsTheMinimumBudget(t *testing.T) {
+	e := newEngine(t, Config{Budget: 250})
+	x := e.NewTensor(100, true)
+	a := call(t, e, "f", []rc.TensorID{x}, fresh(100))
+	require.Equal(t, uint64(200), e.MinBudget().Bytes())
+	require.NoError(t, e.Lock(a[0]))
+	var buf [4]Victim
+	_, err := e.Evict(120, buf[:])
+	require.ErrorIs(t, err, ErrNoEvictable)
+	assert.Contains(t, err.Error(), "the step's minimum budget so far is 320 B (this point)")
+	assert.Equal(t, MinBudgetParts{PinnedAtRegistration: 100, OpBytes: 220, Op: pointOp}, e.MinBudget())
+	assert.Equal(t, uint64(320), e.Stats().MinBudget)
+	_, err = e.Evict(110, buf[:])
+	require.ErrorIs(t, err, ErrNoEvictable)
+	assert.Contains(t, err.Error(), "the step's minimum budget so far is 320 B (an earlier point that found no room)")
+	_, err = e.Evict(300, buf[:])
+	var tl *TooLargeError
+	require.ErrorAs(t, err, &tl)
+	assert.Equal(t, uint64(500), e.Stats().MinBudget, "a request larger than the budget is a bound too")
 }
 
 func TestBelowWithNestedPlansKeepsTheLowerBound(t *testing.T) {

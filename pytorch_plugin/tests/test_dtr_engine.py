@@ -244,7 +244,7 @@ def test_evict_makes_room_for_the_bytes_about_to_be_allocated() -> None:
         del b
 
 
-def test_finish_lets_what_escapes_exceed_the_budget() -> None:
+def test_finish_keeps_the_budget_and_names_what_leaves_the_step() -> None:
     with Engine({"budget": 2 * MB, "heuristic": "lru"}) as eng:
         x = eng.tensor(MB)
         _, (a,) = eng.call("mul", [x], [MB], [-1], 10)
@@ -252,8 +252,11 @@ def test_finish_lets_what_escapes_exceed_the_budget() -> None:
         with pytest.raises(MemscaleError, match="nothing evictable"):
             list(eng.evict(extra=MB))
         eng.finish()
-        assert list(eng.evict(extra=MB)) == []  # no error: usage may now exceed the budget
-        assert eng.stats()["finished"]
+        with pytest.raises(MemscaleError, match="is below what leaves this step"):
+            list(eng.evict(extra=MB))  # a run never goes over its budget before raising
+        stats = eng.stats()
+        assert stats["finished"] and stats["min_budget"] == 3 * MB  # what the error names
+        assert stats["peak_usage"] <= 2 * MB
         eng.unlock(a)
 
 

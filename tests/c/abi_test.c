@@ -1014,12 +1014,17 @@ static void test_dtr_status_plan_finish(void) {
 	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == -1, "dtr_evict over the budget with nothing evictable fails");
 	expect_error(before, "dtr_evict nothing evictable", "nothing evictable", NULL);
 
-	// finish: the budget loop evicts what it can and no longer fails
+	// finish: the budget still binds (a run never goes over it before
+	// raising); the errors name what leaves the step
 	before = p_memscale_error_count();
 	check(p_memscale_dtr_finish(e) == 0 && p_memscale_dtr_finish(e) == 0, "dtr_finish, twice");
-	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == 0, "dtr_evict after finish over the budget returns 0");
-	check(p_memscale_dtr_evict(e, 1000, ids, acts, 16) == 0, "dtr_evict after finish with a huge extra returns 0");
-	check(st->usage == 300 && st->budget == 250, "usage stays over the budget after finish");
+	check(p_memscale_dtr_evict(e, 0, ids, acts, 16) == -1, "dtr_evict after finish over the budget still fails");
+	expect_error(before, "dtr_evict after finish", "is below what leaves this step", NULL);
+	before = p_memscale_error_count();
+	check(p_memscale_dtr_evict(e, 1000, ids, acts, 16) == -1, "dtr_evict after finish with a huge extra fails");
+	expect_error(before, "dtr_evict after finish, huge extra", "larger than the whole budget", NULL);
+	check(st->usage == 300 && st->budget == 250, "usage unchanged after finish");
+	before = p_memscale_error_count();
 	char* js = p_memscale_dtr_stats_json(e);
 	check(contains(js, "\"finished\":true") && contains(js, "\"bytes_evicted\":300") && contains(js, "\"auto\":false") &&
 	          contains(js, "\"config\":{") && contains(js, "\"evictee_min_size\":0") && json_balanced(js),

@@ -115,6 +115,10 @@ class Steps:
         #: Modules whose forward ran in a step: their parameters' ``.grad`` are
         #: made plain when a step's region exits (see :meth:`_plain_gradients`).
         self._ran: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        #: Peak and minimum budget of steps that failed at their end (the
+        #: region's exit raised, so its summary does not have them).
+        self._failed_peak = 0
+        self._failed_floor = 0
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -267,8 +271,14 @@ class Steps:
         # the parameters plain .grad tensors: the optimizer step sees those.
         try:
             region.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc else None)
-        except BaseException:
+        except BaseException as failed:
             self.fits.tracked(self._signature, {}, ok=False)
+            # A step that failed at its end (what leaves it does not fit the
+            # budget): its stats come with the error, not the region's summary.
+            stats = getattr(failed, "stats", None)
+            if isinstance(stats, dict):
+                self._failed_peak = max(self._failed_peak, int(stats.get("peak_usage", 0) or 0))
+                self._failed_floor = max(self._failed_floor, int(stats.get("min_budget", 0) or 0))
             raise
         self._plain_gradients(region)
         self.fits.tracked(
@@ -401,7 +411,8 @@ class Steps:
             untracked_steps=self.fits.untracked,
             untracked_over_budget=self.fits.over_budget,
             untracked_promoted=self.fits.promoted,
-            peak_usage=self._untracked_peak,
+            peak_usage=max(self._untracked_peak, self._failed_peak),
+            min_budget=self._failed_floor,
         )
         summaries = list(self._finished)
         if self._region is not None:

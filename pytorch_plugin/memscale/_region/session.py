@@ -113,6 +113,8 @@ class Session:
         self.externals_registered = 0  # under a budget: tells dispatch to re-check residency
         self.leaves: list[weakref.ref[torch.Tensor]] = []  # externals that are autograd leaves
         self.grad_hooks: list[Any] = []
+        #: ids of the autograd nodes and leaves :meth:`_note_graph` walked.
+        self.graph_nodes: set[int] = set()
         self.pinned_grads: set[Cell] = set()
         #: Roots of externals whose storage is freed behind the region's back
         #: (:mod:`.volatile`): ops reading them are not recomputable.
@@ -370,10 +372,35 @@ class Session:
             cell = x._c
             if cell.session is self:
                 return cell
+            if x.grad_fn is not None:  # a graph an earlier entry built
+                self._note_graph(x.grad_fn)
             return self.extern(plain_of(x))
         if isinstance(x, torch.Tensor):
             return self.extern(x)
         return None
+
+    def _note_graph(self, root: Any) -> None:
+        """Note the leaves of an autograd graph built outside this entry
+        (reached from ``root``, a node of it): a backward through it
+        accumulates their gradients here, though no op of the entry may read
+        them (a GAN's generator, trained through the discriminator), and
+        :meth:`_plain_gradients` must make those plain too. Each node is
+        walked once per entry."""
+        seen = self.graph_nodes
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            leaf = getattr(node, "variable", None)
+            if type(leaf) is torch.nn.Parameter or (isinstance(leaf, torch.Tensor) and leaf.requires_grad):
+                if id(leaf) not in seen:
+                    seen.add(id(leaf))
+                    self.leaves.append(weakref.ref(leaf))
+                    self.grad_hooks.append(leaf.register_post_accumulate_grad_hook(self._pin_gradient))
+                continue
+            stack.extend(next_node for next_node, _ in node.next_functions)
 
     def extern(self, t: torch.Tensor) -> Cell | None:
         """The cell of a plain tensor (registered pinned on first sight);
@@ -400,6 +427,8 @@ class Session:
                 f"tensors can be used in a DTR region - convert it with .to_dense() first ({exc})"
             ) from exc
         root = self.external_roots.get(ptr) if ptr else None
+        if t.grad_fn is not None:  # a graph built outside the region
+            self._note_graph(t.grad_fn)
         if root is not None and root.tensor is not None and not root.released:
             cell = self._register_external_alias(t, root)
         else:
@@ -505,9 +534,20 @@ class Session:
             self.flush()
             escaping = [ref.cell for ref in list(self.live.values()) if ref.cell is not None and ref() is not None]
             if ok:
-                # Everything that leaves must be resident, even when it does
-                # not fit the budget (the engine then lets usage exceed it).
+                # Everything that leaves must be resident, within the budget:
+                # the engine's errors now name what leaves the step.
                 self.engine.finish()
+                try:
+                    self._room_to_leave(escaping)
+                except NoRoomError as exc:
+                    # The step fails at its end: nothing is handed back, and
+                    # the error carries the step's stats (its minimum budget
+                    # is the one the error names), which the region's exit
+                    # does not get to record.
+                    ok = False
+                    self._plain_gradients()
+                    exc.stats = self.engine.stats()  # type: ignore[attr-defined]
+                    raise
                 rebuild.make_all_resident(self, escaping)
             self._plain_gradients()
             stats = self.engine.stats()
@@ -516,6 +556,31 @@ class Session:
         finally:
             self._detach_everything(ok)
         return stats
+
+    def _room_to_leave(self, escaping: list[Cell]) -> None:
+        """Under a budget: room for every escaping storage at once, before
+        any is rebuilt - the resident ones locked, the others' bytes
+        requested - so a budget below what leaves the step fails here, with
+        that bound (the step's minimum budget), and never goes over."""
+        if not self.budgeted or self.stress:
+            return
+        seen: set[int] = set()
+        missing = 0
+        with HeldCells(self.engine) as held:
+            for cell in escaping:
+                group = self.groups.get(cell.root)
+                if group is None or cell.root in seen:
+                    continue
+                seen.add(cell.root)
+                resident = [c for c in group.cells if c.tensor is not None]
+                if not resident:
+                    missing += group.nbytes
+                    continue
+                lockable = next((c for c in resident if not c.released and c.session is self), None)
+                if lockable is not None:
+                    held.lock(lockable)
+            if missing:
+                self.make_room(missing, b"what leaves the step")
 
     def _plain_gradients(self) -> None:
         """``.grad`` of the parameters seen in the entry: plain tensors again."""
@@ -568,6 +633,7 @@ class Session:
         for container in (self.ops, self.groups, self.externals, self.external_roots):
             container.clear()
         self.leaves.clear()
+        self.graph_nodes.clear()
         self.released.clear()
         if self.reclaims_for is not None:
             reclaim.unregister(self, self.reclaims_for)
