@@ -131,6 +131,20 @@ test-python: $(LIB) $(CLI) $(STAMP)
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests
 
+# The native region's torch extension, built ahead of its first use (minutes
+# on two cores; cached per torch, ABI, Python and source in ~/.cache/memscale).
+native: $(LIB) $(STAMP)
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -c \
+	  "from memscale._native import region_ext as r; m = r.extension(); print('native region:', r.cached_path() if m else r.unavailable_reason()); raise SystemExit(m is None)"
+
+# The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
+# path's own tests, op_db (every 8th op), the zoo and the escapes.
+NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py \
+  pytorch_plugin/tests/test_zoo.py pytorch_plugin/tests/test_escapes.py
+test-native: native
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
+	  $(VPY) -m pytest -q -m "not slow" $(NATIVE_SUITES)
+
 # The tests marked slow (pytest -m slow): each takes tens of seconds on 2 cores.
 test-python-slow: $(LIB) $(CLI) $(STAMP)
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \

@@ -5,22 +5,29 @@ The region's per-op path is C++ (``csrc/``, a torch extension: see
 ``torch.utils.cpp_extension.load`` the first time a process asks for it and
 keeps the build in the memscale cache directory (``$MEMSCALE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/memscale``, else ``~/.cache/memscale``) under a name
-made of torch's version, its C++ ABI and the Python version: a new torch
-builds anew, a changed source recompiles what changed (torch's loader hashes
-the sources), everything else loads the cached module (a fraction of a
-second).
+made of torch's version, its C++ ABI, the Python version and a hash of the
+sources: a new torch or a changed source builds anew (minutes on two cores:
+``make native`` does it ahead of time), everything else loads the cached
+module (a fraction of a second). Each build runs in a directory of its own
+and is renamed into place.
 
 ``MEMSCALE_NATIVE`` chooses: ``1`` requires the native region (a failed build
-or load is an error), ``0`` uses the Python region, unset uses the native one
-when it builds and loads and the Python one otherwise, with one warning that
-says why and what it costs.
+or load is an error), ``0`` uses the Python region. Unset, it is the Python
+region until :data:`NATIVE_BY_DEFAULT` flips; then the native one when it
+builds and loads, and the Python one otherwise, with one warning that says
+why and what it costs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +40,10 @@ log = logging.getLogger("memscale")
 
 #: The variable that forces the native region on (1) or off (0).
 NATIVE_ENV: Final[str] = "MEMSCALE_NATIVE"
+#: What an unset ``MEMSCALE_NATIVE`` means: the native region is opt-in until
+#: it passes every correctness suite the Python region passes (the model
+#: families' check does not yet: docs/limits.md).
+NATIVE_BY_DEFAULT: Final[bool] = False
 SOURCES_DIR: Final[Path] = Path(__file__).with_name("csrc")
 
 _lock = threading.Lock()
@@ -49,7 +60,7 @@ def choice() -> bool | None:
     """
     raw = os.environ.get(NATIVE_ENV, "").strip()
     if raw == "":
-        return None
+        return None if NATIVE_BY_DEFAULT else False
     if raw in ("0", "1"):
         return raw == "1"
     raise ConfigError(f"{NATIVE_ENV}={raw!r}: expected 1 (the native region) or 0 (the Python region), or unset")
@@ -60,9 +71,7 @@ def _sources() -> list[Path]:
 
 
 def build_name() -> str:
-    """The cache name of the build for this torch, C++ ABI and Python (a changed
-    source is rebuilt in place: torch's loader hashes the sources and ninja
-    recompiles what changed)."""
+    """The extension's module name for this torch, C++ ABI and Python."""
     import torch
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -71,22 +80,64 @@ def build_name() -> str:
     return f"memscale_region_t{version}_abi{abi}_{tag}"
 
 
-def _load() -> ModuleType:
+def source_digest() -> str:
+    """A hash of the extension's sources (a changed source builds anew)."""
+    digest = hashlib.sha256()
+    for path in sorted(SOURCES_DIR.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_path() -> Path:
+    """Where the build for this torch, ABI, Python and source is kept."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return cache_dir() / "torch-extensions" / f"{build_name()}-{source_digest()}{suffix}"
+
+
+def _build(target: Path) -> None:
+    """Build the extension into ``target``: in a fresh directory of its own
+    (no lock shared with another process, none left behind by one that was
+    killed), then renamed into place, so concurrent first uses are safe."""
     from torch.utils import cpp_extension
 
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
+    try:
+        cpp_extension.load(
+            name=build_name(),
+            sources=[str(p) for p in _sources()],
+            build_directory=str(work),
+            extra_cflags=["-O2"],
+            verbose=os.environ.get("MEMSCALE_DEBUG") == "1",
+            is_python_module=True,
+        )
+        built = work / f"{build_name()}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        if not built.exists():
+            built = next(work.glob(f"{build_name()}*.so"))
+        os.replace(built, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _load() -> ModuleType:
     from . import lib as _lib
 
-    name = build_name()
-    directory = cache_dir() / "torch-extensions" / name
-    directory.mkdir(parents=True, exist_ok=True)
     _lib.lib()  # the engine's library must be loaded before the extension binds to it
-    module = cpp_extension.load(
-        name=name,
-        sources=[str(p) for p in _sources()],
-        build_directory=str(directory),
-        extra_cflags=["-O2"],
-        verbose=os.environ.get("MEMSCALE_DEBUG") == "1",
-    )
+    target = cached_path()
+    if not target.exists():
+        log.info("memscale: building the native region's extension into %s (once per torch and source)", target)
+        _build(target)
+    name = build_name()
+    module = sys.modules.get(name)
+    if module is None:
+        loader = importlib.machinery.ExtensionFileLoader(name, str(target))
+        spec = importlib.util.spec_from_file_location(name, target, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        sys.modules[name] = module
     reason = module.install()
     if reason:
         raise MemscaleError(reason)

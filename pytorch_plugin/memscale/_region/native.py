@@ -110,8 +110,6 @@ def _read_data_through_wrappers() -> None:
 def _lacking(region: DTRRegion, sink: Any) -> str | None:
     if sink is not None:
         return "trace recording (memscale record)"
-    if region.verify_where is not None:
-        return "verified rebuilds (memscale.check)"
     if region.ends_on_failed_backward:
         return "the drop-in steps' failed-backward watch"
     return None
@@ -137,7 +135,12 @@ class NativeSession:
             usage_address = int(_lib.lib().memscale_allocated_address(int(config.get("device") or 0)) or 0)
         budgeted = int(config.get("budget") or 0) > 0 or bool(config.get("stress"))
         self.native = ext.Session(
-            self.engine.handle, region_ext.library_path(), budgeted, region.recompute, usage_address
+            self.engine.handle,
+            region_ext.library_path(),
+            budgeted,
+            region.recompute,
+            usage_address,
+            region.verify_where is not None,
         )
         self.closed = False
 

@@ -297,7 +297,8 @@ class DTRRegion:
         self._eager = entry.compiled_code_runs_eagerly()
         self._mode.__enter__()
         steps.entered(self)
-        self._froze = entry.freeze_heap()
+        # The native path keeps no Python objects per op: nothing to freeze.
+        self._froze = False if self.native else entry.freeze_heap()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

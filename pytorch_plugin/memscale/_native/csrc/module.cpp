@@ -55,17 +55,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init([](int64_t handle, const std::string& library, bool budgeted, bool recording,
-                       int64_t usage_address) {
+                       int64_t usage_address, bool verify) {
              memscale::SessionOptions o;
              o.handle = handle;
              o.library = library;
              o.budgeted = budgeted;
              o.recording = recording;
              o.usage_address = usage_address;
+             o.verify = verify;
              return std::make_shared<Session>(o);
            }),
            py::arg("handle"), py::arg("library"), py::arg("budgeted"), py::arg("recording"),
-           py::arg("usage_address") = 0)
+           py::arg("usage_address") = 0, py::arg("verify") = false)
       .def("close", &Session::close, py::arg("ok"))
       .def("set_budgeted", &Session::set_budgeted)
       .def_property(

@@ -117,6 +117,9 @@ std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
   f->shape_only = is_shape_only(base) && f->mutated.empty() && f->device_arg >= 0 && f->n_args > 0 &&
                   schema.arguments()[0].name() == "self" &&
                   schema.arguments()[0].type()->kind() == c10::TypeKind::TensorType;
+  std::string stripped = base.substr(base.find_first_not_of('_') == std::string::npos ? 0 : base.find_first_not_of('_'));
+  f->reproducible = !op.hasTag(at::Tag::nondeterministic_bitwise) && stripped.rfind("empty", 0) != 0 &&
+                    stripped.rfind("new_empty", 0) != 0;
   if (ns == "c10d" || ns == "_c10d_functional" || ns == "c10d_functional") f->flags |= kNoRecompute;
   return f;
 }

@@ -30,7 +30,8 @@ struct OpFacts {
   bool all_views = false;          // every result views an argument: nothing allocated
   bool seeded = false;             // draws random numbers (generator state recorded)
   bool inplace_view = false;       // changes a tensor's shape or strides in place
-  bool shape_only = false;         // `self` is read for its metadata only (empty_like, new_zeros...)
+  bool shape_only = false;
+  bool reproducible = true;        // the same inputs give bitwise the same results (not empty*)         // `self` is read for its metadata only (empty_like, new_zeros...)
   int32_t flags = 0;               // engine flags of its registrations (kNoRecompute)
   int device_arg = -1;             // position of a `device` argument, or -1
 

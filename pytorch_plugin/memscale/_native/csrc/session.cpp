@@ -5,7 +5,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/hash.h>
@@ -167,7 +169,8 @@ Session::Session(const SessionOptions& o)
       status_(abi_.status_of(o.handle)),
       recording_(o.recording),
       usage_live_(o.usage_address ? reinterpret_cast<const std::atomic<int64_t>*>(o.usage_address) : nullptr),
-      drain_batch_(o.drain_batch) {
+      drain_batch_(o.drain_batch),
+      verify_(o.verify) {
   TORCH_CHECK(status_ != nullptr, "memscale native region: engine handle ", o.handle, " is unknown: ",
               abi_.last_error());
   set_budgeted(o.budgeted);
@@ -371,7 +374,9 @@ void Session::collect(const OpFacts& f, c10::IValue* args, Inputs& in) {
   for (size_t i = 0; i < f.n_args; ++i) {
     if (i == 0 && f.shape_only) continue;  // read for its metadata only: not an input
     for_tensors(args[i], [&](const at::Tensor& t, int elem) {
-      if (!t.defined()) return;
+      // A Python number passed where a tensor goes (y + 1.0) is a constant:
+      // it stays in the recorded arguments as it is.
+      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
       CellPtr cell = cell_of(t);
       if (!cell) return;  // a constant
       in.slots.push_back(Slot{static_cast<int>(i), elem, static_cast<int>(in.cells.size())});
@@ -646,6 +651,48 @@ int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const 
   return bytes < 0 ? 0 : bytes;
 }
 
+// ---------------------------------------------------------- verification
+
+namespace {
+
+// Two reductions of a tensor's bits read as integers: their sum and a sum
+// weighted by position (same tensor -> same fingerprint; a pass over the
+// data, no copy kept). The C++ twin of memscale/_region/verify.py's.
+std::pair<int64_t, int64_t> fingerprint(const at::Tensor& t) {
+  KernelGuard guard;
+  at::Tensor flat = t.detach().resolve_conj().resolve_neg().contiguous();
+  if (flat.is_complex()) flat = at::view_as_real(flat);
+  flat = flat.reshape(-1);
+  if (flat.numel() == 0) return {0, 0};
+  at::ScalarType bits = at::kByte;
+  switch (flat.element_size()) {
+    case 2: bits = at::kShort; break;
+    case 4: bits = at::kInt; break;
+    case 8: bits = at::kLong; break;
+    default: bits = at::kByte;
+  }
+  at::Tensor wide = flat.view(bits).to(at::kLong);
+  at::Tensor weights = at::arange(flat.numel(), wide.options()).remainder(65521).add(1);
+  return {wide.sum().item<int64_t>(), wide.mul(weights).sum().item<int64_t>()};
+}
+
+}  // namespace
+
+void Session::fingerprint_outputs(const OpFacts& f, const std::vector<CellPtr>& cells) {
+  if (!verify_ || !f.reproducible) return;
+  for (const CellPtr& c : cells) {
+    if (c->root == c->id && c->tensor.defined()) prints_[c->id] = fingerprint(c->tensor);
+  }
+}
+
+void Session::check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& rebuilt) {
+  auto it = prints_.find(r.outputs[k]->id);
+  if (it == prints_.end()) return;
+  TORCH_CHECK(fingerprint(rebuilt) == it->second, "memscale.check: re-running ", r.op.schema().name(),
+              " gave different values for its output ", k,
+              " than its first run; this op cannot be rematerialized bitwise");
+}
+
 // ------------------------------------------------------------------ dispatch
 
 void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -726,6 +773,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
     rec->outputs = cells;
     rec->fresh_bytes = fresh;
     ops_[cells.front()->op] = std::move(rec);
+    fingerprint_outputs(f, cells);
   }
   wrap_results(results, out, cells);
   held.release();  // the inputs may go now
@@ -789,20 +837,28 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   after_op();
 }
 
-void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
+c10::Storage Session::copy_old_data(const CellPtr& cell) {
   // A pinned storage (an external: running statistics, an input) is about to
-  // be overwritten while a recorded op read its old data: the old version (its
-  // engine ids, which recorded ops and plans name) moves to a copy, and the
-  // program's tensors, which see the new data, are registered anew.
+  // be overwritten while a recorded op read its old data (or the op computes
+  // fresh results from it): its data is copied first, counted in the budget.
   Group& g = groups_.at(cell->root);
   if (budgeted_) make_room(g.nbytes, "the old version of an overwritten external");
-  const c10::Device device = cell->device;
+  counters_.copies_on_write++;
+  return copy_storage(g.storage, cell->device);
+}
+
+void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
+  // After the op overwrote the storage: the old version (its engine ids,
+  // which recorded ops and plans name) reads the copy, and the program's
+  // tensors, which see the new data, are registered anew. The engine is told
+  // of no mutation: to it the old storage stayed resident and pinned, and a
+  // new one appeared.
+  Group& g = groups_.at(cell->root);
   c10::Storage program = g.storage;
-  g.storage = copy_storage(program, device);
+  g.storage = copy;
   for (const CellPtr& c : g.cells) {
     if (c->tensor.defined()) c->tensor = view_of(g.storage, *c);
   }
-  counters_.copies_on_write++;
   std::vector<CellPtr> named = g.cells;  // the cells the program's tensors name now
   CellPtr new_root;
   for (const CellPtr& old : named) {
@@ -841,12 +897,6 @@ void Session::copy_on_write(const CellPtr& cell, Inputs& in) {
     }
     move_externals(old, fresh);
     repoint(old, fresh);
-    for (size_t k = 0; k < in.cells.size(); ++k) {
-      if (in.cells[k].get() == old.get()) {
-        in.cells[k] = fresh;
-        in.ids[k] = fresh->id;
-      }
-    }
   }
 }
 
@@ -884,20 +934,28 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   }
   bool fresh_results = false;
   for (size_t r = 0; r < f.n_returns; ++r) fresh_results = fresh_results || f.returns_arg[r] < 0;
+  Held held(*this);
+  if (in.missing) make_inputs_resident(in, held);
+  // Copy-on-write: pinned storages it overwrites whose old data a re-run may need.
+  std::vector<std::pair<CellPtr, c10::Storage>> copies;
   if (recording_) {
-    for (int u : std::vector<int>(unique)) {
-      const CellPtr c = in.cells[u];
+    for (int u : unique) {
+      const CellPtr& c = in.cells[u];
       if (!c->pinned || !c->tensor.defined()) continue;
+      bool done = false;
+      for (auto& [x, s] : copies) done = done || x->root == c->root;
+      if (done) continue;
       const Group& g = groups_.at(c->root);
       bool consumed = fresh_results;
       for (const CellPtr& x : g.cells) consumed = consumed || x->consumed;
-      if (consumed) copy_on_write(c, in);
+      if (!consumed) continue;
+      if (budgeted_ && held.empty()) {
+        for (const CellPtr& x : in.cells) held.lock(x->id);
+      }
+      copies.emplace_back(c, copy_old_data(c));
+      for (const CellPtr& x : in.cells) derive(x);
     }
   }
-  Held held(*this);
-  in.missing = false;
-  for (const CellPtr& c : in.cells) in.missing = in.missing || !derive(c);
-  if (in.missing) make_inputs_resident(in, held);
   uint64_t size_key = 0;
   int64_t extra = 0;
   if (budgeted_ && fresh_results) {
@@ -948,10 +1006,20 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
       call->fresh_bytes = fresh;
       call->scratch = f.mutated;
       ops_[cells.front()->op] = std::move(call);
+      fingerprint_outputs(f, cells);
     }
     wrap_results(results, out, cells);
   }
-  if (!unique.empty()) register_mutation(f, op, in, unique, originals, rec.get(), cost);
+  // The old versions of the copied storages read the copies; the rest get new versions.
+  std::vector<int> versioned;
+  for (int u : unique) {
+    bool copied = false;
+    for (auto& [x, s] : copies) copied = copied || x->root == in.cells[u]->root;
+    if (!copied) versioned.push_back(u);
+  }
+  for (auto& [c, copy] : copies) move_old_version(c, copy);
+  if (!versioned.empty()) register_mutation(f, op, in, versioned, originals, rec.get(), cost);
+  held.release();
   after_op();
 }
 
@@ -1054,6 +1122,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     rec->fresh_bytes = 0;
     for (const CellPtr& v : versions) rec->fresh_bytes += groups_.at(v->root).nbytes;
     ops_[op_id] = std::move(rec);
+    fingerprint_outputs(f, versions);
   }
 }
 
@@ -1173,7 +1242,10 @@ void Session::rerun(int64_t op_id) {
   if (r.kind == RerunKind::kMutation) {
     for (size_t j = 0; j < r.outputs.size(); ++j) {
       Group& g = groups_.at(r.outputs[j]->root);
-      if (!g.resident()) g.storage = copies[r.mutated[j]];
+      if (!g.resident()) {
+        g.storage = copies[r.mutated[j]];
+        if (verify_) check_rebuilt(r, j, view_of(g.storage, *r.outputs[j]));
+      }
     }
   } else {
     std::vector<at::Tensor> outs;
@@ -1189,7 +1261,10 @@ void Session::rerun(int64_t op_id) {
       const CellPtr& c = r.outputs[k];
       if (c->root != c->id) continue;  // a view: derived from its base's storage
       Group& g = groups_.at(c->root);
-      if (!g.resident()) g.storage = outs[k].storage();
+      if (!g.resident()) {
+        g.storage = outs[k].storage();
+        if (verify_) check_rebuilt(r, k, outs[k]);
+      }
     }
   }
   if (abi_.rematerialized(h_, op_id, cost) < 0) fail("memscale_dtr_rematerialized");

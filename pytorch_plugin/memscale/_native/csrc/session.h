@@ -53,6 +53,7 @@ struct SessionOptions {
   bool recording = true;       // ops are recorded (recompute allowed)
   int64_t usage_address = 0;   // the allocator's published usage (usage "allocator"), or 0
   int64_t drain_batch = 256;   // without a budget: freed storages fetched this many at a time
+  bool verify = false;         // every rebuild is checked against its first run (memscale.check)
 };
 
 // Counters of the native path itself (the engine keeps the DTR counters).
@@ -117,7 +118,8 @@ class Session {
   void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
-  void copy_on_write(const CellPtr& cell, Inputs& in);
+  c10::Storage copy_old_data(const CellPtr& cell);
+  void move_old_version(const CellPtr& cell, const c10::Storage& copy);
   void register_mutation(const OpFacts& f, const c10::OperatorHandle& op, Inputs& in, const std::vector<int>& unique,
                          const std::vector<c10::IValue>& originals, RecordedOp* record, int64_t cost);
   void repoint(const CellPtr& old, const CellPtr& fresh);
@@ -163,6 +165,11 @@ class Session {
   std::unordered_map<const c10::StorageImpl*, CellPtr> external_roots_;
   std::vector<WeakImpl> leaves_;
   std::unordered_map<uint64_t, int64_t> learned_sizes_;
+  // Verified rebuilds: a fingerprint of each fresh tensor's first run.
+  const bool verify_;
+  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> prints_;
+  void fingerprint_outputs(const OpFacts& f, const std::vector<CellPtr>& cells);
+  void check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& rebuilt);
 
   std::mutex release_mu_;
   std::vector<CellPtr> released_;       // queued by dying wrappers

@@ -1,0 +1,223 @@
+"""The native region (``MEMSCALE_NATIVE=1``): its per-op path in C++.
+
+Each test runs a program plainly and in a native region, under the stress
+setting (everything evictable evicted after every op, rebuilt when read) or
+a budget, and compares bitwise: outputs, gradients, and what in-place ops
+left in the program's tensors. ``make test-native`` runs this file with the
+op_db corpus, the zoo and the escapes on the native path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import memscale
+from _helpers import require_engine
+from memscale._native import region_ext
+from memscale.errors import ConfigError, MemscaleError
+
+require_engine()
+
+
+@pytest.fixture(autouse=True)
+def _native(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("MEMSCALE_NATIVE", "1")
+    if region_ext.extension() is None:
+        pytest.fail(f"the native region's extension cannot be used: {region_ext.unavailable_reason()}")
+    yield
+
+
+def _ext() -> Any:
+    ext = region_ext.extension()
+    assert ext is not None
+    return ext
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _compare(program: Callable[[], Any], region: Callable[[], Any]) -> memscale.DTRRegion:
+    """Run ``program`` plainly and in ``region()``; assert bitwise equal results."""
+    torch.manual_seed(7)
+    plain = program()
+    torch.manual_seed(7)
+    r = region()
+    with r:
+        got = program()
+    assert r.native, "the entry did not run on the native path"
+    assert _same(plain, got), f"native results differ: {plain} vs {got}"
+    return r
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+        torch.nn.Linear(64, 1),
+    )
+    return model, torch.randn(16, 32)
+
+
+def _train_step(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    def step() -> Any:
+        model.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return [loss.detach().clone(), *[p.grad.clone() for p in model.parameters()]]
+
+    return step
+
+
+@pytest.mark.parametrize("setting", ["unbudgeted", "stress", "budget"])
+def test_training_step_is_bitwise(setting: str) -> None:
+    model, x = _mlp()
+    step = _train_step(model, x)
+    regions = {
+        "unbudgeted": lambda: memscale.dtr(None),
+        "stress": lambda: memscale.dtr(stress=True),
+        "budget": lambda: memscale.dtr(40_000),
+    }
+    r = _compare(step, regions[setting])
+    if setting != "unbudgeted":
+        assert r.summary()["evictions"] > 0
+        assert r.summary()["rematerializations"] > 0
+
+
+def test_wrappers_inside_plain_tensors_after() -> None:
+    ext = _ext()
+    x = torch.randn(4, 4)
+    with memscale.dtr(None) as r:
+        y = x * 2
+        assert ext.is_wrapper(y)
+        assert not ext.is_wrapper(x)
+        assert y.tolist() == (x * 2).tolist()
+        assert "tensor(" in repr(y)
+    assert r.native
+    assert not ext.is_wrapper(y), "an escaping tensor is handed back as a plain tensor"
+    assert torch.equal(y, x * 2)
+    assert f"{y.sum():.3f}" == f"{(x * 2).sum():.3f}"
+
+
+def test_gradients_are_plain_after_the_step() -> None:
+    ext = _ext()
+    model, x = _mlp()
+    with memscale.dtr(stress=True):
+        model(x).sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and not ext.is_wrapper(p.grad)
+
+
+def test_in_place_ops_on_region_tensors_and_views() -> None:
+    base = torch.randn(6, 5)
+
+    def program() -> Any:
+        a = base * 3
+        v = a[1:4]
+        v.add_(1)  # a view written: its base sees it
+        a.mul_(2)
+        b = a.relu_()
+        c = v.t().contiguous()
+        return [a.clone(), b.clone(), c.clone(), v.sum()]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
+def test_in_place_on_an_external_a_recorded_op_read() -> None:
+    # Copy-on-write: the external's old data is what the rebuilt ops read.
+    def program() -> Any:
+        stats = torch.zeros(8)
+        x = torch.randn(8)
+        y = (x + stats).exp()  # reads stats, recorded
+        stats.add_(1)  # overwrites it in the program
+        z = y * 2  # y evicted under stress: rebuilt from the old stats
+        return [z.clone(), stats.clone()]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
+def test_batch_norm_running_statistics_update_once() -> None:
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(4)
+    x = torch.randn(8, 4, requires_grad=True)
+
+    def program() -> Any:
+        bn.reset_running_stats()
+        out = bn(x * 2).sum()
+        out.backward()
+        return [out.detach(), bn.running_mean.clone(), bn.running_var.clone(), x.grad.clone()]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+    x.grad = None
+
+
+def test_random_ops_are_replayed() -> None:
+    x = torch.randn(32, 32, requires_grad=True)
+
+    def program() -> Any:
+        y = torch.nn.functional.dropout(x * 2, 0.5).tanh()
+        z = torch.rand_like(y) * y
+        z.sum().backward()
+        grad = x.grad.clone()
+        x.grad = None
+        return [z.detach(), grad]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
+def test_shape_changes_in_place() -> None:
+    def program() -> Any:
+        a = torch.arange(12.0).reshape(3, 4) * 1.5
+        a.t_()
+        a.unsqueeze_(0)
+        b = a + 1
+        return [a.clone(), b.clone(), list(a.shape)]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
+def test_shape_only_factories_do_not_rebuild_their_template() -> None:
+    def program() -> Any:
+        a = torch.randn(5, 5).exp()
+        b = torch.zeros_like(a) + torch.ones_like(a)
+        return [b.clone(), a.clone()]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
+def test_check_runs_on_the_native_path() -> None:
+    model, x = _mlp()
+    report = memscale.check(model, x)
+    assert report.safe, report
+    assert report.rematerializations > 0
+
+
+def test_native_env_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_NATIVE", "yes")
+    with pytest.raises(ConfigError, match="MEMSCALE_NATIVE"):
+        with memscale.dtr(None):
+            pass
+
+
+def test_what_the_native_path_lacks_is_refused_when_forced() -> None:
+    r = memscale.dtr(None)
+    r.ends_on_failed_backward = True
+    with pytest.raises(MemscaleError, match="does not support"):
+        with r:
+            pass
+
+
+def test_python_path_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_NATIVE", "0")
+    with memscale.dtr(None) as r:
+        y = torch.ones(3) * 2
+    assert not r.native
+    assert torch.equal(y, torch.full((3,), 2.0))
