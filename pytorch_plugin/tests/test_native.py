@@ -88,7 +88,7 @@ def test_training_step_is_bitwise(setting: str) -> None:
     regions = {
         "unbudgeted": lambda: memscale.dtr(None),
         "stress": lambda: memscale.dtr(stress=True),
-        "budget": lambda: memscale.dtr(int(peak * 0.85)),
+        "budget": lambda: memscale.dtr(int(peak * 0.9)),
     }
     torch.manual_seed(7)
     plain = step()

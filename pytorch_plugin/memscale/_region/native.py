@@ -9,9 +9,9 @@ and the exit's hand-back of escaping tensors; every op, eviction and rebuild
 happens in C++ (``memscale/_native/csrc/session.h``).
 
 What the native path does not do yet chooses the Python region at entry
-(never in the middle of a step): a trace recorder (``sink``), verified
-rebuilds (:func:`memscale.check`'s), the drop-in steps' failed-backward
-watch, and parking nested rebuilds in host memory.
+(never in the middle of a step): a trace recorder (``sink``). It does not
+watch for a backward pass that raised (the drop-in steps' early end of such
+a step) nor park nested rebuilds in host memory.
 """
 
 from __future__ import annotations
@@ -110,8 +110,6 @@ def _read_data_through_wrappers() -> None:
 def _lacking(region: DTRRegion, sink: Any) -> str | None:
     if sink is not None:
         return "trace recording (memscale record)"
-    if region.ends_on_failed_backward:
-        return "the drop-in steps' failed-backward watch"
     return None
 
 
@@ -163,6 +161,7 @@ class NativeSession:
         stats: dict[str, Any] = {}
         try:
             handed = self.native.close(ok)
+            self.nested_restarts = int(self.native.counters()["nested_restarts"])
             stats = self.engine.stats()
             if ok and stats.get("auto"):
                 try:
@@ -229,7 +228,9 @@ class NativeMode:
         ext.set_included(not on)
 
     def backward_failure(self) -> BaseException | None:
-        """Not watched on the native path (see :func:`use_native`)."""
+        """Not watched on the native path: a backward pass that raised and was
+        caught leaves the step open until the program's next step boundary
+        (its ops stay correct; the step's memory is held longer)."""
         return None
 
 

@@ -1,6 +1,8 @@
 #include "session.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <ATen/Context.h>
@@ -24,6 +26,7 @@ std::atomic<Session*> g_active{nullptr};
 constexpr int32_t kHandOut = 64;      // storages memscale_dtr_op hands back per call
 constexpr int32_t kEvictBatch = 256;  // victims per memscale_dtr_evict call
 constexpr int kMaxPlansPerCell = 64;
+constexpr int kNestedRestarts = 4;  // times the outermost rebuild starts over (see Session::rebuild)
 constexpr int64_t kScanExternalsEvery = 1024;
 
 int64_t now_ns() {
@@ -109,6 +112,15 @@ uint64_t kind_of(const c10::IValue& v) {
 }
 
 uint64_t mix(uint64_t seed, uint64_t v) { return c10::hash_combine(seed, v); }
+
+// MEMSCALE_NATIVE_TRACE=1: one line per registered op on stderr (debugging).
+bool trace_ops() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEMSCALE_NATIVE_TRACE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -402,10 +414,41 @@ void Session::make_inputs_resident(Inputs& in, Held& held) {
     if (derive(c)) {
       held.lock(c->id);
     } else {
-      materialize(c, held);
+      rebuild(c, held);
     }
   }
   in.missing = false;
+}
+
+namespace {
+bool no_room(const c10::Error& e) { return std::string(e.what()).find("nothing evictable") != std::string::npos; }
+}  // namespace
+
+void Session::rebuild(const CellPtr& cell, Held& held) {
+  // The outermost rebuild. When plans nest (an input a step needs was evicted
+  // while an earlier step ran) a tight budget may leave no room for the
+  // innermost one: the plans are abandoned and the rebuild starts over, first
+  // rebuilding the cells whose rebuilds found no room, innermost first, each
+  // with nothing else held (memscale/_region/rebuild.py's restarts).
+  std::vector<CellPtr> chain;
+  for (int restart = 0;; ++restart) {
+    room_failed_.clear();
+    try {
+      for (const CellPtr& first : chain) {
+        if (!derive(first)) {
+          Held alone(*this);
+          materialize(first, alone);
+        }
+      }
+      materialize(cell, held);
+      return;
+    } catch (const c10::Error& e) {
+      if (!no_room(e) || restart == kNestedRestarts) throw;
+      chain.assign(room_failed_.begin(), room_failed_.begin() + std::min<size_t>(room_failed_.size(), restart + 1));
+      if (abi_.abandon_plans(h_) <= 0) throw;
+      counters_.nested_restarts++;
+    }
+  }
 }
 
 void Session::fill(c10::IValue* args, const std::vector<Slot>& slots, const std::vector<at::Tensor>& reals) {
@@ -488,6 +531,11 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
   release_ids_.clear();
   int64_t op_id = abi_.op(h_, f.name.c_str(), w);
   if (op_id < 0) fail("memscale_dtr_op(" + f.name + ")");
+  if (trace_ops()) {
+    fprintf(stderr, "memscale native: op %lld %s in=%zu out=%zu released=%zu usage=%lld\n",
+            static_cast<long long>(op_id), f.name.c_str(), n_in, n_out, n_rel,
+            static_cast<long long>(status_->usage));
+  }
   std::vector<CellPtr> cells;
   cells.reserve(n_out);
   for (size_t k = 0; k < n_out; ++k) {
@@ -1185,7 +1233,14 @@ void Session::rerun(int64_t op_id) {
     if (abi_.rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
     return;
   }
-  if (budgeted_ && r.fresh_bytes) make_room(r.fresh_bytes, "a re-run of " + r.op.schema().name());
+  if (budgeted_ && r.fresh_bytes) {
+    try {
+      make_room(r.fresh_bytes, "a re-run of " + r.op.schema().name());
+    } catch (const c10::Error& e) {
+      if (no_room(e) && !r.outputs.empty()) room_failed_.push_back(r.outputs.front());
+      throw;
+    }
+  }
   std::vector<at::Tensor> reals;
   reals.reserve(r.inputs.size());
   std::vector<c10::Storage> copies(r.inputs.size());
@@ -1280,7 +1335,7 @@ at::Tensor Session::read(const CellPtr& cell) {
   }
   {
     Held held(*this);
-    materialize(cell, held);
+    rebuild(cell, held);
   }
   at::Tensor t = cell->tensor;
   after_op();
@@ -1308,7 +1363,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
       // engine lets usage exceed the budget after finish, but still evicts
       // what is unlocked to stay within it).
       Held held(*this);
-      for (const CellPtr& c : escaping) materialize(c, held);
+      for (const CellPtr& c : escaping) rebuild(c, held);
       // Gradients of the parameters seen: plain tensors again.
       for (auto& weak : leaves_) {
         ImplPtr impl = weak.lock();

@@ -63,6 +63,7 @@ struct SessionCounters {
   int64_t predictions = 0;       // output sizes predicted on the meta device
   int64_t copies_on_write = 0;
   int64_t externals = 0;
+  int64_t nested_restarts = 0;   // rebuilds started over after nested plans found no room
 };
 
 class Session {
@@ -132,6 +133,7 @@ class Session {
 
   // Rebuilding.
   void materialize(const CellPtr& cell, Held& held);
+  void rebuild(const CellPtr& cell, Held& held);
   bool derive(const CellPtr& cell);
   void rerun(int64_t op_id);
   void swap_in(int64_t root);
@@ -177,6 +179,7 @@ class Session {
   std::vector<int64_t> frame_;
   SessionCounters counters_;
   int64_t ops_since_scan_ = 0;
+  std::vector<CellPtr> room_failed_;  // cells whose nested rebuilds found no room, innermost first
 };
 
 // The session ops go to, or null (set by the region's entry, process-wide:

@@ -29,6 +29,17 @@ DTRTensorImpl::DTRTensorImpl(CellPtr cell)
 
 DTRTensorImpl::DTRTensorImpl(CellPtr cell, const at::Tensor&) : DTRTensorImpl(std::move(cell)) {}
 
+// The last strong reference went. (The destructor itself runs only once the
+// weak references are gone too - a cell keeps one to its latest wrapper - so
+// the release happens here.)
+void DTRTensorImpl::release_resources() {
+  if (cell_) {
+    CellPtr cell = std::move(cell_);
+    drop_wrapper(cell);
+  }
+  c10::TensorImpl::release_resources();
+}
+
 DTRTensorImpl::~DTRTensorImpl() {
   if (cell_) drop_wrapper(cell_);
 }

@@ -22,6 +22,7 @@ class DTRTensorImpl final : public c10::TensorImpl {
   explicit DTRTensorImpl(CellPtr cell);
   DTRTensorImpl(CellPtr cell, const at::Tensor& real);
   ~DTRTensorImpl() override;
+  void release_resources() override;
 
   // The cell it names (changes when an in-place op makes a new version).
   const CellPtr& cell() const { return cell_; }
