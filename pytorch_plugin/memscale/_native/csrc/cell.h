@@ -57,6 +57,9 @@ struct Cell : c10::intrusive_ptr_target {
   // The latest wrapper made for it (to repoint it after an in-place op, and
   // to hand it back as a plain tensor at the exit).
   c10::optional<WeakImpl> wrapper;
+  // Every other wrapper made for it (shallow copies: autograd's saved outputs,
+  // .data), so an in-place op's new version is named by all of them.
+  std::vector<WeakImpl> others;
   // The session while the cell belongs to an open one, else null.
   std::atomic<Session*> session{nullptr};
 
@@ -118,6 +121,7 @@ struct RecordedOp {
   // For a shape-only op: the geometry of the `self` stand-in.
   bool shape_only = false;
   int64_t fresh_bytes = 0;         // what a re-run allocates
+  bool grad_mode = false;          // the grad mode of the first run (kernels read it: mkldnn_rnn_layer)
 
   explicit RecordedOp(const c10::OperatorHandle& op_) : op(op_) {}
 };

@@ -401,8 +401,11 @@ void Session::collect(const OpFacts& f, c10::IValue* args, Inputs& in) {
   }
 }
 
-bool Session::derive(const CellPtr& cell) {
+bool Session::derive(const CellPtr& cell, bool view_planned) {
   if (cell->tensor.defined()) return true;
+  // A view of a storage that came back is re-derived only once the engine's
+  // plan re-ran its view op (until then the engine holds it undefined).
+  if (cell->root != cell->id && !cell->pinned && !view_planned) return false;
   auto it = groups_.find(cell->root);
   if (it == groups_.end() || !it->second.resident()) return false;
   cell->tensor = view_of(it->second.storage, *cell);
@@ -590,6 +593,7 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
   rec->slots = in.slots;
   rec->inputs = in.cells;
   rec->shape_only = f.shape_only;
+  rec->grad_mode = c10::GradMode::is_enabled();
   // Tensors are not kept: each slot names its cell (a list argument is copied).
   int last = -1;
   for (const Slot& s : in.slots) {
@@ -958,13 +962,20 @@ void Session::move_externals(const CellPtr& old, const CellPtr& fresh) {
 }
 
 void Session::repoint(const CellPtr& old, const CellPtr& fresh) {
-  if (!old->wrapper.has_value()) return;
-  ImplPtr impl = old->wrapper->lock();
-  old->wrapper.reset();
-  if (!impl) return;
-  auto* w = dynamic_cast<DTRTensorImpl*>(impl.get());
-  if (w == nullptr || w->cell().get() != old.get()) return;
-  name_cell(w, fresh);
+  std::vector<WeakImpl> all;
+  all.swap(old->others);
+  if (old->wrapper.has_value()) {
+    all.push_back(*old->wrapper);
+    old->wrapper.reset();
+  }
+  for (WeakImpl& weak : all) {
+    ImplPtr impl = weak.lock();
+    if (!impl) continue;
+    auto* w = dynamic_cast<DTRTensorImpl*>(impl.get());
+    if (w == nullptr || w->cell().get() != old.get()) continue;
+    if (fresh->wrapper.has_value()) fresh->others.push_back(*fresh->wrapper);
+    name_cell(w, fresh);
+  }
 }
 
 void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
@@ -1190,6 +1201,7 @@ void Session::materialize(const CellPtr& cell, Held& held) {
     TORCH_CHECK(n <= 1024, "memscale.dtr: a rebuild plan of ", n, " steps is longer than the native region's 1024");
     TORCH_CHECK(n > 0 || groups_.at(cell->root).resident(), "memscale.dtr: the engine holds storage ", cell->root,
                 " resident, but the region has no data for it");
+    if (n == 0 && derive(cell, true)) continue;  // the engine holds it defined: re-derive it
     for (int32_t i = 0; i < n; ++i) {
       if (kinds[i] == kStepSwapIn) {
         swap_in(ids[i]);
@@ -1229,7 +1241,8 @@ void Session::rerun(int64_t op_id) {
     }
   }
   if (r.kind == RerunKind::kView) {
-    // Its base is resident now: the view is derived when read.
+    // Its base is resident now: the view is derived from it.
+    for (const CellPtr& c : r.outputs) derive(c, true);
     if (abi_.rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
     return;
   }
@@ -1280,6 +1293,7 @@ void Session::rerun(int64_t op_id) {
   int64_t t0 = now_ns();
   try {
     KernelGuard kernel;
+    c10::AutoGradMode grad_mode(r.grad_mode);
     r.op.callBoxed(&stack);
   } catch (...) {
     if (saved) {
@@ -1314,7 +1328,11 @@ void Session::rerun(int64_t op_id) {
                 outs.size(), " tensors, its first run ", r.outputs.size());
     for (size_t k = 0; k < outs.size(); ++k) {
       const CellPtr& c = r.outputs[k];
-      if (c->root != c->id) continue;  // a view: derived from its base's storage
+      if (c->root != c->id) {
+        // A view: it is what the re-run returned (on its base's storage).
+        if (!c->tensor.defined() && groups_.at(c->root).resident()) c->tensor = outs[k];
+        continue;
+      }
       Group& g = groups_.at(c->root);
       if (!g.resident()) {
         g.storage = outs[k].storage();
@@ -1398,6 +1416,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
         c->tensor.reset();
       }
       c->wrapper.reset();
+      c->others.clear();
     }
   }
   groups_.clear();

@@ -134,7 +134,7 @@ class Session {
   // Rebuilding.
   void materialize(const CellPtr& cell, Held& held);
   void rebuild(const CellPtr& cell, Held& held);
-  bool derive(const CellPtr& cell);
+  bool derive(const CellPtr& cell, bool view_planned = false);
   void rerun(int64_t op_id);
   void swap_in(int64_t root);
 

@@ -55,6 +55,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTRTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTRTensorImpl>(cell_, cell_->tensor);
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
+  cell_->others.emplace_back(ImplPtr::reclaim_copy(impl.get()));
   return impl;
 }
 
