@@ -31,7 +31,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' 2>/dev/null) go.mo
 
 .DELETE_ON_ERROR:
 
-.PHONY: all lib cli venv wheel test test-slow test-all test-go test-c test-python test-python-slow test-wheel demo bench bench-go bench-c clean fmt vet
+.PHONY: all lib cli venv wheel test test-slow test-all test-go test-c test-python test-python-slow test-native native test-wheel demo bench bench-go bench-c clean fmt vet
 
 all: lib cli
 
@@ -67,7 +67,7 @@ vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
 	$(GO) vet ./...
 
-test: test-go test-c test-python test-wheel
+test: test-go test-c test-python test-native test-wheel
 
 test-slow: test-python-slow
 
