@@ -109,6 +109,8 @@ entry         what an entry changes around the program (compiler stance,
               frozen collector heap, autograd queue drained on an error)
 mode          the dispatch mode of an entry (suspended ops, failed backwards)
 region        :class:`DTRRegion`, :func:`dtr`
+native        the native path's session and mode (``MEMSCALE_NATIVE=1``: the
+              per-op path in C++, ``memscale/_native/csrc``)
 ============  ===============================================================
 
 The drop-in API (:mod:`memscale._dropin.api`) opens one region per training step; the

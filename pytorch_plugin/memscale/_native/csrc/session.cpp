@@ -15,6 +15,7 @@
 #include <c10/util/hash.h>
 
 #include "dispatch_key.h"
+#include "output_sizes.h"
 #include "wrapper.h"
 
 namespace memscale {
@@ -632,7 +633,7 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
   return rec;
 }
 
-int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key) {
+void Session::signature(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key) {
   uint64_t h = reinterpret_cast<uintptr_t>(&op.schema());
   for (size_t i = 0; i < f.n_args; ++i) {
     const c10::IValue& v = args[i];
@@ -657,8 +658,13 @@ int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const 
     }
   }
   *key = h;
-  auto it = learned_sizes_.find(h);
-  if (it != learned_sizes_.end()) return it->second;
+}
+
+int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key) {
+  signature(op, f, args, key);
+  last_meta_ = -1;
+  int64_t known = output_sizes().learned(*key);
+  if (known >= 0) return known;
   // First sight: ask the op's meta kernel what it allocates.
   KernelGuard convert;
   std::vector<c10::IValue> meta(args, args + f.n_args);
@@ -700,7 +706,9 @@ int64_t Session::predict(const c10::OperatorHandle& op, const OpFacts& f, const 
     bytes = -1;  // no meta kernel: learned after the first run
   }
   counters_.predictions++;
-  return bytes < 0 ? 0 : bytes;
+  last_meta_ = bytes;
+  if (bytes <= 0) return 0;
+  return static_cast<int64_t>(static_cast<double>(bytes) * output_sizes().ratio(&op.schema()) + 0.5);
 }
 
 // ---------------------------------------------------------- verification
@@ -776,8 +784,13 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   uint64_t size_key = 0;
   int64_t extra = 0;
   bool predicted = false;
-  if (budgeted_ && !f.all_views) {
+  if (!f.all_views && (budgeted_ || !unbudgeted_seen_.count(&op.schema()))) {
+    // Without a budget only the first call of each overload in this session
+    // is looked at: its meta prediction against its real bytes (the ratio
+    // the budgeted regions scale their predictions by).
+    if (!budgeted_) unbudgeted_seen_.insert(&op.schema());
     extra = predict(op, f, args, &size_key);
+    if (!budgeted_) extra = 0;
     predicted = true;
     if (usage_now() + extra > status_->budget) {
       if (held.empty()) {
@@ -820,7 +833,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   if (out.tensors.empty()) return;
   int64_t fresh = 0;
   std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
-  if (predicted) learned_sizes_[size_key] = fresh;
+  if (predicted) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
   if (rec) {
     rec->outputs = cells;
     rec->fresh_bytes = fresh;
@@ -1058,7 +1071,7 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
     // re-run writes into scratch copies of the written arguments.
     int64_t fresh = 0;
     std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
-    if (extra || size_key) learned_sizes_[size_key] = fresh;
+    if (extra || size_key) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
     if (rec) {
       auto call = std::make_unique<RecordedOp>(*rec);
       call->outputs = cells;

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -128,6 +129,7 @@ class Session {
 
   // Sizes and recording.
   int64_t predict(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key);
+  void signature(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key);
   std::unique_ptr<RecordedOp> start_record(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args,
                                            const Inputs& in);
 
@@ -166,7 +168,8 @@ class Session {
   std::unordered_map<const c10::TensorImpl*, External> externals_;
   std::unordered_map<const c10::StorageImpl*, CellPtr> external_roots_;
   std::vector<WeakImpl> leaves_;
-  std::unordered_map<uint64_t, int64_t> learned_sizes_;
+  int64_t last_meta_ = -1;  // what the last prediction's meta run said (-1: none)
+  std::unordered_set<const void*> unbudgeted_seen_;
   // Verified rebuilds: a fingerprint of each fresh tensor's first run.
   const bool verify_;
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> prints_;
