@@ -38,14 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch_plugin"))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 import memscale  # noqa: E402
+from plugin_bench import EmptyMode, op_loop  # noqa: E402  (bench/ is on sys.path: the script's directory)
 
 
-class EmptyMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
@@ -66,14 +62,7 @@ def native(on: bool | None) -> Iterator[None]:
 
 
 def per_op(reps: int, n: int) -> dict[str, float]:
-    x = torch.randn(16, 16)
-
-    def loop() -> None:
-        y = x
-        for _ in range(n):
-            y = y + 1.0
-            y = y * 0.5
-
+    loop = op_loop(n)
     regions = {
         "python, unbudgeted": (False, memscale.dtr(None)),
         "python, budgeted": (False, memscale.dtr(1 << 40)),

@@ -24,7 +24,13 @@ def main() -> None:
     assert not wheel.name.endswith("-none-any.whl"), f"{wheel.name}: a pure-Python tag for a wheel with native code"
     assert wheel.name.startswith("memscale-") and "-py3-none-" in wheel.name, wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
-    for shipped in ("memscale/libmemscale.so", "memscale/bin/memscale", "memscale/_region/dispatch.py"):
+    for shipped in (
+        "memscale/libmemscale.so",
+        "memscale/bin/memscale",
+        "memscale/_region/dispatch.py",
+        "memscale/_native/csrc/session.cpp",
+        "memscale/_native/csrc/session.h",
+    ):
         assert shipped in names, f"{wheel.name} lacks {shipped}"
 
     assert "MEMSCALE_LIBRARY" not in os.environ

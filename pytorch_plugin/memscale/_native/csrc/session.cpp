@@ -775,6 +775,33 @@ void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 }
 
+void Session::room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Held& held) {
+  // Under a budget: room for the bytes the op is about to allocate, its
+  // inputs locked meanwhile.
+  if (!budgeted_ || usage_now() + extra <= status_->budget) return;
+  if (held.empty()) {
+    for (const CellPtr& c : in.cells) held.lock(c->id);
+  }
+  make_room(extra, f.name);
+  for (const CellPtr& c : in.cells) derive(c);
+}
+
+int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::IValue* args,
+                              const Inputs& in) {
+  // The op on the real tensors (the stack's wrappers replaced), timed.
+  std::vector<at::Tensor> reals;
+  reals.reserve(in.cells.size());
+  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
+  fill(args, in.slots, reals);
+  reals.clear();
+  int64_t t0 = now_ns();
+  {
+    KernelGuard kernel;
+    op.callBoxed(stack);
+  }
+  return now_ns() - t0;
+}
+
 void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
   c10::IValue* args = stack->data() + (stack->size() - f.n_args);
   Inputs in;
@@ -792,13 +819,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
     extra = predict(op, f, args, &size_key);
     if (!budgeted_) extra = 0;
     predicted = true;
-    if (usage_now() + extra > status_->budget) {
-      if (held.empty()) {
-        for (const CellPtr& c : in.cells) held.lock(c->id);
-      }
-      make_room(extra, f.name);
-      for (const CellPtr& c : in.cells) derive(c);
-    }
+    room_for_op(f, extra, in, held);
   }
   std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
   if (f.shape_only) {
@@ -816,17 +837,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
       }
     }
   }
-  std::vector<at::Tensor> reals;
-  reals.reserve(in.cells.size());
-  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
-  fill(args, in.slots, reals);
-  reals.clear();
-  int64_t t0 = now_ns();
-  {
-    KernelGuard kernel;
-    op.callBoxed(stack);
-  }
-  int64_t cost = now_ns() - t0;
+  int64_t cost = run_on_reals(op, stack, args, in);
   c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
   Outputs out;
   flatten_results(results, f.n_returns, out);
@@ -1032,25 +1043,10 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   int64_t extra = 0;
   if (budgeted_ && fresh_results) {
     extra = predict(op, f, args, &size_key);
-    if (usage_now() + extra > status_->budget) {
-      if (held.empty()) {
-        for (const CellPtr& c : in.cells) held.lock(c->id);
-      }
-      make_room(extra, f.name);
-      for (const CellPtr& c : in.cells) derive(c);
-    }
+    room_for_op(f, extra, in, held);
   }
   std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
-  std::vector<at::Tensor> reals;
-  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
-  fill(args, in.slots, reals);
-  reals.clear();
-  int64_t t0 = now_ns();
-  {
-    KernelGuard kernel;
-    op.callBoxed(stack);
-  }
-  int64_t cost = now_ns() - t0;
+  int64_t cost = run_on_reals(op, stack, args, in);
   c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
   // Results that are written arguments go back as the program's objects.
   Outputs out;

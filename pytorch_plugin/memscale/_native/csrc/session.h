@@ -117,6 +117,8 @@ class Session {
   void wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells);
 
   // The paths of dispatch.
+  void room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Held& held);
+  int64_t run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::IValue* args, const Inputs& in);
   void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
