@@ -207,6 +207,19 @@ def test_shape_only_factories_do_not_rebuild_their_template() -> None:
     _compare(program, lambda: memscale.dtr(stress=True))
 
 
+def test_out_ops_resize_the_programs_tensor() -> None:
+    # torch.arange(n) fills an empty tensor through arange.start_out, which
+    # resizes it: the program's tensor must be what grows (it came back empty).
+    def program() -> Any:
+        n = torch.randn(3, 4).exp().shape[0]
+        target = torch.arange(n)
+        out = torch.empty(0)
+        torch.cat([torch.ones(2), torch.zeros(3)], out=out)
+        return [target.clone(), out.clone()]
+
+    _compare(program, lambda: memscale.dtr(stress=True))
+
+
 def test_check_runs_on_the_native_path() -> None:
     model, x = _mlp()
     report = memscale.check(model, x)

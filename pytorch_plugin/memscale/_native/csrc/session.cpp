@@ -1046,7 +1046,52 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
     room_for_op(f, extra, in, held);
   }
   std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
-  int64_t cost = run_on_reals(op, stack, args, in);
+  // A written argument that is a plain tensor of the program is passed itself,
+  // not an alias of its storage: an out= op may resize it (arange, cat), and
+  // the program's tensor must be what changes. What each written argument
+  // was, to tell a resize afterwards.
+  struct Written {
+    int input;
+    at::Tensor real;
+    c10::StorageImpl* storage;
+    std::vector<int64_t> sizes;
+    bool plain;
+  };
+  std::vector<Written> written;
+  std::vector<at::Tensor> reals;
+  reals.reserve(in.cells.size());
+  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
+  for (const Slot& s : in.slots) {
+    if (std::find(f.mutated.begin(), f.mutated.end(), s.arg) == f.mutated.end()) continue;
+    bool plain = false;
+    for_tensors(originals[s.arg], [&](const at::Tensor& t, int elem) {
+      if (elem == s.elem && wrapper_of(t) == nullptr) {
+        reals[s.input] = t;
+        plain = true;
+      }
+    });
+    const at::Tensor& r = reals[s.input];
+    written.push_back(Written{s.input, r, r.storage().unsafeGetStorageImpl(), r.sizes().vec(), plain});
+  }
+  fill(args, in.slots, reals);
+  reals.clear();
+  int64_t t0 = now_ns();
+  {
+    KernelGuard kernel;
+    op.callBoxed(stack);
+  }
+  int64_t cost = now_ns() - t0;
+  std::vector<int> resized;
+  for (const Written& w : written) {
+    if (w.real.storage().unsafeGetStorageImpl() == w.storage && w.real.sizes().vec() == w.sizes) continue;
+    TORCH_CHECK(w.plain, "memscale.dtr: ", f.name,
+                " resized a tensor of the region in place; the native region does not follow resizes of its own "
+                "tensors yet (run this step with MEMSCALE_NATIVE=0)");
+    // The program's tensor got new geometry or memory: its old version stays
+    // as it was, and the tensor is registered anew at its next use.
+    externals_.erase(w.real.unsafeGetTensorImpl());
+    resized.push_back(w.input);
+  }
   c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
   // Results that are written arguments go back as the program's objects.
   Outputs out;
@@ -1083,7 +1128,8 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   for (int u : unique) {
     bool copied = false;
     for (auto& [x, s] : copies) copied = copied || x->root == in.cells[u]->root;
-    if (!copied) versioned.push_back(u);
+    bool moved = std::find(resized.begin(), resized.end(), u) != resized.end();
+    if (!copied && !moved) versioned.push_back(u);
   }
   for (auto& [c, copy] : copies) move_old_version(c, copy);
   if (!versioned.empty()) register_mutation(f, op, in, versioned, originals, rec.get(), cost);
