@@ -652,7 +652,10 @@ void Session::signature(const c10::OperatorHandle& op, const OpFacts& f, const c
     } else {
       for_tensors(v, [&](const at::Tensor& t, int) {
         if (!t.defined()) return;
+        // Strides too: what an op allocates can depend on them (contiguous()
+        // of a contiguous tensor is a view, of a transposed one a copy).
         for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
+        for (int64_t s : t.strides()) h = mix(h, static_cast<uint64_t>(s) * 31 + 7);
         h = mix(h, static_cast<uint64_t>(t.scalar_type()));
       });
     }
