@@ -1304,9 +1304,21 @@ void Session::rerun(int64_t op_id) {
     if (abi_.rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
     return;
   }
-  if (budgeted_ && r.fresh_bytes) {
+  // Room for what the re-run allocates: its fresh results, and the scratch
+  // copies of the arguments it must not write again (batch norm's running
+  // statistics) - the copies of a mutation's old versions are in fresh_bytes.
+  int64_t scratch_bytes = 0;
+  for (size_t k = 0; k < r.inputs.size(); ++k) {
+    for (const Slot& s : r.slots) {
+      if (s.input == static_cast<int>(k) && std::find(r.scratch.begin(), r.scratch.end(), s.arg) != r.scratch.end()) {
+        scratch_bytes += groups_.at(r.inputs[k]->root).nbytes;
+        break;
+      }
+    }
+  }
+  if (budgeted_ && r.fresh_bytes + scratch_bytes) {
     try {
-      make_room(r.fresh_bytes, "a re-run of " + r.op.schema().name());
+      make_room(r.fresh_bytes + scratch_bytes, "a re-run of " + r.op.schema().name());
     } catch (const c10::Error& e) {
       if (no_room(e) && !r.outputs.empty()) room_failed_.push_back(r.outputs.front());
       throw;
