@@ -220,6 +220,16 @@ def test_out_ops_resize_the_programs_tensor() -> None:
     _compare(program, lambda: memscale.dtr(stress=True))
 
 
+def test_legacy_constructor_on_a_region_tensor() -> None:
+    # Reformer: sorted_idx.new(*sorted_idx.size()) (the device came from the key).
+    with memscale.dtr(None) as r:
+        x = torch.arange(6).reshape(2, 3) * 2
+        y = x.new(*x.size()).fill_(1)
+        z = x.new([1, 2])
+        assert (y.dtype, y.shape, z.tolist()) == (x.dtype, x.shape, [1, 2])
+    assert r.native
+
+
 def test_check_runs_on_the_native_path() -> None:
     model, x = _mlp()
     report = memscale.check(model, x)

@@ -78,7 +78,8 @@ _patched = False
 
 def _read_data_through_wrappers() -> None:
     """Let the few tensor methods that read data without an op (``tolist``,
-    ``numpy``, printing) read a native region tensor's real tensor.
+    ``numpy``, printing) read a native region tensor's real tensor, and the
+    legacy constructor ``new`` work on one.
 
     A native wrapper has no storage of its own; every op on it reaches the
     region, but ``Tensor.tolist``, ``Tensor.numpy`` and ``repr`` read the data
@@ -104,6 +105,19 @@ def _read_data_through_wrappers() -> None:
     torch.Tensor.tolist = reading(torch.Tensor.tolist)  # type: ignore[method-assign]
     torch.Tensor.numpy = reading(torch.Tensor.numpy)  # type: ignore[method-assign]
     tensor_str._str = reading(tensor_str._str)
+
+    # The legacy constructor (x.new(*sizes)) derives a device from the
+    # tensor's dispatch key, which PrivateUse2 has none of: it is given a
+    # plain tensor of the same dtype and device instead (no data read).
+    is_wrapper = ext.is_wrapper
+    legacy_new = torch.Tensor.new
+
+    def new(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if is_wrapper(self):
+            self = torch.empty(0, dtype=self.dtype, device=self.device)
+        return legacy_new(self, *args, **kwargs)
+
+    torch.Tensor.new = new  # type: ignore[method-assign]
     _patched = True
 
 
