@@ -76,6 +76,23 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseInterleaved parses args with fs, flags and positional arguments in
+// any order (flag.Parse stops at the first positional); returns the
+// positionals in order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return positional, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
 // printHelp lists the subcommands.
 func printHelp(w io.Writer) {
 	names := make([]string, 0, len(commands))

@@ -110,17 +110,11 @@ func parsePlanArgs(args []string, stdout io.Writer) (planOptions, error) {
 	noPlace := fs.Bool("no-placement", false, "skip the static placement (quadratic in the storages)")
 
 	var opt planOptions
-	rest := args
-	for {
-		if err := parseFlags(fs, rest); err != nil {
-			return opt, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		opt.traces = append(opt.traces, fs.Arg(0))
-		rest = fs.Args()[1:]
+	traces, err := parseInterleaved(fs, args)
+	if err != nil {
+		return opt, err
 	}
+	opt.traces = traces
 	opt.listDevices, opt.json, opt.plot = *list, *jsonPath, *plotPath
 	if opt.listDevices {
 		return opt, nil
@@ -128,7 +122,6 @@ func parsePlanArgs(args []string, stdout io.Writer) (planOptions, error) {
 	if len(opt.traces) == 0 {
 		return opt, usagef("no trace given (a trace recorded by memscale.plan or memscale.trace, a shared trace name, or a snapshot pickle)")
 	}
-	var err error
 	if opt.opt.Budgets, err = parseBudgets("--budgets", *budgets); err != nil {
 		return opt, usageError{err.Error()}
 	}

@@ -109,22 +109,15 @@ func parseReplayArgs(args []string, stdout io.Writer) (replayOptions, error) {
 			break
 		}
 	}
-	for {
-		if err := parseFlags(fs, rest); err != nil {
-			return opt, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		opt.traces = append(opt.traces, fs.Arg(0))
-		rest = fs.Args()[1:]
+	traces, err := parseInterleaved(fs, rest)
+	if err != nil {
+		return opt, err
 	}
-	opt.traces = append(opt.traces, tail...)
+	opt.traces = append(traces, tail...)
 	if len(opt.traces) == 0 {
 		return opt, usagef("no trace given (a trace file, a shared trace name or %s)", sweep.AllShared)
 	}
 
-	var err error
 	if opt.ratios, err = sweep.ParseRatios(*ratios); err != nil {
 		return opt, usagef("--ratios: %v", err)
 	}
