@@ -576,7 +576,7 @@ void Session::wrap_results(c10::IValue* results, Outputs& out, const std::vector
   int owned = -1;
   for (size_t k = 0; k < cells.size(); ++k) {
     auto [r, elem] = out.places[k];
-    at::Tensor wrapper = make_wrapper(cells[k], out.tensors[k]);
+    at::Tensor wrapper = make_wrapper(cells[k]);
     if (elem >= 0 && r != owned) {
       own_lists(results[r]);
       owned = r;

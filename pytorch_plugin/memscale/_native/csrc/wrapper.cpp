@@ -27,7 +27,6 @@ DTRTensorImpl::DTRTensorImpl(CellPtr cell)
   set_storage_access_should_throw();
 }
 
-DTRTensorImpl::DTRTensorImpl(CellPtr cell, const at::Tensor&) : DTRTensorImpl(std::move(cell)) {}
 
 // The last strong reference went. (The destructor itself runs only once the
 // weak references are gone too - a cell keeps one to its latest wrapper - so
@@ -53,7 +52,7 @@ void DTRTensorImpl::set_cell(CellPtr cell) {
 
 c10::intrusive_ptr<c10::TensorImpl> DTRTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTRTensorImpl>(cell_, cell_->tensor);
+  auto impl = c10::make_intrusive<DTRTensorImpl>(cell_);
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
   cell_->others.emplace_back(ImplPtr::reclaim_copy(impl.get()));
   return impl;
@@ -80,7 +79,7 @@ DTRTensorImpl* wrapper_of(const at::Tensor& t) {
   return dynamic_cast<DTRTensorImpl*>(t.unsafeGetTensorImpl());
 }
 
-at::Tensor make_wrapper(const CellPtr& cell, const at::Tensor&) {
+at::Tensor make_wrapper(const CellPtr& cell) {
   at::Tensor t = at::detail::make_tensor<DTRTensorImpl>(cell);
   cell->wrapper = WeakImpl(t.getIntrusivePtr());
   return t;

@@ -20,7 +20,6 @@ namespace memscale {
 class DTRTensorImpl final : public c10::TensorImpl {
  public:
   explicit DTRTensorImpl(CellPtr cell);
-  DTRTensorImpl(CellPtr cell, const at::Tensor& real);
   ~DTRTensorImpl() override;
   void release_resources() override;
 
@@ -42,8 +41,8 @@ class DTRTensorImpl final : public c10::TensorImpl {
 // The wrapper of `t`, or null when `t` is no wrapper.
 DTRTensorImpl* wrapper_of(const at::Tensor& t);
 
-// A new wrapper tensor for `cell`, whose real tensor is `real`.
-at::Tensor make_wrapper(const CellPtr& cell, const at::Tensor& real);
+// A new wrapper tensor for `cell` (its geometry is the cell's).
+at::Tensor make_wrapper(const CellPtr& cell);
 
 // Makes wrapper `w` name `cell` (after an in-place op made a new version).
 void name_cell(DTRTensorImpl* w, const CellPtr& cell);
