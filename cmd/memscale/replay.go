@@ -34,15 +34,17 @@ func init() {
 	})
 }
 
-const replaySynopsis = `replay TRACE... [--ratios 0.1,0.2,...,0.9] [--heuristic dtr,dtr-eq,msps,...|all]
-       [--memory count|allocator] [--csv FILE] [--json FILE] [--plot FILE.png] [--markdown FILE]
+const replaySynopsis = `replay TRACE... [--ratios 0.1,0.2,...,0.9] [--budgets 24GiB,40GiB,80GiB]
+       [--heuristic dtr,dtr-eq,msps,...|all] [--memory count|allocator] [--csv FILE] [--json FILE] [--plot FILE.png] [--markdown FILE]
        [--overhead-limit 2] [--jobs N] [--simulator-compat] [--check] [--quiet]
 
 TRACE is a DTR trace file (.log, or gzip-compressed .log.gz), the name of a
 shared trace (resnet32, tv_densenet121, transformer, lstm, unet, or a unique
 part of one) or all-shared. Each trace is replayed once without a budget (the
 baseline: peak bytes and compute), then under budget = ratio x baseline peak
-for every heuristic and ratio, on a pool of --jobs workers.`
+for every heuristic and ratio, and under each --budgets size (absolute budgets,
+next to the ratios; every run is flagged violates_<budget> when it did not
+finish or its peak is above that budget), on a pool of --jobs workers.`
 
 // replayEnv is what the command takes from the process (tests fake it).
 type replayEnv struct {
@@ -56,6 +58,7 @@ type replayEnv struct {
 type replayOptions struct {
 	traces          []string
 	ratios          []float64
+	budgets         []sweep.Budget
 	heuristics      []evict.Heuristic
 	memory          string // "count" or "allocator"
 	csv, json       string
@@ -88,6 +91,7 @@ func memoryModel(name string) (sweep.MemoryFactory, error) {
 func parseReplayArgs(args []string, stdout io.Writer) (replayOptions, error) {
 	fs := newFlagSet("replay", replaySynopsis, stdout)
 	ratios := fs.String("ratios", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "budget ratios (fractions of the baseline peak, in (0,1]): a comma list; lo..hi or lo..hi/step ranges are accepted")
+	budgets := fs.String("budgets", "", "absolute budgets, a comma list of sizes (24GiB,40GiB,80GiB): each trace is replayed at each next to the ratios, and every run flagged violates_<budget>")
 	heur := fs.String("heuristic", "auto", "comma list of heuristics ("+heuristicNames()+"), or all")
 	memory := fs.String("memory", "count", "memory model: count (bytes, as the DTR simulator) or allocator")
 	csvPath := fs.String("csv", "", "write every run to this CSV file")
@@ -120,6 +124,9 @@ func parseReplayArgs(args []string, stdout io.Writer) (replayOptions, error) {
 
 	if opt.ratios, err = sweep.ParseRatios(*ratios); err != nil {
 		return opt, usagef("--ratios: %v", err)
+	}
+	if opt.budgets, err = parseBudgets("--budgets", *budgets); err != nil {
+		return opt, usageError{err.Error()}
 	}
 	if opt.heuristics, err = sweep.ParseHeuristics(*heur); err != nil {
 		return opt, usagef("--heuristic: %v", err)
@@ -193,6 +200,7 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	var writeErr error
 	cfg := sweep.Config{
 		Ratios:        opt.ratios,
+		Budgets:       opt.budgets,
 		Heuristics:    opt.heuristics,
 		Engine:        evict.Config{SimulatorCompat: opt.simulatorCompat},
 		OverheadLimit: opt.overheadLimit,
@@ -230,8 +238,12 @@ func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return fmt.Errorf("writing the tables: %w", writeErr)
 	}
 	if !opt.quiet {
-		if _, err := fmt.Fprintf(stdout, "%d runs (%d traces x %d heuristics x %d ratios) in %s on %d workers\n",
-			len(inputs)*len(opt.heuristics)*len(opt.ratios), len(inputs), len(opt.heuristics), len(opt.ratios),
+		per := fmt.Sprintf("%d ratios", len(opt.ratios))
+		if len(opt.budgets) > 0 {
+			per = fmt.Sprintf("(%d ratios + %d budgets)", len(opt.ratios), len(opt.budgets))
+		}
+		if _, err := fmt.Fprintf(stdout, "%d runs (%d traces x %d heuristics x %s) in %s on %d workers\n",
+			len(inputs)*len(opt.heuristics)*(len(opt.ratios)+len(opt.budgets)), len(inputs), len(opt.heuristics), per,
 			sweep.FormatDuration(rep.Wall), rep.Workers); err != nil {
 			return fmt.Errorf("writing the summary: %w", err)
 		}
@@ -311,6 +323,11 @@ func writeOverheadPlot(w io.Writer, rep *sweep.Report) error {
 	lo, hi := 1.0, 0.0
 	for _, r := range rep.Ratios {
 		lo, hi = min(lo, r), max(hi, r)
+	}
+	for _, t := range rep.Traces { // runs at absolute budgets: ratios of their own
+		for i := range t.Runs {
+			lo, hi = min(lo, t.Runs[i].Ratio), max(hi, t.Runs[i].Ratio)
+		}
 	}
 	opt := plot.Options{
 		XLabel: "budget / baseline peak", YLabel: "overhead (compute / baseline)",

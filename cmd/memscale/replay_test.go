@@ -78,6 +78,15 @@ func TestParseReplayArgs(t *testing.T) {
 		{name: "overhead limit inf", args: []string{"t.log", "--overhead-limit", "inf"},
 			want: with(func(o *replayOptions) { o.overheadLimit = -1 })},
 
+		{name: "budgets next to ratios", args: []string{"t.log", "--budgets", "24GiB, 40GiB,500MB", "--ratios", "0.5"},
+			want: with(func(o *replayOptions) {
+				o.ratios = []float64{0.5}
+				o.budgets = []sweep.Budget{{Label: "24GiB", Bytes: 24 << 30}, {Label: "40GiB", Bytes: 40 << 30}, {Label: "500MB", Bytes: 500e6}}
+			})},
+		{name: "budgets empty", args: []string{"t.log", "--budgets", ""}, want: def},
+
+		{name: "budget not a size", args: []string{"t.log", "--budgets", "24GiB,lots"}, wantErr: `--budgets: "lots"`},
+		{name: "budget zero", args: []string{"t.log", "--budgets", "0"}, wantErr: `--budgets: "0": a budget of 0 bytes`},
 		{name: "no trace", args: []string{"--ratios", "0.5"}, wantErr: "no trace given"},
 		{name: "ratio zero", args: []string{"t.log", "--ratios", "0"}, wantErr: `--ratios: ratio "0" out of range`},
 		{name: "ratio negative", args: []string{"t.log", "--ratios", "0.5,-0.2"}, wantErr: `--ratios: ratio "-0.2" out of range`},
@@ -244,6 +253,77 @@ func TestReplayEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "### tiny\n")
 	assert.Contains(t, string(md), "| ratio | dtr | msps | lru |\n")
+}
+
+// TestReplayBudgets replays at absolute budgets next to the ratios: runs at
+// each budget after each heuristic's ratios, violates_<budget> on every run
+// in the table, the CSV and the JSON (the same parsing as memscale plan).
+func TestReplayBudgets(t *testing.T) {
+	dir := t.TempDir()
+	csvPath, jsonPath := filepath.Join(dir, "out.csv"), filepath.Join(dir, "out.json")
+	var stdout, stderr bytes.Buffer
+	// tiny.log's peak is 2520 B: 1KiB and 2000B need evictions, 4KiB fits it.
+	err := replayCommand(context.Background(), []string{
+		tinyTrace, "--ratios", "0.5,1", "--budgets", "1KiB,2000B,4KiB", "--heuristic", "dtr,lru",
+		"--csv", csvPath, "--json", jsonPath, "--plot", filepath.Join(dir, "out.png"),
+	}, &stdout, &stderr, replayEnv{isTTY: func(io.Writer) bool { return false }})
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	out := stdout.String()
+	t.Log("\n" + out)
+	assert.Contains(t, out, "violates_1KiB  violates_2000B  violates_4KiB\n")
+	assert.Regexp(t, `(?m)^dtr\s+1\.625\s+4\.00 KiB \(4KiB\)\s+ok\s+1\.000\s+0\s+0\s+2\.46 KiB\s+.*\s+true\s+true\s+false$`, out)
+	assert.Regexp(t, `(?m)^lru\s+1\.00\s+2\.46 KiB\s+ok\s+1\.000\s.*\s+true\s+true\s+false$`, out)
+	assert.Contains(t, out, "10 runs (1 traces x 2 heuristics x (2 ratios + 3 budgets)) in ")
+
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep sweep.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	assert.Equal(t, []sweep.Budget{{Label: "1KiB", Bytes: 1024}, {Label: "2000B", Bytes: 2000}, {Label: "4KiB", Bytes: 4096}}, rep.Budgets)
+	runs := rep.Traces[0].Runs
+	require.Len(t, runs, 10)
+	for h, name := range []string{"dtr", "lru"} {
+		for k, want := range []struct {
+			label  string
+			budget uint64
+		}{{"", 1260}, {"", 2520}, {"1KiB", 1024}, {"2000B", 2000}, {"4KiB", 4096}} {
+			r := runs[5*h+k]
+			assert.Equal(t, name, r.Heuristic)
+			assert.Equal(t, want.label, r.BudgetLabel)
+			assert.Equal(t, want.budget, r.Budget)
+			assert.InDelta(t, float64(want.budget)/2520, r.Ratio, 1e-9)
+			require.Len(t, r.Violates, 3)
+			for _, bud := range rep.Budgets {
+				assert.Equal(t, !r.Feasible() || r.Peak > bud.Bytes, r.Violates["violates_"+bud.Label], "%s %s", r.Heuristic, bud.Label)
+			}
+			if r.Feasible() {
+				assert.LessOrEqual(t, r.Peak, r.Budget)
+			}
+		}
+		assert.False(t, runs[5*h+4].Violates["violates_4KiB"], "a run at a budget above the peak fits it")
+		assert.Equal(t, int64(0), runs[5*h+4].Evictions)
+	}
+
+	f, err := os.Open(csvPath)
+	require.NoError(t, err)
+	recs, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	require.Len(t, recs, 1+10)
+	hdr := recs[0]
+	assert.Equal(t, []string{"budget_label", "violates_1KiB", "violates_2000B", "violates_4KiB"}, hdr[len(hdr)-4:])
+	assert.Equal(t, []string{"4KiB", "true", "true", "false"}, recs[5][len(hdr)-4:], "dtr at 4KiB")
+	assert.Equal(t, []string{"2000B", "true", "false", "false"}, recs[4][len(hdr)-4:], "dtr at 2000B")
+
+	// Without --budgets the CSV keeps its columns.
+	require.NoError(t, replayCommand(context.Background(), []string{tinyTrace, "--ratios", "0.5", "--heuristic", "dtr", "--csv", csvPath, "--quiet"},
+		io.Discard, io.Discard, replayEnv{}))
+	f, err = os.Open(csvPath)
+	require.NoError(t, err)
+	recs, err = csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	assert.NotContains(t, recs[0], "budget_label")
 }
 
 func TestReplayProgressAndQuiet(t *testing.T) {

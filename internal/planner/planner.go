@@ -47,12 +47,9 @@ type ModelInfo struct {
 	RecordedOn string `json:"recorded_on,omitempty"`
 }
 
-// Budget is a memory budget the user tracks ("24GiB").
-type Budget struct {
-	// Label is how the user wrote it; Bytes its value.
-	Label string `json:"label"`
-	Bytes uint64 `json:"bytes"`
-}
+// Budget is a memory budget the user tracks ("24GiB"): the type memscale
+// replay's --budgets uses too.
+type Budget = sweep.Budget
 
 // Options configure Analyze.
 type Options struct {

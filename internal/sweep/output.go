@@ -50,6 +50,10 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 		FormatDuration(b.Parse), FormatDuration(b.Wall))
 	header := []string{"heuristic", "ratio", "budget", "status", "overhead", "evictions", "remats", "peak", "search/mean", "wall"}
 	right := []bool{false, true, true, false, true, true, true, true, true, true}
+	labels := budgetLabels(t.Runs)
+	for _, l := range labels {
+		header, right = append(header, "violates_"+l), append(right, false)
+	}
 	rows := make([][]string, 0, len(t.Runs))
 	for i := range t.Runs {
 		r := &t.Runs[i]
@@ -61,11 +65,15 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 		if r.VictimSearches > 0 {
 			search = FormatDuration(r.VictimSearchMean)
 		}
-		rows = append(rows, []string{
-			HeuristicCell(r), FormatRatio(r.Ratio), FormatBytes(r.Budget), status, OverheadCell(r, limit),
+		row := []string{
+			HeuristicCell(r), ratioCell(r), budgetCell(r), status, OverheadCell(r, limit),
 			strconv.FormatInt(r.Evictions, 10), strconv.FormatInt(r.Rematerializations, 10),
 			FormatBytes(r.Peak), search, FormatDuration(r.Wall),
-		})
+		}
+		for _, l := range labels {
+			row = append(row, strconv.FormatBool(r.Violates["violates_"+l]))
+		}
+		rows = append(rows, row)
 	}
 	if ew.err == nil {
 		ew.err = writeAligned(w, header, right, rows)
@@ -78,7 +86,7 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 		fr := make([][]string, 0, len(t.Frontier))
 		for _, i := range t.Frontier {
 			r := &t.Runs[i]
-			fr = append(fr, []string{"", FormatRatio(r.Ratio), FormatBytes(r.Budget), OverheadCell(r, limit), HeuristicCell(r)})
+			fr = append(fr, []string{"", ratioCell(r), budgetCell(r), OverheadCell(r, limit), HeuristicCell(r)})
 		}
 		if ew.err == nil {
 			ew.err = writeAligned(w, []string{"", "ratio", "budget", "overhead", "heuristic"}, []bool{false, true, true, true, false}, fr)
@@ -94,6 +102,38 @@ func WriteTable(w io.Writer, t *TraceReport, limit float64) error {
 	}
 	ew.printf("\n")
 	return ew.err
+}
+
+// ratioCell is how tables show a run's ratio: as given, or for a run at an
+// absolute budget (whose ratio is budget / peak) with three decimals.
+func ratioCell(r *RunResult) string {
+	if r.BudgetLabel == "" {
+		return FormatRatio(r.Ratio)
+	}
+	return strconv.FormatFloat(r.Ratio, 'f', 3, 64)
+}
+
+// budgetCell is how tables show a run's budget: its size, and the label of
+// an absolute budget ("24.00 GiB (24GiB)").
+func budgetCell(r *RunResult) string {
+	if r.BudgetLabel == "" {
+		return FormatBytes(r.Budget)
+	}
+	return FormatBytes(r.Budget) + " (" + r.BudgetLabel + ")"
+}
+
+// budgetLabels are the labels of the absolute budgets among runs, in the
+// order they were given (each heuristic's runs list them in that order).
+func budgetLabels(runs []RunResult) []string {
+	var out []string
+	seen := map[string]bool{}
+	for i := range runs {
+		if l := runs[i].BudgetLabel; l != "" && !seen[l] {
+			seen[l] = true
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // HeuristicCell names a run's heuristic; for the auto policy with the
@@ -155,9 +195,18 @@ var csvHeader = []string{
 }
 
 // WriteCSV writes every run of the report, one row each, with a header.
+// With absolute budgets (Report.Budgets) a budget_label column and one
+// violates_<label> column per budget follow csvHeader's.
 func WriteCSV(w io.Writer, rep *Report) error {
 	cw := csv.NewWriter(w)
-	if err := cw.Write(csvHeader); err != nil {
+	header := csvHeader
+	if len(rep.Budgets) > 0 {
+		header = append(append([]string(nil), csvHeader...), "budget_label")
+		for _, b := range rep.Budgets {
+			header = append(header, "violates_"+b.Label)
+		}
+	}
+	if err := cw.Write(header); err != nil {
 		return fmt.Errorf("writing CSV: %w", err)
 	}
 	i64 := func(v int64) string { return strconv.FormatInt(v, 10) }
@@ -174,6 +223,12 @@ func WriteCSV(w io.Writer, rep *Report) error {
 				strconv.Itoa(r.Instructions), i64(int64(r.Wall)), strconv.FormatBool(r.BudgetViolated), strconv.FormatBool(r.Pareto),
 				r.CloseError, r.Tuned, i64(int64(r.TuneWall)), r.FirstStepStatus,
 				strconv.FormatFloat(r.FirstStepOverhead, 'g', -1, 64),
+			}
+			if len(rep.Budgets) > 0 {
+				rec = append(rec, r.BudgetLabel)
+				for _, b := range rep.Budgets {
+					rec = append(rec, strconv.FormatBool(r.Violates["violates_"+b.Label]))
+				}
 			}
 			if err := cw.Write(rec); err != nil {
 				return fmt.Errorf("writing CSV: %w", err)

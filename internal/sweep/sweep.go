@@ -1,7 +1,8 @@
 // Package sweep runs many DTR trace replays: every (trace, heuristic, budget
 // ratio) combination, on a pool of workers. Each trace is parsed once and
 // its baseline (unlimited budget: peak bytes, compute) measured once; the
-// budget of a run is its ratio times the baseline peak. The parsed trace is
+// budget of a run is its ratio times the baseline peak, or an absolute
+// budget in bytes (Config.Budgets, flagged violates_<label> on every run). The parsed trace is
 // shared read-only by all the runs of that trace (replay.Run only reads a
 // *recompute.Trace). The package also derives what a report needs: budget
 // violations, the Pareto frontier of budget against overhead, and tables,
@@ -32,6 +33,13 @@ const (
 	StatusError = "error"
 )
 
+// Budget is an absolute memory budget as the user wrote it ("24GiB").
+type Budget struct {
+	// Label is how the user wrote it; Bytes its value.
+	Label string `json:"label"`
+	Bytes uint64 `json:"bytes"`
+}
+
 // MemoryFactory returns the memory model for one run with the given budget
 // (0 = unlimited). Each run gets its own model.
 type MemoryFactory func(budget uint64) (replay.MemoryModel, error)
@@ -41,6 +49,10 @@ type Config struct {
 	// Ratios are the budget ratios (fractions of the baseline peak), each in
 	// (0, 1].
 	Ratios []float64
+	// Budgets are absolute budgets: each trace is also replayed at each of
+	// them (after its ratios; a budget at or above the baseline peak evicts
+	// nothing), and every run is flagged violates_<label> for each.
+	Budgets []Budget
 	// Heuristics are the heuristics to compare.
 	Heuristics []evict.Heuristic
 	// Engine is the base engine configuration; Heuristic and Budget are set
@@ -98,9 +110,15 @@ type RunResult struct {
 	Trace string `json:"trace"`
 	// Heuristic is the heuristic's name.
 	Heuristic string `json:"heuristic"`
-	// Ratio is the budget ratio and Budget the budget in bytes.
-	Ratio  float64 `json:"ratio"`
-	Budget uint64  `json:"budget_bytes"`
+	// Ratio is the budget ratio and Budget the budget in bytes; for a run at
+	// an absolute budget (Config.Budgets) BudgetLabel names it and Ratio is
+	// budget / baseline peak (above 1 when the trace fits it).
+	Ratio       float64 `json:"ratio"`
+	Budget      uint64  `json:"budget_bytes"`
+	BudgetLabel string  `json:"budget_label,omitempty"`
+	// Violates holds violates_<label> for each of Config.Budgets: the run
+	// did not finish, or its peak is above that budget.
+	Violates map[string]bool `json:"violates,omitempty"`
 	// Memory is the memory model's name.
 	Memory string `json:"memory"`
 	// Status is "ok", "oom", "over-limit" or "error"; Reason explains
@@ -160,7 +178,8 @@ type TraceReport struct {
 	Path string `json:"path"`
 	// Baseline is the unlimited-budget replay.
 	Baseline Baseline `json:"baseline"`
-	// Runs are ordered by heuristic (the configured order), then ratio.
+	// Runs are ordered by heuristic (the configured order), then ratio, then
+	// absolute budget (Config.Budgets, in their order).
 	Runs []RunResult `json:"runs"`
 	// Frontier indexes Runs: the feasible runs (finished within their
 	// budget) no other feasible run beats on both budget and overhead, by
@@ -172,8 +191,9 @@ type TraceReport struct {
 
 // Report is a whole sweep.
 type Report struct {
-	// Ratios and Heuristics are what was swept.
+	// Ratios, Budgets and Heuristics are what was swept.
 	Ratios     []float64 `json:"ratios"`
+	Budgets    []Budget  `json:"budgets,omitempty"`
 	Heuristics []string  `json:"heuristics"`
 	// Memory is the memory model of the budgeted runs.
 	Memory string `json:"memory"`
@@ -237,6 +257,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("sweep: ratio %v out of range (0, 1]", r)
 		}
 	}
+	for _, b := range c.Budgets {
+		if b.Bytes == 0 {
+			return fmt.Errorf("sweep: budget %q of 0 bytes", b.Label)
+		}
+	}
 	if len(c.Heuristics) == 0 {
 		return errors.New("sweep: no heuristics")
 	}
@@ -246,9 +271,35 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// job is one budgeted run.
+// job is one budgeted run: ratio indexes Config.Ratios, then Config.Budgets.
 type job struct {
 	trace, heur, ratio int
+}
+
+// budgetOf is the budget of a job's run in bytes, its ratio of the peak and
+// its label (empty for a ratio).
+func (c *Config) budgetOf(j job, peak uint64) (uint64, float64, string) {
+	if j.ratio < len(c.Ratios) {
+		r := c.Ratios[j.ratio]
+		return replay.Budget(r, peak), r, ""
+	}
+	b := c.Budgets[j.ratio-len(c.Ratios)]
+	ratio := 0.0
+	if peak > 0 {
+		ratio = float64(b.Bytes) / float64(peak)
+	}
+	return b.Bytes, ratio, b.Label
+}
+
+// flagBudgets sets r.Violates for the tracked budgets.
+func flagBudgets(r *RunResult, budgets []Budget) {
+	if len(budgets) == 0 {
+		return
+	}
+	r.Violates = make(map[string]bool, len(budgets))
+	for _, b := range budgets {
+		r.Violates["violates_"+b.Label] = !r.Feasible() || r.Peak > b.Bytes
+	}
 }
 
 // event is a worker's message to Run's goroutine.
@@ -277,6 +328,7 @@ func Run(ctx context.Context, inputs []Input, cfg Config) (*Report, error) {
 	}
 	rep := &Report{
 		Ratios:          append([]float64(nil), cfg.Ratios...),
+		Budgets:         append([]Budget(nil), cfg.Budgets...),
 		Memory:          replay.Counting{}.Name(),
 		OverheadLimit:   cfg.OverheadLimit,
 		SimulatorCompat: cfg.Engine.SimulatorCompat,
@@ -310,9 +362,10 @@ func Run(ctx context.Context, inputs []Input, cfg Config) (*Report, error) {
 	// report is ready early; within a trace the smallest (slowest) budgets
 	// first, so that the pool ends with short runs.
 	var jobs []job
+	perHeur := len(cfg.Ratios) + len(cfg.Budgets)
 	for t := range inputs {
-		rep.Traces[t].Runs = make([]RunResult, len(cfg.Heuristics)*len(cfg.Ratios))
-		for r := range cfg.Ratios {
+		rep.Traces[t].Runs = make([]RunResult, len(cfg.Heuristics)*perHeur)
+		for r := range perHeur {
 			for h := range cfg.Heuristics {
 				jobs = append(jobs, job{trace: t, heur: h, ratio: r})
 			}
@@ -332,7 +385,11 @@ func Run(ctx context.Context, inputs []Input, cfg Config) (*Report, error) {
 			defer wg.Done()
 			for j := range jobCh {
 				events <- event{job: j}
-				res := runOne(traces[j.trace], rep.Traces[j.trace], cfg, cfg.Heuristics[j.heur], cfg.Ratios[j.ratio])
+				t := rep.Traces[j.trace]
+				budget, ratio, label := cfg.budgetOf(j, t.Baseline.Peak)
+				res := runOne(traces[j.trace], t, cfg, cfg.Heuristics[j.heur], budget, ratio)
+				res.BudgetLabel = label
+				flagBudgets(&res, cfg.Budgets)
 				events <- event{job: j, result: &res}
 			}
 		}()
@@ -356,14 +413,15 @@ func Run(ctx context.Context, inputs []Input, cfg Config) (*Report, error) {
 	for ev := range events {
 		j := ev.job
 		tr := rep.Traces[j.trace]
-		p := Progress{Done: done, Total: len(jobs), Trace: tr.Name, Heuristic: cfg.Heuristics[j.heur].String(), Ratio: cfg.Ratios[j.ratio]}
+		_, ratio, _ := cfg.budgetOf(j, tr.Baseline.Peak)
+		p := Progress{Done: done, Total: len(jobs), Trace: tr.Name, Heuristic: cfg.Heuristics[j.heur].String(), Ratio: ratio}
 		if ev.result == nil {
 			if cfg.Progress != nil {
 				cfg.Progress(p)
 			}
 			continue
 		}
-		tr.Runs[j.heur*len(cfg.Ratios)+j.ratio] = *ev.result
+		tr.Runs[j.heur*perHeur+j.ratio] = *ev.result
 		done++
 		p.Done, p.Result = done, ev.result
 		if cfg.Progress != nil {
@@ -434,13 +492,14 @@ func baseline(in Input) (*rc.Trace, *TraceReport, error) {
 	return tr, rep, nil
 }
 
-// runOne replays tr with heuristic h at ratio of the baseline peak. The
+// runOne replays tr with heuristic h at budget bytes (ratio of the baseline
+// peak). The
 // auto policy runs as training would: a first step with the default
 // heuristic and the engine recording, a tuning pass over the recording
 // (package autotune, on the run's memory model), and a second step with the chosen
 // configuration, which is what the run reports.
-func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, ratio float64) (out RunResult) {
-	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: replay.Budget(ratio, t.Baseline.Peak), Memory: replay.Counting{}.Name()}
+func runOne(tr *rc.Trace, t *TraceReport, cfg Config, h evict.Heuristic, budget uint64, ratio float64) (out RunResult) {
+	out = RunResult{Trace: t.Name, Heuristic: h.String(), Ratio: ratio, Budget: budget, Memory: replay.Counting{}.Name()}
 	engine := cfg.Engine
 	engine.Heuristic = h
 	if h == evict.Auto {
