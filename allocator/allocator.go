@@ -55,6 +55,13 @@ type Config struct {
 	// DefaultBudgetSlack; a negative value ignores the budget (the bound is
 	// CacheSlack's alone). Ignored with a negative CacheSlack or without VMM.
 	BudgetSlack float64
+	// NoStepPlan turns step plans off: StepBoundary then only counts
+	// steps. With step plans on (the default), an expandable-segment
+	// allocator that knows a DTR budget and is told where steps begin
+	// (StepBoundary) places each step's large requests by a plan computed
+	// from the step before, when the plan fits the budget's cache bound
+	// (plan.go).
+	NoStepPlan bool
 }
 
 // DefaultBudgetSlack is the BudgetSlack used when Config.BudgetSlack is 0:
@@ -160,6 +167,9 @@ type Allocator struct {
 
 	trace *traceRing
 
+	// plans is the step-plan state (nil: off or without VMM).
+	plans *stepPlans
+
 	spare   []*block
 	scratch []*block
 	pivot   block // search key, reused
@@ -232,6 +242,9 @@ func New(cfg Config) (*Allocator, error) {
 		// through its range as granules move; a segment that still runs out
 		// gets a sibling.
 		a.vaSize = alignUp(2*capacity, g)
+		if !cfg.NoStepPlan {
+			a.plans = newStepPlans()
+		}
 	}
 	for p := range a.pools {
 		a.pools[p] = newPool()
@@ -262,6 +275,13 @@ func (a *Allocator) Malloc(size uint64, s device.Stream) (device.Ptr, error) {
 	}
 	if len(a.pending) > 0 {
 		a.processPending()
+	}
+	if a.plans != nil && a.plans.active && r > SmallSize {
+		if b := a.planPlace(r, s); b != nil {
+			a.markAllocated(b, size)
+			a.reservedBytes.Store(uint64(a.st.cur(stReservedBytes)))
+			return b.addr, nil
+		}
 	}
 	if a.quickN > 0 {
 		if l := a.quickLookup(s, r); l != nil && l.head != nil {
@@ -297,6 +317,9 @@ func (a *Allocator) FreeRequested(p device.Ptr) (requested uint64, err error) {
 		return 0, a.badPointer("Free", p, b)
 	}
 	requested = b.req // before cacheFreed, which may merge b away
+	if b.rec != 0 {
+		a.recordFree(b)
+	}
 	if b.streams != nil {
 		return requested, a.freeWithEvents(b)
 	}
@@ -558,6 +581,16 @@ func (a *Allocator) Stats() Stats {
 	m["pending_frees"] = int64(len(a.pending))
 	m["quick_cached_blocks"] = int64(a.quickN)
 	m["high_water_bytes"] = int64(a.hwm)
+	if p := a.plans; p != nil {
+		m["num_steps"] = p.steps
+		m["num_step_plans"] = p.built
+		m["num_step_plans_reused"] = p.reused
+		m["step_plan_active"] = b2i(p.active)
+		m["step_plan_span_bytes"] = int64(p.lastSpan)
+		m["step_plan_need_bytes"] = int64(p.lastNeed)
+		m["num_step_plan_placed"] = p.placedN
+		m["num_step_plan_missed"] = p.missedN
+	}
 	return m
 }
 
@@ -657,6 +690,9 @@ func (a *Allocator) Close() error {
 	for p := range a.pools {
 		a.pools[p] = newPool()
 	}
+	if a.plans != nil {
+		a.plans = newStepPlans()
+	}
 	a.allocatedBytes.Store(0)
 	a.reservedBytes.Store(0)
 	if live > 0 {
@@ -692,6 +728,12 @@ func (a *Allocator) markAllocated(b *block, size uint64) {
 	cur := uint64(a.st[stAllocatedBytes][0].cur)
 	if cur > a.hwm {
 		a.hwm = cur
+	}
+	if p := a.plans; p != nil && p.step > 0 {
+		if pk == largePool {
+			a.recordAlloc(b)
+		}
+		p.otherPeak = max(p.otherPeak, cur-min(cur, p.liveRec))
 	}
 	a.allocatedBytes.Store(cur)
 	if cur > a.watermark.Load() {
@@ -771,6 +813,9 @@ func (a *Allocator) addSegment(seg *segment) {
 
 // removeSegment forgets a segment whose memory has been returned.
 func (a *Allocator) removeSegment(seg *segment) {
+	if seg.plan && a.plans.segs[seg.stream] == seg {
+		delete(a.plans.segs, seg.stream)
+	}
 	k := segKey{seg.pool, seg.stream}
 	list := a.segs[k]
 	for i, s := range list {

@@ -102,6 +102,11 @@ type block struct {
 
 	streams []device.Stream // extra streams from RecordStream
 	events  []device.Event  // outstanding events of a pending free
+
+	// rec is 1 + the index of the block's request in the step recorded
+	// for step plans (0 = not recorded), recStep that step (plan.go).
+	rec     int32
+	recStep uint32
 }
 
 func (b *block) end() device.Ptr { return b.addr + device.Ptr(b.size) }
@@ -128,6 +133,9 @@ type segment struct {
 	// expandable segment (0 where unmapped).
 	handles []device.Handle
 	mapped  uint64 // bytes with memory behind them
+	// plan marks the segment of a step plan (plan.go): its free blocks are
+	// in the plans' tree, not the pool's, so best fit never takes them.
+	plan bool
 }
 
 func (s *segment) end() device.Ptr { return s.base + device.Ptr(s.size) }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/btree"
+
 	"go.uber.org/zap"
 
 	"github.com/memscale/memscale/device"
@@ -15,7 +17,7 @@ func (a *Allocator) cacheFreed(b *block) {
 	b.state = stateFree
 	b.freedAt = a.epoch
 	b.seg.st.lastFree = a.epoch
-	if a.quickN < quickCap {
+	if a.quickN < quickCap && !b.seg.plan {
 		a.quickPush(b)
 		return
 	}
@@ -172,13 +174,22 @@ func (a *Allocator) insertFree(b *block) {
 
 // addFree puts the detached free block b, already coalesced, in the tree.
 func (a *Allocator) addFree(b *block) {
-	a.pools[b.seg.pool].free.ReplaceOrInsert(b)
+	a.freeTree(b).ReplaceOrInsert(b)
 	a.countInactive(b, 1)
+}
+
+// freeTree is the tree the free block b belongs in: its pool's, or the step
+// plans' for a block of a plan segment.
+func (a *Allocator) freeTree(b *block) *btree.BTreeG[*block] {
+	if b.seg.plan {
+		return a.plans.free
+	}
+	return a.pools[b.seg.pool].free
 }
 
 // removeFree takes the free block b out of the tree.
 func (a *Allocator) removeFree(b *block) {
-	if _, ok := a.pools[b.seg.pool].free.Delete(b); !ok {
+	if _, ok := a.freeTree(b).Delete(b); !ok {
 		panic(fmt.Sprintf("allocator: internal error: free block %#x (%d bytes) missing from its tree", uintptr(b.addr), b.size))
 	}
 	a.countInactive(b, -1)
@@ -219,8 +230,14 @@ func shouldSplit(b *block, remaining uint64) bool {
 
 // allocFrom splits the detached free block b (at least r bytes) as the rules
 // say and hands out its front for a request of size bytes.
+//
+// While steps are recorded for step plans, a large block is split however
+// little remains: the allocated bytes (the DTR engine's usage) are then the
+// same wherever a request is placed, so the next step repeats this one's
+// requests and its plan holds (plan.go).
 func (a *Allocator) allocFrom(b *block, size, r uint64) device.Ptr {
-	if rem := b.size - r; shouldSplit(b, rem) {
+	rem := b.size - r
+	if shouldSplit(b, rem) || (rem >= MinBlockSize && a.plans != nil && a.plans.exact) {
 		t := a.newBlock()
 		t.addr = b.addr + device.Ptr(r)
 		t.size = rem

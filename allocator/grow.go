@@ -57,7 +57,7 @@ func (a *Allocator) growVMM(pk poolKind, s device.Stream, r uint64) (*block, err
 func (a *Allocator) planGrow(pk poolKind, s device.Stream, r uint64) (growPlan, bool) {
 	best := growPlan{k: math.MaxInt}
 	for _, seg := range a.segs[segKey{pk, s}] {
-		if !seg.expandable {
+		if !seg.expandable || seg.plan {
 			continue
 		}
 		// Stretches of free and unmapped blocks, in address order.
@@ -310,6 +310,14 @@ func (a *Allocator) wholeGranules(b *block) (lo, hi device.Ptr) {
 // requests that would otherwise miss (and remap) in turn.
 func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
 	a.refreshMarks(plan.seg.st)
+	if a.plans != nil && a.plans.active {
+		// First the granules of plan segments beyond their plan's span,
+		// which the plan never uses.
+		var err error
+		if hs, err = a.stealBeyondPlans(hs, k, plan); err != nil || len(hs) >= k {
+			return hs, err
+		}
+	}
 	need := k - len(hs)
 	cands := a.scratch[:0]
 	found := 0
@@ -334,6 +342,21 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 				return found < need
 			})
 		}
+	}
+	if found < need && a.plans != nil {
+		// Last, the free granules of step plans (a later planned request
+		// maps them again).
+		a.plans.free.Ascend(func(b *block) bool {
+			if plan.touches(b) || !a.ready(b) {
+				return true
+			}
+			lo, hi := a.wholeGranules(b)
+			if n := int(uint64(hi-lo) / a.gran); n > 0 {
+				cands = append(cands, b)
+				found += n
+			}
+			return found < need
+		})
 	}
 	var err error
 	for _, b := range cands {
@@ -549,21 +572,31 @@ func (a *Allocator) carveMapped(u *block, lo, hi device.Ptr) *block {
 // expandable segments, or whole free Alloc segments. With max =
 // math.MaxUint64 it also returns the address space of segments left empty.
 func (a *Allocator) releaseCached(max uint64) error {
+	return a.releaseCachedFrom(max, true)
+}
+
+// releaseCachedFrom is releaseCached; plans says whether the free memory of
+// step-plan segments may go too.
+func (a *Allocator) releaseCachedFrom(max uint64, plans bool) error {
 	cands := a.scratch[:0]
-	for pk := range a.pools {
-		a.pools[pk].free.Ascend(func(b *block) bool {
-			if !a.ready(b) {
-				return true
-			}
-			if a.vmm {
-				if lo, hi := a.wholeGranules(b); hi > lo {
-					cands = append(cands, b)
-				}
-			} else if !b.isSplit() {
+	visit := func(b *block) bool {
+		if !a.ready(b) {
+			return true
+		}
+		if a.vmm {
+			if lo, hi := a.wholeGranules(b); hi > lo {
 				cands = append(cands, b)
 			}
-			return true
-		})
+		} else if !b.isSplit() {
+			cands = append(cands, b)
+		}
+		return true
+	}
+	for pk := range a.pools {
+		a.pools[pk].free.Ascend(visit)
+	}
+	if a.plans != nil && plans {
+		a.plans.free.Ascend(visit)
 	}
 	sort.SliceStable(cands, func(i, j int) bool { return cands[i].size > cands[j].size })
 	var released uint64

@@ -28,6 +28,7 @@ func (a *Allocator) checkInvariants() error {
 		quick       int
 		segs        [numPools]int64
 		pendingSeen int
+		nPlanFree   int
 	)
 	for i, seg := range a.segList {
 		if i > 0 && a.segList[i-1].end() > seg.base {
@@ -111,8 +112,12 @@ func (a *Allocator) checkInvariants() error {
 					quick++
 					continue
 				}
-				nFree[pk]++
-				if !a.pools[pk].free.Has(b) {
+				if seg.plan {
+					nPlanFree++
+				} else {
+					nFree[pk]++
+				}
+				if !a.freeTree(b).Has(b) {
 					return fmt.Errorf("free block %#x missing from its tree", b.addr)
 				}
 				if n := b.next; n != nil && n.state == stateFree && !n.quick {
@@ -151,6 +156,9 @@ func (a *Allocator) checkInvariants() error {
 	}
 	if pendingSeen != len(a.pending) {
 		return fmt.Errorf("pending list has %d, walk found %d", len(a.pending), pendingSeen)
+	}
+	if a.plans != nil && a.plans.free.Len() != nPlanFree {
+		return fmt.Errorf("step-plan tree has %d blocks, walk found %d", a.plans.free.Len(), nPlanFree)
 	}
 	var phys uint64
 	for pk := poolKind(0); pk < numPools; pk++ {

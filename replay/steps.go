@@ -56,6 +56,19 @@ func (s AllocatorStep) RemapShare() float64 {
 // that does not finish (out of memory, over the overhead limit) ends the run
 // with its result in the last entry.
 func RunAllocatorSteps(tr *rc.Trace, opt Options, a *allocator.Allocator, steps int) ([]AllocatorStep, error) {
+	return RunAllocatorStepsWith(tr, opt, a, steps, StepOptions{})
+}
+
+// StepOptions are RunAllocatorStepsWith's choices.
+type StepOptions struct {
+	// Boundaries calls the allocator's StepBoundary before each step, as a
+	// training loop that tells the allocator where its steps begin (step
+	// plans: allocator/plan.go).
+	Boundaries bool
+}
+
+// RunAllocatorStepsWith is RunAllocatorSteps with options.
+func RunAllocatorStepsWith(tr *rc.Trace, opt Options, a *allocator.Allocator, steps int, so StepOptions) ([]AllocatorStep, error) {
 	if steps <= 0 {
 		return nil, fmt.Errorf("replay: %d steps: want at least 1", steps)
 	}
@@ -65,6 +78,9 @@ func RunAllocatorSteps(tr *rc.Trace, opt Options, a *allocator.Allocator, steps 
 	var out []AllocatorStep
 	prev := a.Stats()
 	for i := 0; i < steps; i++ {
+		if so.Boundaries {
+			a.StepBoundary()
+		}
 		a.ResetPeakStats()
 		m.lat = m.lat[:0]
 		res, err := Run(tr, opt)

@@ -1,0 +1,556 @@
+package allocator
+
+import (
+	"math"
+	"slices"
+
+	"github.com/google/btree"
+	"go.uber.org/zap"
+
+	"github.com/memscale/memscale/device"
+)
+
+// Step plans (issue 29): a training step under a DTR budget repeats the same
+// sequence of large requests, and the engine holds allocated bytes at the
+// budget all through it, so a cache bounded near the budget is always full
+// and best fit leaves holes that the next large request does not fit: the
+// miss is served by remapping granules. Told where steps begin
+// (StepBoundary), the allocator records each step's large-pool requests
+// (rounded size, stream, when each was allocated and freed) and, at the
+// boundary, computes a placement of the step's requests with every lifetime
+// known: a greedy offline dynamic-storage-allocation plan (largest first,
+// each at the lowest offset free for its whole lifetime), per stream, in an
+// expandable segment of its own. The next step places the request that
+// is the n-th of its rounded size and stream at the offset of the plan's n-th
+// such request, if that
+// range is still free; any other request falls back to best fit in the
+// ordinary segments, which never see the plan segments' free memory. A plan
+// is used only when its span plus the peak of the other memory of the step
+// fits the cache bound (budget x (1 + BudgetSlack)); otherwise best fit runs
+// as without a boundary. A step whose requests are those of the step before
+// reuses its plan as it is (no recomputation, no remapping).
+
+// maxPlanRecords bounds the large requests recorded per step; a longer step
+// gets no plan.
+const maxPlanRecords = 1 << 18
+
+// planKey is a request's rounded size and stream.
+type planKey struct {
+	size   uint64
+	stream device.Stream
+}
+
+// planQueue is the plan's entries of one key and the next one to use.
+type planQueue struct {
+	idx  []int32
+	next int
+}
+
+// planRec is one large request of a recorded step.
+type planRec struct {
+	size   uint64
+	stream device.Stream
+	t0, t1 int32 // allocation and free, in large-request events; t1 < 0: not freed in the step
+	off    uint64
+	placed bool // in the plan (freed within the step)
+}
+
+// stepPlans is the allocator's step-plan state (Allocator.plans).
+type stepPlans struct {
+	step      uint32 // boundaries seen
+	recs      []planRec
+	t         int32
+	overflow  bool
+	liveRec   uint64 // bytes of live blocks recorded in this step
+	otherPeak uint64 // peak of allocated bytes outside this step's recorded blocks
+
+	plan   []planRec // the plan in force (from the previous step), in request order
+	active bool
+	// exact: steps are recorded for a plan (a budget is known): blocks are
+	// split to the rounded size (allocFrom).
+	exact bool
+	// byKey lists the plan's entries of each rounded size and stream in
+	// request order; next is the entry the next such request gets.
+	byKey map[planKey]*planQueue
+	segs  map[device.Stream]*segment
+	spans map[device.Stream]uint64
+	free  *btree.BTreeG[*block] // free blocks of plan segments, by stream and address
+
+	steps, built, reused, placedN, missedN int64
+	lastSpan, lastNeed                     uint64
+}
+
+func newStepPlans() *stepPlans {
+	return &stepPlans{
+		segs:  make(map[device.Stream]*segment),
+		spans: make(map[device.Stream]uint64),
+		free:  btree.NewG(btreeDegree, addrLess),
+	}
+}
+
+// StepBoundary tells the allocator that a training step ended and the next
+// begins (the program's optimizer step, or the end of a DTR region). With a
+// budget known (SetBudget or the eviction threshold) and expandable
+// segments, it turns the step just ended into a placement plan for the next
+// one (see the step-plan comment in plan.go and Config.NoStepPlan); otherwise
+// it only counts steps. Allocations live across the boundary stay where they
+// are.
+func (a *Allocator) StepBoundary() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.plans == nil {
+		return
+	}
+	p := a.plans
+	p.steps++
+	if p.step > 0 && !p.overflow {
+		a.buildPlan()
+	} else {
+		a.retirePlans()
+	}
+	p.step++
+	p.recs = p.recs[:0]
+	p.t = 0
+	p.overflow = false
+	p.liveRec = 0
+	p.otherPeak = uint64(a.st.cur(stAllocatedBytes))
+	for _, q := range p.byKey {
+		q.next = 0
+	}
+	bound := a.planBound()
+	// Exact splits while a plan is in force or may be made from the step:
+	// the first recorded one, or one after a plan that fitted.
+	p.exact = bound > 0 && (p.active || p.step == 1 || p.lastNeed <= bound)
+	if p.active && a.phys > bound {
+		// Growth past the bound (a step that missed its plan): cached
+		// memory outside the plans goes back down to the bound.
+		a.flushQuick()
+		a.refreshMarks(nil)
+		if err := a.releaseCachedFrom(a.phys-bound, false); err != nil {
+			a.log.Warn("allocator: releasing cached memory over the step plan's bound", zap.Error(err))
+		}
+	}
+	a.publish()
+}
+
+// planBound is the reserved bytes a plan and the rest of the step must fit:
+// the budget's cache bound; 0 = no plan.
+func (a *Allocator) planBound() uint64 {
+	b := a.budgetInForce()
+	if !a.vmm || b == 0 || a.slack < 0 || a.budgetSlack < 0 {
+		return 0
+	}
+	return min(b+uint64(a.budgetSlack*float64(b)), a.limit)
+}
+
+// buildPlan turns the recorded step into the plan of the next one, or
+// retires the plans when it does not fit the bound.
+func (a *Allocator) buildPlan() {
+	p := a.plans
+	bound := a.planBound()
+	if bound == 0 || len(p.recs) == 0 {
+		a.retirePlans()
+		return
+	}
+	// The same requests as the plan in force: keep it.
+	if p.active && samePlan(p.plan, p.recs) && len(p.segs) == len(p.spans) {
+		p.reused++
+		return
+	}
+	next := slices.Clone(p.recs)
+	byStream := map[device.Stream][]*planRec{}
+	var streams []device.Stream
+	for i := range next {
+		r := &next[i]
+		r.placed = r.t1 >= 0
+		if !r.placed {
+			continue
+		}
+		if byStream[r.stream] == nil {
+			streams = append(streams, r.stream)
+		}
+		byStream[r.stream] = append(byStream[r.stream], r)
+	}
+	spans := map[device.Stream]uint64{}
+	need := p.otherPeak
+	for _, s := range streams {
+		span := greedyPlan(byStream[s])
+		spans[s] = span
+		need += alignUp(span, a.gran) + a.gran // a granule shared at an edge
+	}
+	p.lastNeed = need
+	if need > bound || len(streams) == 0 {
+		a.log.Debug("allocator: step plan does not fit the bound", zap.Uint64("need", need), zap.Uint64("bound", bound))
+		a.retirePlans()
+		return
+	}
+	// Plan segments must be empty to take a new plan.
+	for _, s := range streams {
+		if seg := p.segs[s]; seg != nil && (!segmentIdle(seg) || seg.size < spans[s]) {
+			a.retirePlan(s)
+		}
+	}
+	for s := range p.segs {
+		if spans[s] == 0 {
+			a.retirePlan(s)
+		}
+	}
+	a.flushQuick()
+	for _, s := range streams {
+		if p.segs[s] != nil {
+			continue
+		}
+		if seg := a.idleSegment(s, spans[s]); seg != nil {
+			// The memory the step used is where the plan goes: most of
+			// the planned ranges are mapped already.
+			a.setPlan(seg, true)
+			p.segs[s] = seg
+			continue
+		}
+		seg, err := a.newPlanSegment(s, spans[s])
+		if err != nil {
+			a.log.Debug("allocator: no address space for a step plan", zap.Error(err))
+			a.retirePlans()
+			return
+		}
+		p.segs[s] = seg
+	}
+	p.plan, p.spans, p.active = next, spans, true
+	p.byKey = make(map[planKey]*planQueue)
+	for i := range next {
+		k := planKey{next[i].size, next[i].stream}
+		q := p.byKey[k]
+		if q == nil {
+			q = &planQueue{}
+			p.byKey[k] = q
+		}
+		q.idx = append(q.idx, int32(i))
+	}
+	p.built++
+	p.lastSpan = 0
+	for _, s := range streams {
+		p.lastSpan += spans[s]
+	}
+}
+
+// samePlan reports whether the recorded requests are those of the plan.
+func samePlan(plan, recs []planRec) bool {
+	if len(plan) != len(recs) {
+		return false
+	}
+	for i := range plan {
+		if plan[i].size != recs[i].size || plan[i].stream != recs[i].stream || plan[i].t0 != recs[i].t0 || plan[i].t1 != recs[i].t1 {
+			return false
+		}
+	}
+	return true
+}
+
+// greedyPlan places the requests, largest first (then by allocation time),
+// each at the lowest offset free for its whole lifetime, and returns the
+// span.
+func greedyPlan(items []*planRec) uint64 {
+	order := slices.Clone(items)
+	slices.SortStableFunc(order, func(x, y *planRec) int {
+		if x.size != y.size {
+			if x.size > y.size {
+				return -1
+			}
+			return 1
+		}
+		return int(x.t0 - y.t0)
+	})
+	var placed, conf []*planRec
+	var span uint64
+	for _, it := range order {
+		conf = conf[:0]
+		for _, q := range placed {
+			if q.t0 < it.t1 && it.t0 < q.t1 {
+				conf = append(conf, q)
+			}
+		}
+		slices.SortFunc(conf, func(x, y *planRec) int {
+			switch {
+			case x.off < y.off:
+				return -1
+			case x.off > y.off:
+				return 1
+			}
+			return 0
+		})
+		var off uint64
+		for _, q := range conf {
+			if q.off >= off+it.size {
+				break
+			}
+			off = max(off, q.off+q.size)
+		}
+		it.off = off
+		span = max(span, off+it.size)
+		placed = append(placed, it)
+	}
+	return span
+}
+
+// segmentIdle reports whether seg has no block in use.
+func segmentIdle(seg *segment) bool {
+	for b := seg.head; b != nil; b = b.next {
+		if b.state == stateAllocated || b.state == statePending {
+			return false
+		}
+	}
+	return true
+}
+
+// newPlanSegment reserves the plan segment of stream s.
+func (a *Allocator) newPlanSegment(s device.Stream, span uint64) (*segment, error) {
+	if err := a.newSegment(largePool, s, span); err != nil {
+		return nil, err
+	}
+	list := a.segs[segKey{largePool, s}]
+	seg := list[len(list)-1]
+	seg.plan = true
+	return seg, nil
+}
+
+// retirePlans ends every plan: the plan segments become ordinary segments.
+func (a *Allocator) retirePlans() {
+	p := a.plans
+	for s := range p.segs {
+		a.retirePlan(s)
+	}
+	p.active, p.plan, p.byKey = false, nil, nil
+}
+
+// retirePlan turns stream s's plan segment into an ordinary one: its free
+// blocks move to the large pool's tree.
+func (a *Allocator) retirePlan(s device.Stream) {
+	p := a.plans
+	seg := p.segs[s]
+	delete(p.segs, s)
+	delete(p.spans, s)
+	if seg == nil {
+		return
+	}
+	a.setPlan(seg, false)
+}
+
+// setPlan makes seg a plan segment or an ordinary one, moving its free
+// blocks (none in the quick cache) between the trees.
+func (a *Allocator) setPlan(seg *segment, plan bool) {
+	var move []*block
+	for b := seg.head; b != nil; b = b.next {
+		if b.state == stateFree {
+			move = append(move, b)
+		}
+	}
+	for _, b := range move {
+		a.removeFree(b)
+	}
+	seg.plan = plan
+	for _, b := range move {
+		a.addFree(b)
+	}
+}
+
+// idleSegment returns the ordinary expandable large-pool segment of stream
+// s with room for span bytes, no block in use and the most memory mapped, or
+// nil.
+func (a *Allocator) idleSegment(s device.Stream, span uint64) *segment {
+	var best *segment
+	for _, seg := range a.segs[segKey{largePool, s}] {
+		if !seg.expandable || seg.plan || seg.size < span || !segmentIdle(seg) {
+			continue
+		}
+		if best == nil || seg.mapped > best.mapped {
+			best = seg
+		}
+	}
+	return best
+}
+
+// recordAlloc records the large block b just handed out.
+func (a *Allocator) recordAlloc(b *block) {
+	p := a.plans
+	if len(p.recs) >= maxPlanRecords || p.t == math.MaxInt32 {
+		p.overflow = true
+		return
+	}
+	p.recs = append(p.recs, planRec{size: b.size, stream: b.stream, t0: p.t, t1: -1})
+	p.t++
+	b.rec = int32(len(p.recs))
+	b.recStep = p.step
+	p.liveRec += b.size
+}
+
+// recordFree records the free of b, if it was recorded in this step.
+func (a *Allocator) recordFree(b *block) {
+	p := a.plans
+	if b.rec == 0 || b.recStep != p.step {
+		return
+	}
+	if i := int(b.rec) - 1; i < len(p.recs) && p.t < math.MaxInt32 {
+		p.recs[i].t1 = p.t
+		p.t++
+		p.liveRec -= b.size
+	}
+	b.rec = 0
+}
+
+// planPlace serves a large request of r bytes on stream s from the plan in
+// force: the n-th request of its rounded size and stream in the step gets
+// the place of the n-th such request of the plan, if that range is still
+// free; it returns the detached block, or nil.
+func (a *Allocator) planPlace(r uint64, s device.Stream) *block {
+	p := a.plans
+	q := p.byKey[planKey{r, s}]
+	if q == nil || q.next >= len(q.idx) {
+		p.missedN++
+		return nil
+	}
+	e := &p.plan[q.idx[q.next]]
+	q.next++
+	seg := p.segs[s]
+	if !e.placed || seg == nil {
+		p.missedN++
+		return nil
+	}
+	b := a.takeRange(seg, seg.base+device.Ptr(e.off), r)
+	if b == nil {
+		p.missedN++
+		return nil
+	}
+	p.placedN++
+	return b
+}
+
+// takeRange maps what is unmapped of [lo, lo+r) in the plan segment seg and
+// returns it as a detached free block, or nil when a block in use overlaps
+// it or no memory could be had.
+func (a *Allocator) takeRange(seg *segment, lo device.Ptr, r uint64) *block {
+	hi := lo + device.Ptr(r)
+	if hi > seg.end() {
+		return nil
+	}
+	// The block holding lo: a free one of the plan tree or an unmapped one.
+	var first *block
+	a.pivot = block{stream: seg.stream, addr: lo}
+	a.plans.free.DescendLessOrEqual(&a.pivot, func(b *block) bool {
+		if b.seg == seg && b.end() > lo {
+			first = b
+		}
+		return false
+	})
+	if first == nil {
+		a.pools[largePool].unmapped.DescendLessOrEqual(&a.pivot, func(b *block) bool {
+			if b.seg == seg && b.end() > lo {
+				first = b
+			}
+			return false
+		})
+	}
+	if first == nil {
+		return nil
+	}
+	var stop *block
+	for b := first; ; b = b.next {
+		if b == nil || b.addr >= hi {
+			stop = b
+			break
+		}
+		if b.state != stateFree && b.state != stateUnmapped {
+			return nil
+		}
+	}
+	plan := growPlan{seg: seg, lo: lo, hi: hi, k: a.windowGranules(first, stop, lo, hi)}
+	var m *block
+	if plan.k == 0 {
+		// Free blocks are coalesced: one free block holds the window.
+		if first.state != stateFree || first.end() < hi {
+			panic("allocator: internal error: a plan window without unmapped granules is not one free block")
+		}
+		a.removeFree(first)
+		m = first
+	} else {
+		g := device.Ptr(a.gran)
+		for b := first; b != stop; b = b.next {
+			if b.state != stateUnmapped {
+				continue
+			}
+			m0 := max(b.addr, seg.base+(lo-seg.base)/g*g)
+			m1 := min(b.end(), seg.base+(hi-seg.base+g-1)/g*g)
+			plan.ranges = append(plan.ranges, growRange{u: b, m0: m0, m1: m1})
+		}
+		a.flushQuick() // quick blocks are not stolen from
+		hs, err := a.obtainGranules(plan.k, r, &plan)
+		if err != nil {
+			return nil
+		}
+		if m, err = a.mapInto(&plan, hs); err != nil {
+			return nil
+		}
+	}
+	// Cut [lo, hi) out of m; the parts before and after stay free.
+	if m.addr < lo {
+		left := m
+		m = a.newBlock()
+		m.addr, m.stream, m.seg, m.state, m.freedAt = lo, left.stream, seg, stateFree, left.freedAt
+		m.size = uint64(left.end() - lo)
+		a.linkAfter(left, m)
+		left.size = uint64(lo - left.addr)
+		a.blocks[lo] = m
+		a.addFree(left)
+	}
+	if m.end() > hi {
+		right := a.newBlock()
+		right.addr, right.stream, right.seg, right.state, right.freedAt = hi, m.stream, seg, stateFree, m.freedAt
+		right.size = uint64(m.end() - hi)
+		a.linkAfter(m, right)
+		m.size = r
+		a.blocks[hi] = right
+		a.addFree(right)
+	}
+	return m
+}
+
+// stealBeyondPlans unmaps free granules of plan segments that lie beyond
+// their plan's span (memory the plan never uses: the segment was the
+// stream's before it took the plan) and appends them to hs until it holds
+// k. The window of the growth is left alone.
+func (a *Allocator) stealBeyondPlans(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
+	p := a.plans
+	g := device.Ptr(a.gran)
+	streams := make([]device.Stream, 0, len(p.segs))
+	for s := range p.segs {
+		streams = append(streams, s)
+	}
+	slices.Sort(streams) // map order would make the steal order vary
+	for _, s := range streams {
+		if len(hs) >= k {
+			break
+		}
+		seg := p.segs[s]
+		end := seg.base + device.Ptr(alignUp(p.spans[s], a.gran))
+		// Top down: the highest free granules first.
+		var cands []*block
+		for b := seg.head; b != nil; b = b.next {
+			if b.state == stateFree && b.end() > end && !plan.touches(b) && a.ready(b) {
+				cands = append(cands, b)
+			}
+		}
+		for i := len(cands) - 1; i >= 0 && len(hs) < k; i-- {
+			b := cands[i]
+			lo, hi := a.wholeGranules(b)
+			lo = max(lo, end)
+			if hi <= lo {
+				continue
+			}
+			take := min(k-len(hs), int((hi-lo)/g))
+			var err error
+			if hs, err = a.unmapFree(b, take, hs, true); err != nil {
+				return hs, err
+			}
+		}
+	}
+	return hs, nil
+}

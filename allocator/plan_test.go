@@ -1,0 +1,153 @@
+package allocator
+
+import (
+	"math/rand"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memscale/memscale/device"
+)
+
+// planStep runs one deterministic "training step" at about budget bytes
+// live: large blocks of varying sizes replace each other as a DTR engine at
+// its budget makes them, with small ones in between; everything is freed at
+// the end unless keep says how many of the last blocks stay live (returned).
+func planStep(t *testing.T, a *Allocator, budget uint64, seed int64, keep int) []device.Ptr {
+	t.Helper()
+	rng := rand.New(rand.NewSource(seed))
+	var live []device.Ptr
+	var sizes []uint64
+	var used uint64
+	for i := 0; i < 300; i++ {
+		size := uint64(4+rng.Intn(60)) << 20
+		if i%5 == 0 {
+			size = uint64(1+rng.Intn(900)) << 10 // small pool
+		}
+		for used+size > budget {
+			j := rng.Intn(len(live))
+			require.NoError(t, a.Free(live[j]))
+			used -= sizes[j]
+			live = slices.Delete(live, j, j+1)
+			sizes = slices.Delete(sizes, j, j+1)
+		}
+		p, err := a.Malloc(size, 1)
+		require.NoError(t, err)
+		live = append(live, p)
+		sizes = append(sizes, size)
+		used += size
+	}
+	require.NoError(t, a.checkInvariants())
+	n := len(live) - keep
+	for _, p := range live[:n] {
+		require.NoError(t, a.Free(p))
+	}
+	return live[n:]
+}
+
+// TestStepPlanStopsRemaps: told the budget and where steps begin, an
+// allocator that repeats the same step places it by the plan of the step
+// before from the third step on: no granule is remapped, reserved memory
+// stays within the budget's bound, and without the boundaries the same
+// steps remap.
+func TestStepPlanStopsRemaps(t *testing.T) {
+	const budget = 1 << 30
+	run := func(boundaries bool) []Stats {
+		a, _ := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.4})
+		var out []Stats
+		for step := 0; step < 5; step++ {
+			if boundaries {
+				a.StepBoundary()
+			}
+			planStep(t, a, budget, 1, 0)
+			out = append(out, a.Stats())
+		}
+		return out
+	}
+	plain := run(false)
+	planned := run(true)
+	plainSteady := plain[4]["num_remap"] - plain[0]["num_remap"]
+	for i := 2; i < 5; i++ {
+		require.Zero(t, planned[i]["num_remap"]-planned[i-1]["num_remap"], "step %d remaps nothing", i+1)
+		require.Equal(t, int64(1), planned[i]["step_plan_active"])
+		require.Zero(t, planned[i]["num_step_plan_missed"]-planned[i-1]["num_step_plan_missed"], "step %d: every large request placed by the plan", i+1)
+	}
+	require.Positive(t, plainSteady, "without step boundaries the same steps remap")
+	last := planned[4]
+	require.Equal(t, int64(5), last["num_steps"])
+	require.Positive(t, last["num_step_plan_placed"])
+	require.Positive(t, last["num_step_plans_reused"], "an unchanged step keeps its plan")
+	require.LessOrEqual(t, last["reserved_bytes.all.peak"], int64(budget+2*budget/5))
+	require.LessOrEqual(t, last["step_plan_need_bytes"], int64(budget+2*budget/5))
+}
+
+// TestStepPlanRobust: steps that differ from the plan, blocks live across a
+// boundary, frees waiting on recorded streams, EmptyCache and a plan that
+// does not fit keep the allocator consistent and every live block disjoint.
+func TestStepPlanRobust(t *testing.T) {
+	const budget = 512 << 20
+	a, d := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.5})
+	var kept []device.Ptr
+	busy := false
+	for step := 0; step < 12; step++ {
+		a.StepBoundary()
+		require.NoError(t, a.checkInvariants())
+		seed := int64(step % 3) // the same steps recur, with others in between
+		if step%4 == 3 {
+			seed = int64(100 + step)
+		}
+		if busy {
+			d.SetStreamBusy(7, false) // the pending free of the last step completes
+			busy = false
+		}
+		if step%5 == 2 {
+			// A block freed with a recorded stream, pending across the
+			// next boundary.
+			p, err := a.Malloc(8<<20, 1)
+			require.NoError(t, err)
+			require.NoError(t, a.RecordStream(p, 7))
+			d.SetStreamBusy(7, true)
+			require.NoError(t, a.Free(p))
+			busy = true
+		}
+		for _, q := range kept {
+			require.NoError(t, a.Free(q))
+		}
+		kept = planStep(t, a, budget, seed, step%3)
+		if step == 8 {
+			require.NoError(t, a.EmptyCache())
+		}
+		if step == 9 {
+			a.SetBudget(budget / 8) // a plan that cannot fit: best fit again
+		}
+		require.NoError(t, a.checkInvariants())
+	}
+	for _, q := range kept {
+		require.NoError(t, a.Free(q))
+	}
+	d.SetStreamBusy(7, false)
+	require.NoError(t, a.EmptyCache())
+	require.NoError(t, a.checkInvariants())
+	st := a.Stats()
+	require.Positive(t, st["num_step_plans"])
+	require.Positive(t, st["num_step_plan_placed"])
+	require.Positive(t, st["num_step_plan_missed"], "the steps that differ miss their plan")
+	require.Zero(t, st["step_plan_active"], "the plan retired when it no longer fit")
+	require.Zero(t, st["allocated_bytes.all.current"])
+}
+
+// TestStepPlanOff: NoStepPlan, or no budget, leaves StepBoundary counting
+// steps only.
+func TestStepPlanOff(t *testing.T) {
+	for _, cfg := range []Config{{Budget: 1 << 30, NoStepPlan: true}, {}} {
+		a, _ := newTestAllocator(t, cfg)
+		for step := 0; step < 3; step++ {
+			a.StepBoundary()
+			planStep(t, a, 1<<30, 1, 0)
+		}
+		st := a.Stats()
+		require.Zero(t, st["num_step_plans"])
+		require.Zero(t, st["num_step_plan_placed"])
+	}
+}
