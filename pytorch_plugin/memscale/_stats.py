@@ -77,6 +77,11 @@ class Summary:
             fits of their shapes did not have (gradient accumulation over
             another micro-batch shape): tracked from that forward on; not in
             ``untracked_steps``.
+        unit_steps: with ``unit="auto"`` under :func:`memscale.enable`, the
+            unit ``auto`` chose for the steps: ``{"block": n, "op": m}``, the
+            steps run by block-level DTR (a model with blocks opened them;
+            its loss module ran in them) and by a region per step (``None``:
+            not ``auto``).
     """
 
     steps: int = 0
@@ -100,6 +105,7 @@ class Summary:
     granules_mapped: int = 0
     granules_unmapped: int = 0
     granules_remapped: int = 0
+    unit_steps: dict[str, int] | None = None
 
     def merged(self, other: Summary) -> Summary:
         """The totals of two runs side by side (``Config(unit="auto")``'s
@@ -120,6 +126,7 @@ class Summary:
             budget=self.budget if self.budget is not None else other.budget,
             tuning=self.tuning if self.tuning is not None else other.tuning,
             budget_source=self.budget_source or other.budget_source,
+            unit_steps=self.unit_steps if self.unit_steps is not None else other.unit_steps,
         )
 
     @property
@@ -149,12 +156,18 @@ class Summary:
             over += f", {self.untracked_promoted} more tracked from a forward their shapes had not had"
         return f" ({self.untracked_steps} untracked: they fitted the budget{over})"
 
+    def _unit_text(self) -> str:
+        if self.unit_steps is None:
+            return ""
+        blocks, regions = self.unit_steps.get("block", 0), self.unit_steps.get("op", 0)
+        return f" (unit auto: {blocks} by block-level DTR, {regions} by a region per step)"
+
     def __str__(self) -> str:
         budget = "unbudgeted" if self.budget is None else f"budget {format_bytes(self.budget)}"
         if self.budget_source:
             budget += f" from {self.budget_source}"
         text = (
-            f"{self.steps} steps{self._untracked_text()}, {budget}, peak {format_bytes(self.peak_usage)}, "
+            f"{self.steps} steps{self._untracked_text()}{self._unit_text()}, {budget}, peak {format_bytes(self.peak_usage)}, "
             f"{self.evictions} evictions ({format_bytes(self.bytes_evicted)}), "
             f"{self.rematerializations} rematerializations, {self.swaps_out} swaps out / "
             f"{self.swaps_in} in{f' ({self.parked} parked)' if self.parked else ''}, "

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._allocator.budget import threshold_budget
+from .._allocator.budget import percentage_of_peak, threshold_budget
 from .._stats import GRANULE_KEYS, Summary
 from .._allocator.device import module_device_index
 from ..config import Config, is_percentage, parse_size
@@ -39,11 +39,16 @@ def blocks_budget(config: Config, model: torch.nn.Module) -> tuple[int | str | N
     block activations and a percentage (or a mode) is of what the first step's
     blocks held, unless ``Config.device_memory`` gives the memory to take it
     of. ``None``: the eviction threshold (no threshold or mode in the Config
-    and one is set).
+    and one is set); a threshold that is a percentage with no GPU to take it
+    of is of the first step's block activations, as a Config's.
     """
     index = module_device_index(model)
-    if config.threshold is None and config.mode is None and threshold_budget(index) is not None:
-        return None, None
+    if config.threshold is None and config.mode is None:
+        percentage = percentage_of_peak(index)
+        if percentage is not None:  # no GPU to take it of (memscale run --threshold 50% on the CPU)
+            return percentage, None  # of the first step's block activations
+        if threshold_budget(index) is not None:
+            return None, None
     device_bytes = config.device_bytes()
     if index is not None:
         from .._allocator.stats import device_total_memory
@@ -66,6 +71,7 @@ def summary_of(tracker: BlockDTR) -> Summary:
     return Summary(
         steps=int(s["steps"]),
         evictions=int(s["evictions"]),
+        bytes_evicted=int(s.get("bytes_evicted", 0)),
         rematerializations=int(s["rematerializations"]),
         base_cost_ns=int(s["base_cost_ns"]),
         remat_cost_ns=int(s["remat_cost_ns"]),

@@ -60,7 +60,7 @@ log = logging.getLogger("memscale")
 _COPIED_BUFFER_BYTES = 1 << 20
 
 #: Counters a step's engine contributes to :meth:`BlockDTR.summary`.
-_COUNTERS = ("evictions", "rematerializations", "base_cost_ns", "remat_cost_ns")
+_COUNTERS = ("evictions", "bytes_evicted", "rematerializations", "base_cost_ns", "remat_cost_ns")
 
 
 def device_allocated(index: int) -> Callable[[], int]:
@@ -233,6 +233,7 @@ class BlockDTR:
             "device_tail": self.device_share.tail if self.device_share is not None else 0,
             "device_headroom": self.device_share.headroom if self.device_share is not None else 0,
             "evictions": totals["evictions"],
+            "bytes_evicted": totals["bytes_evicted"],
             "rematerializations": totals["rematerializations"],
             "base_cost_ns": base,
             "remat_cost_ns": totals["remat_cost_ns"],

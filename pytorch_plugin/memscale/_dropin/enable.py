@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import threading
 import weakref
 from typing import Any
 
 from .._allocator.budget import default_budget, percentage_of_peak
 from .._hooks import ModuleHook
+from .auto import StepUnits, unit_steps
 from .backward import listen
 from .distributed import opens_no_step
 from .._region.steps import wrap_closure
@@ -66,6 +68,10 @@ class Enabled:
         #: With ``Config(unit="block")`` (or ``"auto"``): block-level DTR on
         #: every model that trains (with ``"auto"``: every model with blocks).
         self._blocks: Any = None
+        #: With ``Config(unit="auto")``: which unit the open step runs under
+        #: (memscale._dropin.auto: a step opened by a model with blocks is the
+        #: blocks', its loss module included).
+        self._units: StepUnits | None = None
         self._handles: list[Any] = []
         #: id of a module that opened a step -> (the module, weakly; its own
         #: pre-hook, which sees keyword arguments). Keyed by id: a module may
@@ -81,13 +87,20 @@ class Enabled:
         """Totals over every step so far (with ``unit="auto"``: the regions'
         and the blocks' together)."""
         if self._blocks is not None and self._steps is not None:
-            return self._steps.summary().merged(self._blocks.summary())
+            regions = self._steps.summary()
+            total = regions.merged(self._blocks.summary())
+            if self._units is not None:  # the steps as auto chose them (a blocks step ends with its backward)
+                total.steps = regions.steps + self._units.block_steps
+                total.unit_steps = unit_steps(self._units, regions.steps)
+            return total
         if self._blocks is not None:
             return self._blocks.summary()
         return self._steps.summary() if self._steps is not None else Summary()
 
     def end_step(self) -> None:
         """End the open step's region now (a loop without a ``torch.optim`` optimizer)."""
+        if self._units is not None:
+            self._units.end()
         if self._steps is not None:
             self._steps.end()
 
@@ -96,18 +109,33 @@ class Enabled:
     def _in_a_step(self, module: Any) -> bool:
         import torch
 
-        blocks = self._blocks  # Config(unit="auto"): the models with blocks are theirs
-        return (
-            torch.is_grad_enabled()
-            and not torch.is_inference_mode_enabled()
-            and not opens_no_step(module)
-            and (blocks is None or not blocks.tracks(module))
-        )
+        return torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not opens_no_step(module)
+
+    def _blocks_step(self, module: Any) -> bool:
+        """Config(unit="auto"): whether ``module``'s forward is in a step the
+        blocks run (one is open, or this forward of a model with blocks opens
+        one): it opens no region (memscale._dropin.auto)."""
+        units = self._units
+        if units is None:
+            return False
+        import torch
+
+        training = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        return units.claims(module, training)
 
     def _forward_pre_hook_with_kwargs(self, module: Any, args: Any, kwargs: Any) -> None:
         steps = self._steps
-        if steps is not None and self._in_a_step(module):  # opens a step, or another forward of the open one
+        if steps is None or self._blocks_step(module):
+            return
+        if self._in_a_step(module):  # opens a step, or another forward of the open one
             steps.begin(module, (args, kwargs))
+
+    def _after_backward(self) -> None:
+        """A backward pass returned: the step open on this thread is over."""
+        if self._units is not None:
+            self._units.end()
+        if self._steps is not None:
+            self._steps.after_backward()
 
     def _hook(self) -> None:
         import torch
@@ -128,7 +156,7 @@ class Enabled:
             if steps.is_open:
                 steps.ran(module)
                 return
-            if not in_a_step(module):
+            if self._blocks_step(module) or not in_a_step(module):
                 return
             known = with_kwargs.get(id(module))
             if known is not None and known[0]() is module:
@@ -144,19 +172,23 @@ class Enabled:
             )
 
         def forward_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            if output is None and steps.is_open:
-                import sys
-
+            if output is None:
                 raised = sys.exc_info()[1]
-                if raised is not None:  # forward raised: the step is abandoned
+                if raised is None:
+                    return
+                if steps.is_open:  # forward raised: the step is abandoned
                     steps.end(raised)
+                if self._units is not None:
+                    self._units.raised(module)
 
         def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+            if self._units is not None:
+                self._units.end()
             steps.end()
-            return _closure_in_its_own_step(steps, args, kwargs)
+            return _closure_in_its_own_step(steps, args, kwargs, self._units)
 
         self._handles = [
-            listen(steps.after_backward),  # the step ends when its backward pass returns
+            listen(self._after_backward),  # the step ends when its backward pass returns
             register_module_forward_pre_hook(forward_pre_hook),
             register_module_forward_hook(forward_hook, always_call=True),
             register_optimizer_step_pre_hook(optimizer_pre_hook),
@@ -167,6 +199,8 @@ class Enabled:
         PyTorch cannot swap allocators back)."""
         global _enabled
         try:
+            if self._units is not None:
+                self._units.end()
             if self._steps is not None:
                 self._steps.end()
             if self._blocks is not None:
@@ -181,14 +215,29 @@ class Enabled:
                     _enabled = None
 
 
-def _closure_in_its_own_step(steps: Steps, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+def _closure_in_its_own_step(
+    steps: Steps, args: Any, kwargs: Any, units: StepUnits | None = None
+) -> tuple[Any, Any] | None:
     """An optimizer step's closure (its forward and backward) wrapped to run in
-    a region that closes when it returns, before the update."""
+    a region that closes when it returns, before the update. With
+    ``unit="auto"`` (``units``) the closure's first forward chooses the unit
+    (a model with blocks runs it as the blocks'), and whichever step it opened
+    ends when it returns."""
 
     def in_a_step(closure: Any) -> Any:
         def closure_in_a_step() -> Any:
-            with steps.step():
+            if units is None:
+                with steps.step():
+                    result = closure()
+                return steps.materialize(result)
+            try:
                 result = closure()
+            except BaseException as exc:
+                units.end(failed=True)
+                steps.end(exc)
+                raise
+            units.end()
+            steps.end()
             return steps.materialize(result)
 
         return closure_in_a_step
@@ -212,8 +261,9 @@ def enable(config: Config | None = None) -> Enabled:
             threshold; without one, on a GPU, evict only when an allocation
             would fail). ``Config(unit="block")``: block-level DTR
             (:func:`memscale.blocks`) on every model that trains, instead of
-            a region per step; ``"auto"``: on every model that has repeated
-            blocks, and a region per step for the others.
+            a region per step; ``"auto"``: per training step, block-level DTR
+            for a step a model with repeated blocks opens (its loss module
+            included: :mod:`memscale._dropin.auto`), a region for the others.
 
     Returns:
         The enablement: ``.summary()``, ``.end_step()``, ``.disable()``.
@@ -257,6 +307,8 @@ def enable(config: Config | None = None) -> Enabled:
             steps = Steps(config, None, on_demand=True) if config.unit == "auto" else None
             enabled = Enabled(config, steps, installed)
             enabled._blocks = BlockModels(config)
+            if steps is not None:
+                enabled._units = StepUnits(enabled._blocks)
             enabled._blocks.hook()  # before the region's hooks: it decides first which models it takes
             if steps is not None:
                 enabled._hook()
