@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"math"
+	"math/rand"
 	"slices"
 
 	"github.com/google/btree"
@@ -75,6 +76,10 @@ type stepPlans struct {
 	segs  map[device.Stream]*segment
 	spans map[device.Stream]uint64
 	free  *btree.BTreeG[*block] // free blocks of plan segments, by stream and address
+
+	// fails counts the searches in a row that found no plan that fits;
+	// skip the boundaries left before the next search.
+	fails, skip int
 
 	steps, built, reused, placedN, missedN int64
 	lastSpan, lastNeed                     uint64
@@ -174,12 +179,37 @@ func (a *Allocator) buildPlan() {
 	spans := map[device.Stream]uint64{}
 	need := p.otherPeak
 	for _, s := range streams {
-		span := greedyPlan(byStream[s])
-		spans[s] = span
-		need += alignUp(span, a.gran) + a.gran // a granule shared at an edge
+		spans[s] = greedyPlanV(byStream[s], 0)
+		need += alignUp(spans[s], a.gran) + a.gran // a granule shared at an edge
+	}
+	searched := false
+	if len(streams) > 0 && need > bound && float64(need) <= planSearchMargin*float64(bound) && p.skip == 0 {
+		// Search other orders for the stream with the largest span.
+		searched = true
+		top := streams[0]
+		for _, s := range streams {
+			if spans[s] > spans[top] {
+				top = s
+			}
+		}
+		rest := need - alignUp(spans[top], a.gran)
+		if bound > rest {
+			target := alignDown(bound-rest, a.gran)
+			spans[top] = searchPlan(byStream[top], target)
+			need = rest + alignUp(spans[top], a.gran)
+		}
 	}
 	p.lastNeed = need
+	if p.skip > 0 && !searched {
+		p.skip--
+	}
 	if need > bound || len(streams) == 0 {
+		// Back off: a search that found no plan that fits skips the
+		// searches of the next 1, 3, 7, ... boundaries (up to 63).
+		if searched {
+			p.fails = min(p.fails+1, 6)
+			p.skip = 1<<p.fails - 1
+		}
 		a.log.Debug("allocator: step plan does not fit the bound", zap.Uint64("need", need), zap.Uint64("bound", bound))
 		a.retirePlans()
 		return
@@ -215,6 +245,7 @@ func (a *Allocator) buildPlan() {
 		}
 		p.segs[s] = seg
 	}
+	p.fails, p.skip = 0, 0
 	p.plan, p.spans, p.active = next, spans, true
 	p.byKey = make(map[planKey]*planQueue)
 	for i := range next {
@@ -246,48 +277,131 @@ func samePlan(plan, recs []planRec) bool {
 	return true
 }
 
-// greedyPlan places the requests, largest first (then by allocation time),
-// each at the lowest offset free for its whole lifetime, and returns the
-// span.
-func greedyPlan(items []*planRec) uint64 {
+// planSearchWork caps the pair checks (tries x requests^2) that a plan
+// search spends when the first plan does not fit.
+const planSearchWork = 4e8
+
+// planSearchMargin: a plan search runs only when the first plan needs at
+// most this times the bound.
+const planSearchMargin = 1.05
+
+// planTries caps the orders a plan search tries.
+const planTries = 64
+
+// searchPlan places the requests (greedyPlanV, order 0: largest first, each
+// at the lowest offset free for its whole lifetime) and, while the span is
+// above target, tries other orders: by lifetime and by size x lifetime,
+// lowest or best-fitting gap, then sizes jittered by up to 20 % (fixed
+// seeds, so the same step gets the same plan). It keeps the smallest span
+// and returns it.
+func searchPlan(items []*planRec, target uint64) uint64 {
+	best := greedyPlanV(items, 0)
+	if best <= target || len(items) < 2 {
+		return best
+	}
+	offs := make([]uint64, len(items))
+	for i, it := range items {
+		offs[i] = it.off
+	}
+	n := float64(len(items))
+	tries := min(planTries, int(planSearchWork/(n*n)))
+	for v := 1; v <= tries && best > target; v++ {
+		if sp := greedyPlanV(items, v); sp < best {
+			best = sp
+			for i, it := range items {
+				offs[i] = it.off
+			}
+		}
+	}
+	for i, it := range items {
+		it.off = offs[i]
+	}
+	return best
+}
+
+// greedyPlanV places the requests in order v (see searchPlan), each at the
+// lowest offset free for its whole lifetime (or, for orders 3-5, the
+// smallest gap that holds it), and returns the span.
+func greedyPlanV(items []*planRec, v int) uint64 {
 	order := slices.Clone(items)
+	if v >= 6 {
+		// Random perturbation: size desc with sizes jittered by up to 20 %.
+		rng := rand.New(rand.NewSource(int64(v)))
+		jit := make(map[*planRec]float64, len(order))
+		for _, x := range order {
+			jit[x] = float64(x.size) * (1 + 0.2*rng.Float64())
+		}
+		slices.SortStableFunc(order, func(x, y *planRec) int {
+			if jit[x] > jit[y] {
+				return -1
+			}
+			if jit[x] < jit[y] {
+				return 1
+			}
+			return 0
+		})
+		return placeGreedy(order, false)
+	}
+	key := func(x *planRec) uint64 {
+		switch v % 3 {
+		case 1:
+			return uint64(x.t1 - x.t0)
+		case 2:
+			return x.size * uint64(x.t1-x.t0)
+		}
+		return x.size
+	}
 	slices.SortStableFunc(order, func(x, y *planRec) int {
-		if x.size != y.size {
-			if x.size > y.size {
+		if kx, ky := key(x), key(y); kx != ky {
+			if kx > ky {
 				return -1
 			}
 			return 1
 		}
 		return int(x.t0 - y.t0)
 	})
-	var placed, conf []*planRec
+	return placeGreedy(order, v >= 3)
+}
+
+func placeGreedy(order []*planRec, bestFit bool) uint64 {
+	// placed is kept by offset: the requests conflicting with the next one
+	// are met in offset order, and the first gap that holds it ends the
+	// scan (lowest offset).
+	placed := make([]*planRec, 0, len(order))
 	var span uint64
 	for _, it := range order {
-		conf = conf[:0]
+		var off uint64
+		bestGap := uint64(math.MaxUint64)
+		var bestOff uint64
 		for _, q := range placed {
-			if q.t0 < it.t1 && it.t0 < q.t1 {
-				conf = append(conf, q)
+			if q.t0 >= it.t1 || it.t0 >= q.t1 {
+				continue // not live at the same time
 			}
+			if q.off >= off+it.size {
+				if !bestFit {
+					break
+				}
+				if g := q.off - off; g < bestGap {
+					bestGap, bestOff = g, off
+				}
+			}
+			off = max(off, q.off+q.size)
 		}
-		slices.SortFunc(conf, func(x, y *planRec) int {
+		if bestFit && bestGap != math.MaxUint64 {
+			off = bestOff
+		}
+		it.off = off
+		span = max(span, off+it.size)
+		i, _ := slices.BinarySearchFunc(placed, off, func(q *planRec, o uint64) int {
 			switch {
-			case x.off < y.off:
+			case q.off < o:
 				return -1
-			case x.off > y.off:
+			case q.off > o:
 				return 1
 			}
 			return 0
 		})
-		var off uint64
-		for _, q := range conf {
-			if q.off >= off+it.size {
-				break
-			}
-			off = max(off, q.off+q.size)
-		}
-		it.off = off
-		span = max(span, off+it.size)
-		placed = append(placed, it)
+		placed = slices.Insert(placed, i, it)
 	}
 	return span
 }
