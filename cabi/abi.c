@@ -260,6 +260,14 @@ int memscale_set_budget_slack(int device, double slack) {
 	return memscale_go_set_budget_slack(device, slack);
 }
 
+int memscale_step_boundary(int device) {
+	if (in_child()) {
+		child_error();
+		return -1;
+	}
+	return memscale_go_step_boundary(device);
+}
+
 int memscale_set_limit(int device, int64_t bytes) {
 	if (in_child()) {
 		child_error();

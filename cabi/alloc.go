@@ -274,6 +274,25 @@ func memscale_go_set_budget_slack(dev C.int, slack C.double) C.int {
 	}))
 }
 
+// memscale_go_step_boundary tells device dev's allocator that a training
+// step ended and the next begins (allocator.StepBoundary): with a DTR budget
+// known, the step just ended becomes the placement plan of the next one, so
+// a repeating step stops remapping granules (allocator/plan.go). Without a
+// budget it only counts steps. Call it once per optimizer step, from any
+// thread, at a point where the step's activations are freed.
+//
+//export memscale_go_step_boundary
+func memscale_go_step_boundary(dev C.int) C.int {
+	return status(guard("memscale_step_boundary", func() error {
+		a, err := allocatorFor(int(dev))
+		if err != nil {
+			return err
+		}
+		a.StepBoundary()
+		return nil
+	}))
+}
+
 // memscale_go_set_reclaimer installs (fn != 0) or removes (fn 0) the
 // reclaimer of device dev: now if its allocator exists, else when it is
 // created. fn and ctx are the C function pointer and its context.

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memscale/memscale/allocator"
+	"github.com/memscale/memscale/device"
 )
 
 // TestSetBudget: memscale_set_budget and memscale_set_budget_slack reach
@@ -53,4 +54,32 @@ func TestSetBudget(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStepBoundary: memscale_step_boundary reaches the device's allocator
+// (num_steps counts the calls; with a budget, a repeated step is placed by
+// the plan of the one before).
+func TestStepBoundary(t *testing.T) {
+	a, err := allocatorFor(0)
+	require.NoError(t, err)
+	t.Cleanup(func() { abiSetBudget(0, 0) })
+	require.Equal(t, 0, abiSetBudget(0, 256*mib), lastError())
+	before := a.Stats()
+	for step := 0; step < 3; step++ {
+		require.Equal(t, 0, abiStepBoundary(0), lastError())
+		var ps []uintptr
+		for i := 0; i < 8; i++ {
+			p, err := a.Malloc(uint64(int64(4+i)*mib), 0)
+			require.NoError(t, err)
+			ps = append(ps, uintptr(p))
+		}
+		for _, p := range ps {
+			require.NoError(t, a.Free(device.Ptr(p)))
+		}
+	}
+	st := a.Stats()
+	require.Equal(t, int64(3), st["num_steps"]-before["num_steps"])
+	require.Positive(t, st["num_step_plan_placed"]-before["num_step_plan_placed"], "the third step is placed by the plan")
+	require.Equal(t, -1, abiStepBoundary(-5))
+	require.Contains(t, lastError(), "memscale_step_boundary")
 }

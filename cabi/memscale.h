@@ -174,6 +174,13 @@ int memscale_set_budget(int device, int64_t bytes);
 /* Budget slack (fraction of the budget the cache may hold beyond it);
  * 0 = the default (0.10), negative = ignore the budget. -1 for NaN/inf. */
 int memscale_set_budget_slack(int device, double slack);
+/* A training step ended and the next begins (call once per optimizer step,
+ * where the step's activations are freed). With a DTR budget known, the
+ * allocator turns the step just ended into a placement plan for the next:
+ * a step that repeats its requests then remaps no granules
+ * (docs/allocator-budget.md, "Step plans"). Without a budget it only counts
+ * steps (num_steps in the statistics). -1 on error. */
+int memscale_step_boundary(int device);
 /* Hard limit on reserved bytes; 0 = the device capacity. */
 int memscale_set_limit(int device, int64_t bytes);
 /* Allocated bytes now; -1 on error. */

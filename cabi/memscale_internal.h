@@ -41,6 +41,7 @@ extern int memscale_go_reset_peak_stats(int device);
 extern int memscale_go_set_threshold(int device, int64_t bytes);
 extern int memscale_go_set_budget(int device, int64_t bytes);
 extern int memscale_go_set_budget_slack(int device, double slack);
+extern int memscale_go_step_boundary(int device);
 extern int memscale_go_set_limit(int device, int64_t bytes);
 extern int64_t memscale_go_allocated(int device);
 extern char* memscale_go_config_json(void);

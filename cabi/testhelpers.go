@@ -470,6 +470,11 @@ func abiSetBudgetSlack(dev int, slack float64) int {
 	return int(memscale_go_set_budget_slack(C.int(dev), C.double(slack)))
 }
 
+// abiStepBoundary calls memscale_step_boundary's Go export.
+func abiStepBoundary(dev int) int {
+	return int(memscale_go_step_boundary(C.int(dev)))
+}
+
 // abiSetReclaimer calls memscale_set_reclaimer's Go export with the test
 // reclaimer r (nil: NULL, which removes the reclaimer).
 func abiSetReclaimer(dev int, r *testReclaimer) int {
