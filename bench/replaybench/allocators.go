@@ -234,6 +234,9 @@ func (m *memscaleAlloc) Counters() Counters {
 		Remaps:        s["num_remap"],
 	}
 }
+// StepBoundary tells the allocator a step begins (Options.Steps).
+func (m *memscaleAlloc) StepBoundary() { m.a.StepBoundary() }
+
 func (m *memscaleAlloc) Close() error {
 	return errors.Join(m.a.Close(), m.dev.Close())
 }

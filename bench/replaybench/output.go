@@ -272,5 +272,13 @@ func mapCell(r *Result) string {
 	if !r.Mapping {
 		return "-"
 	}
-	return fmt.Sprintf("%d / %d / %d", r.Maps, r.Unmaps, r.Remaps)
+	s := fmt.Sprintf("%d / %d / %d", r.Maps, r.Unmaps, r.Remaps)
+	if len(r.Steps) > 0 {
+		per := make([]string, len(r.Steps))
+		for i, st := range r.Steps {
+			per[i] = strconv.FormatInt(st.Remaps, 10)
+		}
+		s += " (remaps per step: " + strings.Join(per, ", ") + ")"
+	}
+	return s
 }

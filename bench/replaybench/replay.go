@@ -26,6 +26,24 @@ type Options struct {
 	// Progress, when set, is called with the operations done so far, about
 	// every 1/200 of the replay and at the end.
 	Progress func(done, total int)
+	// Steps replays the workload that many times in a row through the same
+	// allocator (0 = 1), like the training steps of one process: whatever a
+	// pass leaves live is freed at its end, and memscale's allocator is told
+	// where each pass begins (StepBoundary). Result.Steps then has each
+	// pass's maps, unmaps, remaps and malloc latency; the timeline and the
+	// first OOM are the first pass's, the other columns cover every pass.
+	Steps int
+}
+
+// StepResult is what one pass of a replay of several steps cost.
+type StepResult struct {
+	// Maps, Unmaps and Remaps are the granules mapped, unmapped and
+	// remapped during the pass (memscale with expandable segments).
+	Maps   int64 `json:"maps"`
+	Unmaps int64 `json:"unmaps"`
+	Remaps int64 `json:"remaps"`
+	// MallocP99 is the pass's malloc latency, 99th percentile.
+	MallocP99 time.Duration `json:"malloc_p99_ns"`
 }
 
 // Point is one sample of the timeline.
@@ -91,6 +109,8 @@ type Result struct {
 	OOM   *OOM   `json:"oom"`
 	// Timeline is reserved memory over the replay (bucket maxima).
 	Timeline []Point `json:"timeline,omitempty"`
+	// Steps has one entry per pass when Options.Steps > 1.
+	Steps []StepResult `json:"steps,omitempty"`
 	// Error is set when the replay could not finish (the columns above are
 	// then partial).
 	Error string `json:"error,omitempty"`
@@ -127,7 +147,7 @@ func RunOne(ctx context.Context, w *workload.Workload, s Spec, opt Options) (Res
 	if err != nil {
 		return res, fmt.Errorf("allocator %s: %w", s.Name, err)
 	}
-	runErr := replay(ctx, w, a, opt, &res)
+	runErr := replaySteps(ctx, w, a, opt, &res)
 	c := a.Counters()
 	res.PeakAllocated, res.PeakReserved, res.DeviceAllocs = c.PeakAllocated, c.PeakReserved, c.DeviceAllocs
 	res.Mapping, res.Maps, res.Unmaps, res.Remaps = c.Mapping, c.Maps, c.Unmaps, c.Remaps
@@ -147,7 +167,71 @@ func RunOne(ctx context.Context, w *workload.Workload, s Spec, opt Options) (Res
 	return res, nil
 }
 
-func replay(ctx context.Context, w *workload.Workload, a Allocator, opt Options, res *Result) error {
+// stepper is an allocator that can be told where steps begin.
+type stepper interface{ StepBoundary() }
+
+// replaySteps replays w opt.Steps times (at least once); see Options.Steps.
+func replaySteps(ctx context.Context, w *workload.Workload, a Allocator, opt Options, res *Result) error {
+	steps := max(opt.Steps, 1)
+	if steps == 1 {
+		return replay(ctx, w, a, opt, res, nil)
+	}
+	var all []time.Duration
+	var busy time.Duration
+	prev := a.Counters()
+	for i := 0; i < steps; i++ {
+		if s, ok := a.(stepper); ok {
+			s.StepBoundary()
+		}
+		pass := *res
+		pass.Timeline, pass.OOM = nil, nil
+		var ps passStats
+		o := opt
+		if i > 0 {
+			o.Progress = nil
+			o.Env.Limit = 0 // the first pass reports the OOM
+		}
+		if err := replay(ctx, w, a, o, &pass, &ps); err != nil {
+			return fmt.Errorf("step %d: %w", i+1, err)
+		}
+		if i == 0 {
+			res.Timeline, res.OOM = pass.Timeline, pass.OOM
+		}
+		res.Mallocs, res.Frees = pass.Mallocs, pass.Frees
+		busy += ps.busy
+		lat := ps.lat
+		c := a.Counters()
+		st := StepResult{Maps: c.Maps - prev.Maps, Unmaps: c.Unmaps - prev.Unmaps, Remaps: c.Remaps - prev.Remaps}
+		if len(lat) > 0 {
+			slices.Sort(lat)
+			st.MallocP99 = lat[min(len(lat)-1, len(lat)*99/100)]
+		}
+		res.Steps = append(res.Steps, st)
+		all = append(all, lat...)
+		prev = c
+	}
+	if busy > 0 {
+		res.OpsPerSec = float64(res.Mallocs+res.Frees) / busy.Seconds()
+	}
+	if len(all) > 0 {
+		slices.Sort(all)
+		res.MallocP50 = all[len(all)/2]
+		res.MallocP99 = all[min(len(all)-1, len(all)*99/100)]
+		res.MallocMax = all[len(all)-1]
+	}
+	return nil
+}
+
+// passStats is what replaySteps needs of one pass: its malloc latencies and
+// the time spent in Malloc and Free.
+type passStats struct {
+	lat  []time.Duration
+	busy time.Duration
+}
+
+// replay replays w once, adding to res's counts. When ps is not nil it
+// receives the pass's latencies and busy time.
+func replay(ctx context.Context, w *workload.Workload, a Allocator, opt Options, res *Result, ps *passStats) error {
 	points := opt.TimelinePoints
 	if points <= 0 {
 		points = 1000
@@ -210,6 +294,9 @@ func replay(ctx context.Context, w *workload.Workload, a Allocator, opt Options,
 	}
 	if busy > 0 {
 		res.OpsPerSec = float64(res.Mallocs+res.Frees) / busy.Seconds()
+	}
+	if ps != nil {
+		ps.lat, ps.busy = slices.Clone(lat), busy
 	}
 	if len(lat) > 0 {
 		slices.Sort(lat)

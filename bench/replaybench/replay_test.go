@@ -95,6 +95,32 @@ func TestRunLadder(t *testing.T) {
 	assert.Contains(t, md.String(), fmt.Sprintf("| %d / %d / %d |", m.Maps, m.Unmaps, m.Remaps))
 }
 
+// TestRunSteps: --steps replays the workload several times through one
+// allocator and reports each step's granule traffic, which adds up to the
+// totals.
+func TestRunSteps(t *testing.T) {
+	w := ladder(40)
+	res, err := Run(context.Background(), w, specs(t, "memscale", "torch"), Options{Env: Env{Capacity: 4 << 30}, Steps: 3})
+	require.NoError(t, err)
+	for _, r := range res {
+		assert.Empty(t, r.Error, r.Allocator)
+		assert.Equal(t, 3*60, r.Mallocs, r.Allocator)
+		require.Len(t, r.Steps, 3, r.Allocator)
+		var maps, unmaps, remaps int64
+		for _, s := range r.Steps {
+			maps += s.Maps
+			unmaps += s.Unmaps
+			remaps += s.Remaps
+			assert.Positive(t, s.MallocP99, r.Allocator)
+		}
+		assert.Equal(t, []int64{r.Maps, r.Unmaps, r.Remaps}, []int64{maps, unmaps, remaps}, r.Allocator)
+		assert.Equal(t, len(w.Ops)-1, r.Timeline[len(r.Timeline)-1].Op, "the timeline is the first step's")
+	}
+	var tab strings.Builder
+	require.NoError(t, WriteTable(&tab, WorkloadInfo{Name: w.Name}, res))
+	assert.Contains(t, tab.String(), "remaps per step: ")
+}
+
 func TestRunLimit(t *testing.T) {
 	w := ladder(40)
 	res, err := Run(context.Background(), w, specs(t, "memscale", "torch"), Options{Env: Env{Capacity: 4 << 30, Limit: 150 * mib}})

@@ -58,7 +58,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer, 
 
 const benchReplaySynopsis = `bench replay INPUT... [--allocators memscale,torch,torch-expandable|all] [--torch-conf CONF]...
        [--backend sim|cuda] [--limit SIZE] [--device N] [--csv FILE] [--json FILE] [--plot FILE.png]
-       [--markdown FILE] [--quiet]
+       [--markdown FILE] [--steps N] [--quiet]
 
 INPUT is a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot after
 _record_memory_history, or memscale.record_snapshot), a DTR/memscale trace (.log,
@@ -66,7 +66,9 @@ _record_memory_history, or memscale.record_snapshot), a DTR/memscale trace (.log
 Every allocation and free is replayed in order, on its stream, through each
 allocator: memscale's (on the simulated device, or the GPU with --backend cuda)
 and a model of PyTorch's native caching allocator ("torch", "torch-expandable",
-"torch[PYTORCH_CUDA_ALLOC_CONF]").`
+"torch[PYTORCH_CUDA_ALLOC_CONF]"). --steps N replays each input N times in a
+row through the same allocator (training steps of one process: memscale's allocator
+is told where each begins) and shows the granules remapped in each step.`
 
 // stringList is a repeatable flag.
 type stringList []string
@@ -88,6 +90,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer, e
 	plotPath := fs.String("plot", "", "write a PNG of reserved memory over the replay (one line per allocator) to this file")
 	mdPath := fs.String("markdown", "", "write Markdown tables (allocators side by side) to this file")
 	quiet := fs.Bool("quiet", false, "no tables and no progress bar")
+	steps := fs.Int("steps", 1, "replay each input this many times in a row through the same allocator and report maps, unmaps and remaps per step")
 	exportDir := fs.String("export-rmm", "", "also write each input's alloc/free stream as an RMM replay log (DIR/NAME.csv), for RMM's REPLAY_BENCHMARK and bench/gpu/bench_replay.py")
 
 	var inputs []string
@@ -101,6 +104,9 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer, e
 		}
 		inputs = append(inputs, fs.Arg(0))
 		rest = fs.Args()[1:]
+	}
+	if *steps < 1 {
+		return usagef("bench replay: --steps %d: want at least 1", *steps)
 	}
 	if len(inputs) == 0 {
 		return usagef("bench replay: no INPUT (a snapshot pickle, a trace, an RMM log, a shared trace name or %s)", sweep.AllShared)
@@ -164,7 +170,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer, e
 		envOpt.Capacity = max(64<<30, 2*info.PeakRequested+(1<<30))
 		var results []replaybench.Result
 		for _, s := range specs {
-			opt := replaybench.Options{Env: envOpt}
+			opt := replaybench.Options{Env: envOpt, Steps: *steps}
 			var bar *progressbar.ProgressBar
 			if showBar && len(w.Ops) >= 20000 {
 				bar = progressbar.NewOptions(len(w.Ops), progressbar.OptionSetWriter(stderr),
