@@ -234,6 +234,7 @@ func (m *memscaleAlloc) Counters() Counters {
 		Remaps:        s["num_remap"],
 	}
 }
+
 // StepBoundary tells the allocator a step begins (Options.Steps).
 func (m *memscaleAlloc) StepBoundary() { m.a.StepBoundary() }
 
