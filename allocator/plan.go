@@ -64,12 +64,13 @@ type stepPlans struct {
 	overflow  bool
 	liveRec   uint64 // bytes of live blocks recorded in this step
 	otherPeak uint64 // peak of allocated bytes outside this step's recorded blocks
+	budget    uint64 // the largest budget in force seen during the step
 
 	plan   []planRec // the plan in force (from the previous step), in request order
 	active bool
 	// exact: steps are recorded for a plan (a budget is known): blocks are
 	// split to the rounded size (allocFrom).
-	exact bool
+	exact, wantExact bool
 	// byKey lists the plan's entries of each rounded size and stream in
 	// request order; next is the entry the next such request gets.
 	byKey map[planKey]*planQueue
@@ -108,8 +109,11 @@ func (a *Allocator) StepBoundary() {
 	}
 	p := a.plans
 	p.steps++
+	// The budget of the step just ended: a region's engine may have
+	// withdrawn its budget at the region's exit, before this call.
+	bound := a.planBound(max(p.budget, a.budgetInForce()))
 	if p.step > 0 && !p.overflow {
-		a.buildPlan()
+		a.buildPlan(bound)
 	} else {
 		a.retirePlans()
 	}
@@ -122,10 +126,13 @@ func (a *Allocator) StepBoundary() {
 	for _, q := range p.byKey {
 		q.next = 0
 	}
-	bound := a.planBound()
+	p.budget = a.budgetInForce()
 	// Exact splits while a plan is in force or may be made from the step:
 	// the first recorded one, or one after a plan that fitted.
-	p.exact = bound > 0 && (p.active || p.step == 1 || p.lastNeed <= bound)
+	// (Without a budget now - a region that registers its own at entry -
+	// the step's first large request turns them on: recordAlloc.)
+	p.wantExact = p.active || p.step == 1 || p.lastNeed <= bound
+	p.exact = bound > 0 && p.wantExact
 	if p.active && a.phys > bound {
 		// Growth past the bound (a step that missed its plan): cached
 		// memory outside the plans goes back down to the bound.
@@ -138,10 +145,9 @@ func (a *Allocator) StepBoundary() {
 	a.publish()
 }
 
-// planBound is the reserved bytes a plan and the rest of the step must fit:
-// the budget's cache bound; 0 = no plan.
-func (a *Allocator) planBound() uint64 {
-	b := a.budgetInForce()
+// planBound is the reserved bytes a plan and the rest of the step must fit
+// under budget b: its cache bound; 0 = no plan.
+func (a *Allocator) planBound(b uint64) uint64 {
 	if !a.vmm || b == 0 || a.slack < 0 || a.budgetSlack < 0 {
 		return 0
 	}
@@ -150,9 +156,8 @@ func (a *Allocator) planBound() uint64 {
 
 // buildPlan turns the recorded step into the plan of the next one, or
 // retires the plans when it does not fit the bound.
-func (a *Allocator) buildPlan() {
+func (a *Allocator) buildPlan(bound uint64) {
 	p := a.plans
-	bound := a.planBound()
 	if bound == 0 || len(p.recs) == 0 {
 		a.retirePlans()
 		return
@@ -489,6 +494,10 @@ func (a *Allocator) recordAlloc(b *block) {
 	if len(p.recs) >= maxPlanRecords || p.t == math.MaxInt32 {
 		p.overflow = true
 		return
+	}
+	p.budget = max(p.budget, a.budgetInForce())
+	if !p.exact && p.wantExact && a.planBound(p.budget) > 0 {
+		p.exact = true
 	}
 	p.recs = append(p.recs, planRec{size: b.size, stream: b.stream, t0: p.t, t1: -1})
 	p.t++

@@ -151,3 +151,22 @@ func TestStepPlanOff(t *testing.T) {
 		require.Zero(t, st["num_step_plan_placed"])
 	}
 }
+
+// TestStepPlanBudgetWithdrawn: a region's engine withdraws its budget when
+// the region exits, before the program's step boundary; the plan follows
+// the budget the step ran under.
+func TestStepPlanBudgetWithdrawn(t *testing.T) {
+	const budget = 1 << 30
+	a, _ := newTestAllocator(t, Config{BudgetSlack: 0.4})
+	var last Stats
+	for step := 0; step < 4; step++ {
+		a.StepBoundary()
+		a.SetBudget(budget) // the region's entry
+		planStep(t, a, budget, 1, 0)
+		a.SetBudget(0) // its exit
+		last = a.Stats()
+	}
+	require.Equal(t, int64(1), last["step_plan_active"])
+	require.Positive(t, last["num_step_plan_placed"])
+	require.Zero(t, last["num_step_plan_missed"])
+}
