@@ -7,6 +7,12 @@ engine) against the measured compute overhead of a real budgeted run.
     PYTHONPATH=pytorch_plugin MEMSCALE_LIBRARY=$PWD/build/libmemscale.so \\
         HF_HUB_OFFLINE=1 .venv/bin/python bench/planner_bench.py --out bench/results/planner.md
 
+``--gpu`` instead plans, on ``meta`` with the H100 and H200 cost models, the
+GPT-2 configurations whose GPU runs are recorded in bench/results/gpu-2026-11-27-*.md
+(bench/gpu/gpt2_dtr.py and profile_step.py) and writes the predicted-vs-measured
+table as the section "Against the GPU results" of ``--out`` (the rest of the
+file is kept; the CPU mode likewise keeps that section).
+
 The plain run's peak: after a warm-up step (the optimizer's state exists),
 the bytes live at the start of a step (parameters, optimizer state, the
 batch) plus the highest net allocation of the CPU allocator during forward,
@@ -108,11 +114,233 @@ def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tupl
     return float(s["overhead"]), int(s["peak_usage"])
 
 
+# --------------------------------------------------------------------------- against the GPU results
+
+GiB = 1 << 30
+GPU_SECTION = "## Against the GPU results"
+#: Where the generated GPU section ends: what follows (notes written by hand) is kept.
+GPU_END = "<!-- end of the section bench/planner_bench.py --gpu writes -->"
+
+#: What bench/results/gpu-2026-11-27-*.md recorded (GiB as printed there, two decimals).
+#: gpt2_dtr.py: GPT-2 124M (HF, eager attention, dropout off, fp32, SGD), seq 512, batch 8;
+#: its probes: 2 native steps (the second's time), 1 memscale step under
+#: install(threshold="95%") + dtr(budget=that); profile_step.py: the same model at 8 x 1024
+#: (n_positions 1024), peaks from memscale.max_memory_allocated.
+MEASURED: dict[str, dict[str, Any]] = {
+    "h100": {
+        "file": "gpu-2026-11-27-h100.md",
+        "card": 79.18 * GiB,  # torch.cuda.get_device_properties().total_memory
+        "s512": {"step": 0.0991, "peak": 7.92 * GiB, "budget": 3.96 * GiB, "engine": 1.037, "wall": 4.22},
+        "native": {42: (39.34 * GiB, 0.4672), 63: (58.71 * GiB, 0.6922), 85: None},
+        "memscale": {126: True, 189: True, 283: False},
+        # gpu-2026-11-27-h100-rerun.md, profile_step.py at 8 x 512
+        "s512_profile": {"step": 0.1000, "peak": 7.91 * GiB},
+    },
+    "h200": {
+        "file": "gpu-2026-11-27-h200.md",
+        "card": 139.80 * GiB,
+        "s512": {"step": 0.0919, "peak": 7.92 * GiB, "budget": 3.96 * GiB, "engine": 1.008, "wall": 4.50},
+        "native": {75: (69.79 * GiB, 0.7677), 112: (103.95 * GiB, 1.1453), 150: None},
+        "memscale": {224: True, 336: True, 504: False},
+        # profile_step.py at 8 x 1024: first run (gpu-2026-11-27-h200.md) and rerun 1 (-h200-rerun.md)
+        "s1024": {"step": (0.1963, 0.1972), "peak": 17.55 * GiB, "budget": (1.33, 1.62), "card": (1.23, 1.09),
+                  "host_timer": (1.24, 1.19)},
+    },
+}
+
+
+def _gpt2_meta(seq: int) -> Any:
+    """gpt2_dtr.py's model, made on meta (nothing allocated)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(
+        n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0, attn_implementation="eager",
+    )
+    with torch.device("meta"):
+        return transformers.GPT2LMHeadModel(cfg)
+
+
+def _gpt2_batch(seq: int, b: int) -> dict[str, torch.Tensor]:
+    # attention_mask: on meta, transformers' packed-sequence check reads a value when it is None
+    ids = torch.zeros(b, seq, dtype=torch.long, device="meta")
+    return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(b, seq, dtype=torch.long, device="meta")}
+
+
+class _Planner:
+    """memscale.plan of GPT-2 on meta, cached by (seq, batch, cost device, budgets)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.models: dict[int, Any] = {}
+        self.cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.calls = 0
+        self.wall = 0.0
+
+    def __call__(self, seq: int, b: int, dev: str, budgets: tuple[int, ...] = (), ratios: str = "0.5",
+                 heuristic: str = "default") -> dict[str, Any]:
+        key = (seq, b, dev, budgets, ratios, heuristic)
+        if key not in self.cache:
+            if seq not in self.models:
+                self.models[seq] = _gpt2_meta(seq)
+            m = self.models[seq]
+            opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+            t0 = time.perf_counter()
+            p = memscale.plan(m, _gpt2_batch(seq, b), opt, device="meta", cost_device=dev, target=dev,
+                              budgets=[f"{x}B" for x in budgets] or None, ratios=ratios, heuristic=heuristic,
+                              out=self.workdir / f"s{seq}-b{b}-{dev}-{len(self.cache)}", plot=False)
+            self.wall += time.perf_counter() - t0
+            self.calls += 1
+            self.cache[key] = p.plans[0]
+        return self.cache[key]
+
+
+def _largest(fits: Any, lo: int, hi: int) -> int:
+    """The largest b in [lo, hi) with fits(b) (fits(lo) true, monotone), by bisection."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _pct(pred: float, meas: float) -> str:
+    return f"{100 * (pred / meas - 1):+.1f} %"
+
+
+def _g(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def gpu_section(workdir: Path) -> str:
+    """Plan the GPU runs' configurations and write the predicted-vs-measured section."""
+    plan = _Planner(workdir)
+    rows: list[str] = []
+    notes: list[str] = []
+    batch_rows: list[str] = []
+    t_start = time.perf_counter()
+    for dev in ("h100", "h200"):
+        M = MEASURED[dev]
+        name = "H100" if dev == "h100" else "H200"
+        src = f"gpu-2026-11-27-{dev}.md"
+        s = M["s512"]
+        r = plan(512, 8, dev, (int(s["budget"]),))
+        peak, step = r["memory"]["peak_bytes"], r["step_ns"] / 1e9
+        at = next(v for v in r["variants"] if v["variant"] == "dtr" and abs(v["budget_bytes"] - int(s["budget"])) < 1024)
+        rows.append(f"| {name} | 8 x 512 | peak, no eviction | {_g(peak)} | {_g(s['peak'])} | {_pct(peak, s['peak'])} | {src} (gpt2_dtr) |")
+        rows.append(f"| {name} | 8 x 512 | step time (fwd+bwd; measured with SGD's step) | {1e3 * step:.1f} ms | {1e3 * s['step']:.1f} ms | {_pct(step, s['step'])} | {src} (gpt2_dtr) |")
+        rows.append(f"| {name} | 8 x 512 | DTR at 3.96 GiB (50 % of the peak): overhead, default heuristic | {at['overhead']:.3f} | {s['engine']:.3f} engine compute; {s['wall']:.2f}x wall | {_pct(at['overhead'], s['engine'])} (compute) | {src} (gpt2_dtr) |")
+        ra = plan(512, 8, dev, (int(s["budget"]),), heuristic="auto")
+        aa = next(v for v in ra["variants"] if v["variant"] == "dtr" and abs(v["budget_bytes"] - int(s["budget"])) < 1024)
+        rows.append(f"| {name} | 8 x 512 | the same, auto policy (tuned on a first step, as the region runs) | {aa['overhead']:.3f} | {s['engine']:.3f} engine compute | {_pct(aa['overhead'], s['engine'])} (compute) | {src} (gpt2_dtr) |")
+        if dev == "h100":
+            p2 = M["s512_profile"]
+            rows.append(f"| {name} | 8 x 512 | step time | {1e3 * step:.1f} ms | {1e3 * p2['step']:.1f} ms | {_pct(step, p2['step'])} | gpu-2026-11-27-h100-rerun.md (profile_step) |")
+        else:
+            p2 = M["s1024"]
+            r2 = plan(1024, 8, dev, (int(p2["peak"] // 2),))
+            pk2, st2 = r2["memory"]["peak_bytes"], r2["step_ns"] / 1e9
+            half = next(v for v in r2["variants"] if v["variant"] == "dtr" and abs(v["ratio"] - 0.5) < 1e-6)
+            rows.append(f"| {name} | 8 x 1024 | peak, no eviction | {_g(pk2)} | {_g(p2['peak'])} | {_pct(pk2, p2['peak'])} | gpu-2026-11-27-h200.md (profile_step) |")
+            meas = sum(p2["step"]) / 2
+            rows.append(f"| {name} | 8 x 1024 | step time | {1e3 * st2:.1f} ms | {1e3 * p2['step'][0]:.1f} / {1e3 * p2['step'][1]:.1f} ms | {_pct(st2, meas)} | gpu-2026-11-27-h200{{,-rerun}}.md (profile_step) |")
+            ratio_b = [b / c for b, c in zip(p2["budget"], p2["card"])]
+            rows.append(f"| {name} | 8 x 1024 | DTR at 50 % of the peak: overhead | {half['overhead']:.3f} | {p2['budget'][0]:.2f}x / {p2['budget'][1]:.2f}x wall; over the region without eviction ('card') {ratio_b[0]:.2f}x / {ratio_b[1]:.2f}x | {_pct(half['overhead'], sum(ratio_b) / 2)} (vs budget/card) | gpu-2026-11-27-h200{{,-rerun}}.md (profile_step) |")
+        # native probes: predicted peak and step time at each measured batch
+        for b, got in sorted(M["native"].items()):
+            rb = plan(512, b, dev)
+            usable = rb["devices"][0]["budget_bytes"]
+            fits = rb["devices"][0]["fits_natively"]
+            if got is None:
+                batch_rows.append(f"| {name} | {b} | native | OOM | {'fits' if fits else 'does not fit'} ({_g(rb['memory']['peak_bytes'])} of {_g(usable)} usable) | - | - |")
+            else:
+                pk, st = got
+                batch_rows.append(f"| {name} | {b} | native | fits, {_g(pk)}, {1e3 * st:.0f} ms | {'fits' if fits else 'does not fit'}, {_g(rb['memory']['peak_bytes'])} ({_pct(rb['memory']['peak_bytes'], pk)}), {rb['step_ns'] / 1e6:.0f} ms ({_pct(rb['step_ns'] / 1e9, st)}) | | |")
+        probe_budget = int(0.95 * M["card"])
+        for b, ok in sorted(M["memscale"].items()):
+            rb = plan(512, b, dev, (probe_budget,))
+            f = rb["budgets"][0]
+            pred = "fits" if f["dtr_status"] == "ok" else f["dtr_status"]
+            if f["dtr_status"] == "ok":
+                pred += f" at {f['overhead']:.2f}x"
+            batch_rows.append(f"| {name} | {b} | memscale, budget {_g(probe_budget)} (95 %) | {'fits' if ok else 'does not fit (budget)'} | {pred}; least budget {_g(rb['memory']['min_feasible_budget_bytes'])} | | |")
+        # the largest batch the planner predicts: natively on the device's usable memory, and
+        # under DTR at the probes' budget (within the planner's 2x overhead limit)
+        usable = plan(512, 8, dev)["devices"][0]["budget_bytes"]
+        big_native = _largest(lambda b: plan(512, b, dev)["memory"]["peak_bytes"] <= usable, 8, 1024)
+        big_dtr = _largest(lambda b: plan(512, b, dev)["memory"]["min_feasible_budget_bytes"] <= probe_budget, 8, 2048)
+        n_meas = max(b for b, v in M["native"].items() if v)
+        n_fail = min(b for b, v in M["native"].items() if v is None)
+        d_meas = max(b for b, v in M["memscale"].items() if v)
+        d_fail = min(b for b, v in M["memscale"].items() if not v)
+        rows.append(f"| {name} | x 512 | largest batch natively | {big_native} ({_g(usable)} usable) | {n_meas} fits, {n_fail} OOM | within the bracket: {'yes' if n_meas <= big_native < n_fail else 'no'} | {src} (gpt2_dtr probes) |")
+        rows.append(f"| {name} | x 512 | largest batch under memscale (budget {_g(probe_budget)}) | {big_dtr} | {d_meas} fits, {d_fail} fails | within the bracket: {'yes' if d_meas <= big_dtr < d_fail else 'no'} | {src} (gpt2_dtr probes) |")
+        notes.append(f"{name}: usable {_g(usable)} (device table), probe budget {_g(probe_budget)}")
+    wall = time.perf_counter() - t_start
+    lines = [
+        GPU_SECTION,
+        "",
+        f"{time.strftime('%Y-%m-%d')}, planned on this machine ({platform.node()}, CPU, torch {torch.__version__}): "
+        f"{plan.calls} plans in {wall:.0f} s.",
+        "",
+        "    PYTHONPATH=pytorch_plugin MEMSCALE_LIBRARY=$PWD/build/libmemscale.so HF_HUB_OFFLINE=1 \\",
+        "        .venv/bin/python bench/planner_bench.py --gpu --out bench/results/planner.md",
+        "",
+        "Predicted: `memscale.plan(model, batch, SGD, device=\"meta\", cost_device=\"h100\"|\"h200\", target=...,",
+        "budgets=[...])` of bench/gpu/gpt2_dtr.py's GPT-2 (124M, HF, eager attention, fp32, dropout off;",
+        "`attention_mask` of ones added, see below), nothing run. Measured: the files named in the last column",
+        "(torch 2.11, commits a5f1ccd and c523a99).",
+        "",
+        "| device | batch x seq | what | predicted | measured | error | measured in |",
+        "|---|---|---|---:|---:|---:|---|",
+        *rows,
+        "",
+        "Every probe of the GPU runs' batch searches, predicted:",
+        "",
+        "| device | batch | how | measured | predicted | | |",
+        "|---|---:|---|---|---|---|---|",
+        *batch_rows,
+        "",
+        "(" + "; ".join(notes) + ".)",
+        "",
+        GPU_END,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str, text: str | None, head: str | None) -> None:
+    """Write ``path`` as ``head`` (or the file's part before ``section``) followed by
+    ``text`` (or the file's part from ``section`` on, kept); a new ``text`` replaces
+    the old one up to GPU_END, what follows GPU_END is kept."""
+    old = path.read_text() if path.exists() else ""
+    i = old.find(section)
+    before, after = (old[:i], old[i:]) if i >= 0 else (old, "")
+    head = head if head is not None else before
+    if text is not None:
+        j = after.find(GPU_END)
+        kept = after[j + len(GPU_END):].lstrip("\n") if j >= 0 else ""
+        text += "\n" + kept if kept else ""
+    tail = text if text is not None else after
+    path.write_text(head.rstrip("\n") + "\n\n" + tail if tail else head)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path)
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--gpu", action="store_true", help="plan the GPU results' configurations instead (see the docstring)")
     args = p.parse_args()
+    if args.gpu:
+        with tempfile.TemporaryDirectory() as d:
+            text = gpu_section(Path(d))
+        print(text)
+        if args.out:
+            write_section(args.out, GPU_SECTION, text, None)
+        return 0
     torch.manual_seed(0)
     rows = []
     for name in args.models.split(","):
@@ -159,7 +387,7 @@ def main() -> int:
         for name, b, pp, mp, po, mo, wall in rows:
             lines.append(f"| {name} | {b} | {pp / 2**20:.2f} MiB | {mp / 2**20:.2f} MiB | {100 * (pp / mp - 1):+.1f} % | "
                          f"{po:.3f} | {mo:.3f} | {100 * (po / mo - 1):+.1f} % | {wall:.1f} s |")
-        args.out.write_text("\n".join(lines) + "\n")
+        write_section(args.out, GPU_SECTION, None, "\n".join(lines) + "\n")
     return 0
 
 

@@ -14,7 +14,8 @@ type Device struct {
 	Key string `json:"key"`
 	// Name is the product's name.
 	Name string `json:"name"`
-	// Memory is the card's memory in bytes, as nvidia-smi reports it.
+	// Memory is the card's memory in bytes, as CUDA reports it (below what
+	// nvidia-smi prints).
 	Memory uint64 `json:"memory_bytes"`
 	// DenseBF16 and FP32 are the peak dense tensor-core (bf16/fp16) and
 	// fp32 rates in FLOP/s; Bandwidth is the memory bandwidth in bytes/s.
@@ -37,11 +38,14 @@ func (d Device) Usable() uint64 {
 
 const mib = 1 << 20
 
-// devices is the table: memory from nvidia-smi (MiB), rates from the
-// vendors' data sheets (SXM parts, dense, no sparsity).
+// devices is the table: memory as CUDA reports it (MiB) where a GPU run of
+// bench/gpu measured it (torch's total_memory: the H100 80GB HBM3 79.18 GiB,
+// the H200 139.80 GiB, 0.47 and 0.60 GiB below what nvidia-smi prints:
+// bench/results/planner.md), else from nvidia-smi; rates from the vendors'
+// data sheets (SXM parts, dense, no sparsity).
 var devices = []Device{
-	{Key: "h100", Name: "H100 80GB", Memory: 81559 * mib, DenseBF16: 989e12, FP32: 67e12, Bandwidth: 3.35e12},
-	{Key: "h200", Name: "H200 141GB", Memory: 143771 * mib, DenseBF16: 989e12, FP32: 67e12, Bandwidth: 4.8e12},
+	{Key: "h100", Name: "H100 80GB", Memory: 81080 * mib, DenseBF16: 989e12, FP32: 67e12, Bandwidth: 3.35e12},
+	{Key: "h200", Name: "H200 141GB", Memory: 143155 * mib, DenseBF16: 989e12, FP32: 67e12, Bandwidth: 4.8e12},
 	{Key: "a100-40gb", Name: "A100 40GB", Memory: 40960 * mib, DenseBF16: 312e12, FP32: 19.5e12, Bandwidth: 1.555e12},
 	{Key: "a100-80gb", Name: "A100 80GB", Memory: 81920 * mib, DenseBF16: 312e12, FP32: 19.5e12, Bandwidth: 2.039e12},
 	{Key: "l4", Name: "L4 24GB", Memory: 23034 * mib, DenseBF16: 121e12, FP32: 30.3e12, Bandwidth: 300e9},

@@ -80,3 +80,45 @@ def test_resize_batch() -> None:
     r = resize_batch(b, 5)
     assert r["ids"].shape == (5, 2) and r["n"] == 3
     assert r["ids"][3].tolist() == [0, 1]
+
+
+def test_cost_model_views_cost_no_kernel() -> None:
+    """A view (declared in its schema, or _unsafe_view) is metadata: no kernel and
+    no bytes; a copy moves its bytes; an in-place op writes what it returns. At the
+    dispatch level a view's _base is not set, which made views cost their bytes."""
+    from memscale._plan.costs import LAUNCH_NS, VIEW_NS, CostModel
+
+    model = CostModel(lookup_device("h100"))
+    aten = torch.ops.aten
+    x = torch.empty(1024, 1024, device="meta")  # 4 MiB
+
+    def cost(func, *args):
+        return model.op_ns(func, args, {}, func(*args))
+
+    assert cost(aten.view.default, x, [1024 * 1024]) == VIEW_NS
+    assert cost(aten.t.default, x) == VIEW_NS
+    assert cost(aten._unsafe_view.default, x, [1024 * 1024]) == VIEW_NS
+    assert cost(aten.split.Tensor, x, 256) == VIEW_NS
+    bw = model.gpu.bandwidth_bytes_per_s * 0.8
+    copy = cost(aten.clone.default, x)
+    assert copy == int(2 * 4 * 2**20 / bw * 1e9) + LAUNCH_NS  # read and write 4 MiB
+    inplace = cost(aten.mul_.Tensor, torch.empty_like(x), x)
+    assert inplace == int(3 * 4 * 2**20 / bw * 1e9) + LAUNCH_NS  # read both, write self
+
+
+def test_meta_value_read_names_the_way_out(tmp_path) -> None:
+    """A step that reads a value on meta (transformers' packed-sequence check when the
+    batch has no attention_mask and use_cache is off) fails in one line naming the way
+    out; with a mask and eager attention the same model plans."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=64, use_cache=False,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 64, (2, 16))
+    with pytest.raises(memscale.MemscaleError, match="Pass an attention_mask .torch.ones like input_ids. with attn_implementation='eager'"):
+        memscale.plan(model, {"input_ids": ids, "labels": ids}, device="meta", out=tmp_path / "a", plot=False)
+    p = memscale.plan(model, {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}, device="meta",
+                      out=tmp_path / "b", ratios="0.5", plot=False)
+    assert p.plans[0]["memory"]["peak_bytes"] > 0

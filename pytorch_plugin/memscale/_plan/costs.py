@@ -27,7 +27,7 @@ __all__ = ["DEVICES", "CostModel", "CostMode", "GPU", "lookup_device"]
 
 @dataclass(frozen=True)
 class GPU:
-    """A GPU of the table: memory in bytes (nvidia-smi), peak rates."""
+    """A GPU of the table: memory in bytes, peak rates."""
 
     key: str
     name: str
@@ -39,12 +39,13 @@ class GPU:
 
 _MIB: Final = 1 << 20
 
-#: The device table (SXM parts, dense rates, no sparsity).
+#: The device table (SXM parts, dense rates, no sparsity; memory as CUDA reports
+#: it where a GPU run measured it - H100, H200 - else as nvidia-smi does).
 DEVICES: Final[dict[str, GPU]] = {
     g.key: g
     for g in (
-        GPU("h100", "H100 80GB", 81559 * _MIB, 989e12, 67e12, 3.35e12),
-        GPU("h200", "H200 141GB", 143771 * _MIB, 989e12, 67e12, 4.8e12),
+        GPU("h100", "H100 80GB", 81080 * _MIB, 989e12, 67e12, 3.35e12),
+        GPU("h200", "H200 141GB", 143155 * _MIB, 989e12, 67e12, 4.8e12),
         GPU("a100-40gb", "A100 40GB", 40960 * _MIB, 312e12, 19.5e12, 1.555e12),
         GPU("a100-80gb", "A100 80GB", 81920 * _MIB, 312e12, 19.5e12, 2.039e12),
         GPU("l4", "L4 24GB", 23034 * _MIB, 121e12, 30.3e12, 300e9),
@@ -67,6 +68,8 @@ def lookup_device(name: str) -> GPU:
 COMPUTE_EFFICIENCY: Final = 0.7
 MEMORY_EFFICIENCY: Final = 0.8
 LAUNCH_NS: Final = 2000
+#: What a view (no kernel: metadata only) costs.
+VIEW_NS: Final = 10
 
 _HALF: Final = (torch.float16, torch.bfloat16)
 
@@ -95,25 +98,42 @@ class CostModel:
             except Exception:  # a formula that does not fit this overload: bytes only
                 flops = 0
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        moved = sum(t.numel() * t.element_size() for t in ins)
-        fresh = [t for t in outs if not any(_shares(t, i) for i in ins)]
-        if not fresh and not flops and outs:
-            return 10  # a view or metadata change: no kernel
-        moved += sum(t.numel() * t.element_size() for t in fresh)
-        half = any(t.dtype in _HALF for t in ins + outs)
+        outs = _outputs(func, out)
+        moved = sum(_nbytes(t) for t in ins)
+        # A fresh output is written; an alias of an input (a view, or what an
+        # in-place or out= op returns) is not - unless the op writes it.
+        written = [t for t, alias in outs if not alias or func._schema.is_mutable]
+        if not written and not flops and outs:
+            return VIEW_NS  # a view or metadata change: no kernel
+        moved += sum(_nbytes(t) for t in written)
+        ins_outs = ins + [t for t, _ in outs]
+        half = any(t.dtype in _HALF for t in ins_outs)
         peak = self.gpu.bf16_flops if half else self.gpu.fp32_flops
         t = max(flops / (peak * COMPUTE_EFFICIENCY), moved / (self.gpu.bandwidth_bytes_per_s * MEMORY_EFFICIENCY))
         return int(t * 1e9) + LAUNCH_NS
 
 
-def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` is a view of ``b``'s data (or ``b`` itself)."""
-    if a is b:
-        return True
-    base_a = a._base if a._base is not None else a
-    base_b = b._base if b._base is not None else b
-    return base_a is base_b
+#: Ops that return a view of their input without saying so in their schema.
+_UNANNOTATED_VIEWS: Final = frozenset({torch.ops.aten._unsafe_view})
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _outputs(func: Any, out: Any) -> list[tuple[torch.Tensor, bool]]:
+    """Each output tensor of ``func`` with whether it aliases an input, from
+    the op's schema (``Tensor(a)`` returns: views, in-place and out= ops). At
+    the dispatch level a view's ``_base`` is not set yet, and the region's
+    tensors are wrappers, so the schema is what tells."""
+    rets = func._schema.returns
+    view = func._overloadpacket in _UNANNOTATED_VIEWS
+    per = out if len(rets) > 1 and isinstance(out, (tuple, list)) else (out,)
+    pairs = []
+    for r, o in zip(rets, per):
+        alias = view or r.alias_info is not None
+        pairs += [(t, alias) for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor)]
+    return pairs
 
 
 class CostMode(TorchDispatchMode):

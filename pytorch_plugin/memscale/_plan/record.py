@@ -208,7 +208,18 @@ def record_step(
     was_training = model.training
     model.train()
     # One step first, so that lazy initialisation is not in the trace.
-    _forward_loss(model, batch, loss_fn).backward()
+    try:
+        _forward_loss(model, batch, loss_fn).backward()
+    except (RuntimeError, NotImplementedError) as exc:
+        if on_meta and "meta" in str(exc):
+            raise MemscaleError(
+                f"memscale.plan: on meta, the step read a tensor's value ({str(exc).splitlines()[0][:160]}): a meta "
+                "tensor has none. Hugging Face models do while building the attention mask: with no attention_mask "
+                "and use_cache off (the packed-sequence check), or with one under sdpa attention (its all-ones "
+                "check). Pass an attention_mask (torch.ones like input_ids) with attn_implementation='eager', or "
+                "plan with device=None"
+            ) from exc
+        raise
     model.zero_grad(set_to_none=True)
 
     sink = _BufferedSink()
