@@ -136,8 +136,9 @@ class Summary:
 
     @property
     def bytes_saved(self) -> int | None:
-        """``baseline_peak - peak_usage`` when a baseline step was measured."""
-        if self.baseline_peak is None:
+        """``baseline_peak - peak_usage`` when a baseline step was measured and
+        a budgeted step ran after it (``None`` otherwise)."""
+        if self.baseline_peak is None or self.peak_usage <= 0:
             return None
         return self.baseline_peak - self.peak_usage
 

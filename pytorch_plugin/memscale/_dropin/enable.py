@@ -161,7 +161,7 @@ class Enabled:
             known = with_kwargs.get(id(module))
             if known is not None and known[0]() is module:
                 return
-            steps.begin(module)
+            steps.begin(module, positional=args)
             if known is not None:  # a module that had this id died
                 known[1].remove()
             with_kwargs[id(module)] = (

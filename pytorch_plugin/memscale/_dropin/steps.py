@@ -28,6 +28,7 @@ from .distributed import patch_fsdp
 from .._allocator.device import module_device_index
 from .._allocator.peak import PeakProbe
 from .fitting import FitRecord, signature, untracked_steps_enabled
+from .floors import Floors
 from .._stats import Summary
 from ..config import Config, format_bytes, is_percentage, parse_size
 from ..errors import MemscaleError
@@ -119,6 +120,10 @@ class Steps:
         #: region's exit raised, so its summary does not have them).
         self._failed_peak = 0
         self._failed_floor = 0
+        #: The floor each step shape measured: a step below it fails before it runs.
+        self.floors = Floors()
+        self._floor_key: Any = None  # the open step's shape (memscale._dropin.floors)
+        self._floor_module: Any = None
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -172,12 +177,18 @@ class Steps:
             return None
         return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
 
-    def begin(self, module: torch.nn.Module | None = None, args: Any = None) -> bool:
+    def begin(self, module: torch.nn.Module | None = None, args: Any = None, positional: Any = None) -> bool:
         """Open the step's region unless one is open; return whether it opened.
 
-        ``args``: the step's arguments (``None``: not known), whose signature
-        lets a step that fitted the budget before run untracked
-        (:mod:`memscale._dropin.fitting`).
+        ``args``: the step's arguments, ``(args, kwargs)`` (``None``: not
+        known), whose signature lets a step that fitted the budget before run
+        untracked (:mod:`memscale._dropin.fitting`); ``positional``: the
+        positional arguments alone, where ``args`` is not known.
+
+        Raises:
+            BudgetBelowFloorError: the step's budget is below the floor a step
+                of the same shape measured (:mod:`memscale._dropin.floors`);
+                the step did not start.
         """
         if not self._open and _region_open_here():
             # The program entered a region of its own (memscale.dtr) before
@@ -202,6 +213,11 @@ class Steps:
             else:
                 self._region = self._make_region(module if module is not None else self.module)
         region = self._region
+        keyed = module if module is not None else self.module
+        self._floor_module = keyed
+        self._floor_key = Floors.key(keyed, args[0] if isinstance(args, tuple) and args else positional)
+        if not self._warmup and region is not self._baseline_region:
+            self.floors.check(self._floor_key, keyed, region.budget, region.budget_source)
         self._signature = None
         if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
             if region is not self._baseline_region:
@@ -260,6 +276,8 @@ class Steps:
             exc = region.failed_backward  # its backward raised: the step failed
         self._open = False
         self._opened_by = None
+        shape = (self._floor_key, self._floor_module)
+        self._floor_key = self._floor_module = None  # the module is not kept alive
         if self._probe is not None:  # an untracked step
             peak = self._probe.close()
             self._probe = None
@@ -279,7 +297,10 @@ class Steps:
             if isinstance(stats, dict):
                 self._failed_peak = max(self._failed_peak, int(stats.get("peak_usage", 0) or 0))
                 self._failed_floor = max(self._failed_floor, int(stats.get("min_budget", 0) or 0))
+                self._measured(shape, stats, whole=False)
             raise
+        last = region.last_summary()
+        self._measured(shape, {**last.get("engine", {}), "min_budget": last.get("min_budget", 0)}, whole=exc is None)
         self._plain_gradients(region)
         self.fits.tracked(
             self._signature,
@@ -300,6 +321,14 @@ class Steps:
             if peak > 0:  # later steps run under budget_for(peak) in a region of their own
                 self._finished.append({**baseline, "baseline": True})
                 self._region = self._new_region(self._baseline_budget(peak))
+
+    def _measured(self, shape: tuple[Any, Any], stats: dict[str, Any], whole: bool) -> None:
+        """The floor of the step that ended (``shape``: its key and module;
+        ``stats``: its engine's), measured."""
+        key, module = shape
+        self.floors.measured(
+            key, module, int(stats.get("min_budget", 0) or 0), self._steps + 1, whole, stats.get("min_budget_parts")
+        )
 
     def _baseline_budget(self, peak: int) -> Budget:
         """The budget of the steps after the baseline step that peaked at ``peak``."""

@@ -1,0 +1,171 @@
+"""A budget below what a step needs fails before the step runs (issue 30, item
+4): a step measured the floor of its shapes (the baseline step a percentage on
+the CPU runs first), and a later step of those shapes under a lower budget
+raises :class:`BudgetBelowFloorError` at its first forward - no op of it ran -
+in one line naming the least threshold, which trains."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import memscale
+from memscale._dropin.floors import BudgetBelowFloorError
+
+from _helpers import require_engine, steady_clock
+
+require_engine()
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _steady_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every op costs the same (the engine's choices depend on the program alone)."""
+    steady_clock(monkeypatch)
+
+
+def _LAYERS() -> list[nn.Module]:
+    return [nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(256, 1)]
+
+
+def _model() -> nn.Module:
+    """Three hidden layers: a ReLU's backward (gradient, output and input
+    gradient, 512 KiB each) with what is pinned is more than half of the
+    step's peak and less than all of it."""
+    torch.manual_seed(0)
+    return nn.Sequential(*_LAYERS())
+
+
+def _train(model: nn.Module, steps: int = 3) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = []
+    for step in range(steps):
+        x = torch.randn(512, 64, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach().clone())
+        out.extend(p.detach().clone() for p in model.parameters())
+    return out
+
+
+def test_a_step_below_its_measured_floor_fails_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")  # of the first step's measured peak (no GPU)
+    model = _model()
+    calls = []
+    model[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+    enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
+    try:
+        with pytest.raises(BudgetBelowFloorError) as err:
+            _train(model)
+        assert len(calls) == 1, "the second step's first forward raised before any module of it ran"
+        assert not enabled._steps.is_open
+        summary = enabled.summary()
+    finally:
+        enabled.disable()
+    message = str(err.value)
+    assert "\n" not in message
+    assert summary.steps == 1 and summary.budget is not None and summary.budget < err.value.floor
+    assert summary.peak_usage == 0, "no budgeted step ran: nothing went over the budget"
+    assert err.value.floor == summary.min_budget, "the floor named is the one the summary reports"
+    assert f"The least threshold to give: MEMSCALE_EVICTION_THRESHOLD={err.value.floor}" in message, message
+    assert "step 1, with the same argument shapes, ran whole" in message, message
+    assert "this one was not started" in message and "threshold_backward" in message, message
+
+
+def test_the_least_threshold_the_error_names_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+    enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
+    try:
+        with pytest.raises(BudgetBelowFloorError) as err:
+            _train(_model())
+    finally:
+        enabled.disable()
+    floor = err.value.floor
+    ref = _train(_model())
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", str(floor))
+    enabled = memscale.enable(memscale.Config(heuristic="lru", untracked_steps=False, log_summary=False))
+    try:
+        got = _train(_model())
+        summary = enabled.summary()
+    finally:
+        enabled.disable()
+    assert summary.steps == 3 and summary.budget == floor and summary.peak_usage <= floor, summary
+    assert summary.evictions > 0, summary
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+
+
+def test_a_step_of_other_shapes_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor is per step shape: a smaller batch is not refused by a larger one's floor."""
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+    model = _model()
+    enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
+    try:
+        model(torch.randn(512, 64)).square().mean().backward()  # the baseline: budget half its peak
+        model(torch.randn(16, 64)).square().mean().backward()  # 32x smaller: fits
+        with pytest.raises(BudgetBelowFloorError):
+            model(torch.randn(512, 64)).square().mean().backward()
+        assert enabled.summary().steps == 2
+    finally:
+        enabled.disable()
+
+
+_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                      nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(3):
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(step))
+    opt.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    print(step, loss.item(), flush=True)
+"""
+
+
+def _run(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object] | None]:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    summary = tmp_path / "summary.json"
+    summary.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
+    env.update(PYTHONPATH=str(ROOT / "pytorch_plugin"), MEMSCALE_HEURISTIC="lru", MEMSCALE_NATIVE="0")
+    cmd = [sys.executable, "-m", "memscale", "run", *flags, "--summary-json", str(summary), str(script)]
+    if not flags:
+        cmd = [sys.executable, str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return proc, json.loads(summary.read_text()) if summary.exists() else None
+
+
+def test_memscale_run_below_the_floor_is_one_line_before_the_step_and_its_threshold_trains(tmp_path: Path) -> None:
+    plain, _ = _run(tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    half, summary = _run(tmp_path, "--threshold", "50%")
+    assert half.returncode == 2, half.stderr
+    errors = [line for line in half.stderr.splitlines() if line.startswith("memscale: error:")]
+    assert len(errors) == 1 and "Traceback" not in half.stderr, half.stderr
+    assert half.stdout == plain.stdout.splitlines(keepends=True)[0], "only the measured first step ran"
+    m = re.search(r"The least threshold to give: --threshold (\d+) ", errors[0])
+    assert m, errors[0]
+    floor = int(m.group(1))
+    assert summary is not None and summary["min_budget"] == floor and summary["peak_usage"] == 0, summary
+    ok, summary = _run(tmp_path, "--threshold", str(floor))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == plain.stdout
+    assert summary is not None and summary["peak_usage"] <= floor and summary["evictions"] > 0, summary
