@@ -54,8 +54,10 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "resnet_dummy": ("ResNet (basic blocks, BatchNorm) on dummy data, SGD, top-k", ["-b", "32", "--train-size", "96"]),
     "transformer_lm": ("Transformer LM, AdamW, warmup, gradient accumulation", ["--micro-batch", "8"]),
 }
-#: variant -> memscale run's threshold (None: the plain run).
-VARIANTS: dict[str, str] = {"roomy": "1TiB", "half": "50%"}  # half: bytes, 50 % of roomy's peak
+#: variant -> memscale run's threshold (None: the plain run). half: bytes, 50 % of roomy's peak;
+#: floor: bytes, the minimum budget the roomy run measured (its steps ran whole: no budget below
+#: it can run them), to show whether a script trains at its floor.
+VARIANTS: dict[str, str] = {"roomy": "1TiB", "half": "50%", "floor": "min_budget"}
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Row:
     steps: int | None = None
     ratio: float | None = None
     error: str | None = None
+    below: int | None = None  # the roomy run's floor, when this budget is below it
 
 
 def _env() -> dict[str, str]:
@@ -206,14 +209,16 @@ def check(script: str, variants: list[str]) -> list[Row]:
     roomy: Run | None = None
     for variant in sorted(variants, key=list(VARIANTS).index):  # roomy first: half is of its peak
         threshold = VARIANTS[variant]
-        if variant == "half":
+        floor = 0
+        if variant != "roomy":
             if roomy is None:
                 roomy = run(script, VARIANTS["roomy"])
             peak = int((roomy.summary or {}).get("peak_usage") or 0)
-            if not peak:
+            floor = int((roomy.summary or {}).get("min_budget") or 0)
+            if not peak or not floor:
                 rows.append(Row(script, variant, False, error=f"no peak measured with nothing to evict: {roomy.error}"))
                 continue
-            threshold = str(peak // 2)
+            threshold = str(peak // 2 if variant == "half" else floor)
         got = run(script, threshold)
         if variant == "roomy":
             roomy = got
@@ -229,6 +234,7 @@ def check(script: str, variants: list[str]) -> list[Row]:
             steps=s.get("steps"),
             ratio=got.seconds / plain.seconds,
             error=got.error,
+            below=floor if floor and int(threshold) < floor else None,
         )
         if got.error is None:
             row.differences = compare(script, plain, got)
@@ -248,8 +254,9 @@ def markdown(rows: list[Row], seconds: float) -> str:
         f"{datetime.date.today().isoformat()}, CPU (the 2-core development machine, shared), "
         f"`bench/corpus.py` in {seconds:.0f} s. Each script of bench/scripts/ ran plainly, then under "
         "`python -m memscale run --threshold 1TiB` (roomy: nothing to evict) and `--threshold BYTES` "
-        "(half: half of the peak the roomy run measured, its largest step's). *floor*: the run's minimum budget, a "
-        "lower bound on any budget that can work (`Summary.min_budget`). *bitwise*: every stdout line and every "
+        "(half: half of the peak the roomy run measured, its largest step's; floor: the roomy run's floor). "
+        "*floor*: the run's minimum budget, a lower bound on any budget that can work (`Summary.min_budget`); "
+        "the roomy run's steps ran whole, so no budget below its floor can run the script. *bitwise*: every stdout line and every "
         "saved file equal to the plain run's (a file's bytes; where the bytes differ, its loaded contents - "
         "the difference is then named). *time*: wall time over the plain run's, the interpreter's start and "
         "torch's import (several seconds here) included. A step ends with its backward pass (issue 30).",
@@ -261,6 +268,8 @@ def markdown(rows: list[Row], seconds: float) -> str:
         what = SCRIPTS.get(r.script, ("", []))[0]
         if r.error is not None:
             verdict, notes = "failed", r.error.replace("|", "\\|")
+            if r.below:
+                notes = f"below the roomy run's floor ({_mib(r.below)}); " + notes
         else:
             verdict = "yes" if r.bitwise else "no"
             notes = "; ".join(r.differences).replace("|", "\\|")
@@ -277,7 +286,7 @@ def markdown(rows: list[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names (default: all)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="roomy, half (default: both)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="roomy, half, floor (default: all)")
     parser.add_argument("--markdown", help="write the table here")
     args = parser.parse_args()
     scripts = [s for s in args.scripts.split(",") if s]

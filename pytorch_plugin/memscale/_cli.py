@@ -186,12 +186,19 @@ def _run(argv: Sequence[str], ctx: _Context) -> int:
 
     import memscale
 
+    from ._native.engine import NoRoomError
+
     enabled = memscale.enable(memscale.Config(unit=args.unit))
     status = 0
     try:
         _runner(args.module, target)()
     except SystemExit as exc:
         status = _status(exc)
+    except NoRoomError as exc:  # a step met a point that does not fit, before any step measured its floor
+        raise MemscaleError(
+            f"{exc}. That minimum is the step's up to where it stopped; memscale run without a threshold runs "
+            "the steps whole and prints the least threshold (their minimum budget)"
+        ) from exc
     finally:
         enabled.disable()
         summary = enabled.summary()

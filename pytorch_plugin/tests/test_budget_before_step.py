@@ -169,3 +169,26 @@ def test_memscale_run_below_the_floor_is_one_line_before_the_step_and_its_thresh
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout == plain.stdout
     assert summary is not None and summary["peak_usage"] <= floor and summary["evictions"] > 0, summary
+
+
+def test_a_floor_measured_without_keyword_arguments_bounds_only_steps_without_keyword_tensors() -> None:
+    """The first step's keyword arguments are not seen: its floor is no bound
+    for a step whose keyword tensors may have other shapes (``model(**batch)``
+    with dynamic padding)."""
+    from memscale._dropin.floors import Floors
+
+    floors, model = Floors(), nn.Linear(4, 4)
+    x = torch.randn(8, 4)
+    first = Floors.shape(model, None, (x,))  # the global hook: positional arguments only
+    floors.measured(first.key, model, 1000, 1, True, {})
+    floors.check(Floors.shape(model, ((torch.randn(2, 4),), {}), None), model, 10, "test")  # other shapes: no bound
+    floors.check(Floors.shape(model, ((x,), {"mask": torch.ones(8)}), None), model, 10, "test")  # keyword tensors
+    with pytest.raises(BudgetBelowFloorError, match="at least 1000 B"):
+        floors.check(Floors.shape(model, ((x,), {"scale": 2}), None), model, 10, "test")
+    floors.check(Floors.shape(model, ((x,), {}), None), model, 1000, "test")  # at the floor: runs
+    # a later step's floor (its keyword arguments seen) bounds its own shape, the lowest kept
+    kw = Floors.shape(model, ((), {"x": x}), None)
+    floors.measured(kw.key, model, 3000, 2, True, {})
+    floors.measured(kw.key, model, 2000, 3, True, {})
+    with pytest.raises(BudgetBelowFloorError, match=r"at least 1\.95 KiB: step 3"):
+        floors.check(kw, model, 1999, "test")

@@ -8,15 +8,21 @@ A step that ran whole measured it all (an unbudgeted step - the baseline a
 percentage on the CPU runs first, a step with no threshold - or a budgeted step
 that finished); a step that failed measured a lower bound up to where it failed.
 
-:class:`Floors` keeps the highest floor measured per *step shape*: the module
-whose forward opened the step, the grad mode and its positional arguments
-(tensors by shape, dtype, device; the signature of :mod:`.fitting`, keyword
-arguments left out, because the first forward's global hook does not see
-them). When a later step of the same shape opens under a budget below that
-floor, :meth:`Floors.check` raises :class:`BudgetBelowFloorError` before the
-step's region is entered: one line, naming the budget, the floor and where it
-was measured, and the least threshold to give - no op of the step ran, so
-nothing went over the budget and nothing is half done.
+:class:`Floors` keeps the floor measured per *step shape*: the module whose
+forward opened the step, the grad mode, and that forward's arguments (tensors
+by shape, dtype, device; the signature of :mod:`.fitting`). Where steps of one
+shape measured several floors it keeps the lowest (steps that begin alike may
+differ after their first forward; the lowest bounds them all). The first
+step's keyword arguments are not seen (a global forward hook is given none):
+its floor bounds the later steps whose keyword arguments hold no tensor, so a
+model called with keyword tensors alone (``model(**batch)``) is checked
+against the floors of its second step on.
+
+When a step opens under a budget below the floor of its shape,
+:meth:`Floors.check` raises :class:`BudgetBelowFloorError` before the step's
+region is entered: one line, naming the budget, the floor and where it was
+measured, and the least threshold to give - no op of the step ran, so nothing
+went over the budget and nothing is half done.
 
 Holds the record; no policy (the floor is the engine's measurement).
 """
@@ -26,7 +32,9 @@ from __future__ import annotations
 import weakref
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
+
+import torch
 
 from .._allocator.budget import THRESHOLD_ENV, THRESHOLD_FLAG
 from ..config import format_bytes
@@ -41,6 +49,30 @@ _PARTS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+#: Where a step's keyword arguments were not seen (the first forward's global
+#: hook is given none), in its shape.
+_UNSEEN: Final[str] = "memscale: keyword arguments not seen"
+
+
+class Shape(NamedTuple):
+    """A step's shape: the key its floor is kept under, and a second key it is
+    also checked against (``None``: none)."""
+
+    key: Hashable | None
+    also: Hashable | None
+
+
+def _has_tensor(x: Any) -> bool:
+    """Whether ``x`` is or holds (in mappings, lists, tuples) a tensor."""
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, Mapping):
+        return any(_has_tensor(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(v) for v in x)
+    return False
+
+
 class BudgetBelowFloorError(MemscaleError):
     """A step's budget is below the floor a step of the same shape measured:
     raised before the step ran (``floor``: the least budget in bytes)."""
@@ -52,7 +84,7 @@ class BudgetBelowFloorError(MemscaleError):
 
 @dataclass(frozen=True)
 class Floor:
-    """The highest floor measured for a step shape."""
+    """The floor measured for a step shape (the lowest of its steps')."""
 
     nbytes: int
     step: int  # the 1-based number of the step that measured it
@@ -90,12 +122,21 @@ class Floors:
         self._floors: dict[Hashable, Floor] = {}
 
     @staticmethod
-    def key(module: Any, positional: Any) -> Hashable | None:
-        """A step shape: ``module`` and its forward's positional arguments
-        (``None``: not known, or not seen - such a step is not checked)."""
-        if module is None or positional is None:
-            return None
-        return signature(module, positional)
+    def shape(module: Any, args: Any, positional: Any) -> Shape:
+        """A step's shape: ``module`` and its first forward's arguments,
+        ``args`` = ``(args, kwargs)``, or where those are not known its
+        ``positional`` arguments alone (neither: a step that is not checked)."""
+        if module is None:
+            return Shape(None, None)
+        if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], Mapping):
+            key = signature(module, args)
+            # A step whose keyword arguments hold no tensor is also the shape of
+            # a step whose keyword arguments were not seen (the first).
+            unseen = None if _has_tensor(args[1]) else signature(module, (args[0], _UNSEEN))
+            return Shape(key, unseen)
+        if positional is None:
+            return Shape(None, None)
+        return Shape(signature(module, (positional, _UNSEEN)), None)
 
     def measured(self, key: Hashable | None, module: Any, nbytes: int, step: int, whole: bool,
                  parts: Mapping[str, Any] | None) -> None:
@@ -103,23 +144,28 @@ class Floors:
         if key is None or nbytes <= 0:
             return
         known = self._floors.get(key)
-        if known is not None and known.module() is module and known.nbytes >= nbytes:
+        if known is not None and known.module() is module and known.nbytes <= nbytes:
             return
         self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module))
 
-    def check(self, key: Hashable | None, module: Any, budget: int, source: str) -> None:
-        """Raise :class:`BudgetBelowFloorError` when a step of shape ``key`` is
+    def check(self, shape: Shape, module: Any, budget: int, source: str) -> None:
+        """Raise :class:`BudgetBelowFloorError` when a step of ``shape`` is
         about to run under ``budget`` bytes (from ``source``) below its floor."""
-        if key is None or budget <= 0:
+        if budget <= 0:
             return
-        floor = self._floors.get(key)
-        if floor is None or floor.module() is not module or floor.nbytes <= budget:
+        floor = None
+        for key in shape:
+            found = self._floors.get(key) if key is not None else None
+            if found is not None and found.module() is module:
+                floor = found
+                break
+        if floor is None or floor.nbytes <= budget:
             return
         how = "ran whole" if floor.whole else "failed, measuring up to where it failed"
         name = type(module).__name__
         raise BudgetBelowFloorError(
-            f"a training step of {name} needs at least {format_bytes(floor.nbytes)}, more than its budget of "
-            f"{format_bytes(budget)} (from {source}): step {floor.step}, with the same argument shapes, {how} and "
+            f"the budget {format_bytes(budget)} (from {source}) is below what this training step of {name} needs, "
+            f"at least {format_bytes(floor.nbytes)}: step {floor.step}, with the same argument shapes, {how} and "
             f"had that much resident at once{_parts_text(floor.parts)}; no budget below it can run the step, and "
             f"this one was not started. The least threshold to give: {_least(floor.nbytes, source)} "
             f"({format_bytes(floor.nbytes)})",

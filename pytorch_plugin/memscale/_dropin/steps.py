@@ -215,9 +215,10 @@ class Steps:
         region = self._region
         keyed = module if module is not None else self.module
         self._floor_module = keyed
-        self._floor_key = Floors.key(keyed, args[0] if isinstance(args, tuple) and args else positional)
+        shape = Floors.shape(keyed, args, positional)
+        self._floor_key = shape.key
         if not self._warmup and region is not self._baseline_region:
-            self.floors.check(self._floor_key, keyed, region.budget, region.budget_source)
+            self.floors.check(shape, keyed, region.budget, region.budget_source)
         self._signature = None
         if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
             if region is not self._baseline_region:
