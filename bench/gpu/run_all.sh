@@ -188,6 +188,10 @@ main() {
 	step families_cuda 90 "$PY" bench/families_check.py --device cuda --json "$STEPS/families_cuda.json" \
 		--families bert deberta_v2 mistral gemma gpt_neox mamba big_bird whisper wav2vec2 clip swin mobilenet_v2
 
+	# memscale plan's predictions against this GPU (issue 31): GPT-2 planned on meta
+	# with this device's cost model, then measured under PyTorch's allocator.
+	step planner_check 150 "$PY" bench/gpu/planner_check.py --out "$STEPS" --time-budget 110
+
 	# 3. Where a GPT-2 step under a region spends its time (one process, about
 	#    a minute), then GPT-2: native baseline, DTR at 50% of its peak, largest
 	#    batch both ways (all the time left but 120 s, kept for step 4).

@@ -284,6 +284,26 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
             L.append("")
             L.extend("    " + line for line in text.strip().splitlines()[:40])
             L.append("")
+    # 5. memscale plan's predictions against this GPU (issue 31)
+    pc = results.get("planner_check") if isinstance(results.get("planner_check"), dict) else None
+    if pc is not None:
+        L.append("## 5. memscale plan's predictions against this GPU (planner_check.py)")
+        L.append("")
+        tables = md_table_lines(steps, "planner_check")
+        if pc.get("status") == "skipped" or not tables:
+            L.append(f"planner_check: {pc.get('status')} {pc.get('reason') or pc.get('error') or ''}")
+        else:
+            L.append(f"GPT-2 ({(pc.get('parameters') or 0) / 1e6:.1f}M parameters, eager attention, fp32, SGD) planned "
+                     "on meta with the cost model of "
+                     f"`{pc.get('cost_device')}` (device table memory {fb(pc.get('table_memory'))}, CUDA total "
+                     f"{fb(pc.get('total_memory'))}), measured under PyTorch's allocator; then the top ops by "
+                     "device time against the cost model's estimate:")
+            L.append("")
+            for i, line in enumerate(tables):  # two tables: a blank line where the second header starts
+                if i and line.startswith("| batch x seq | op |"):
+                    L.append("")
+                L.append(line)
+        L.append("")
     L.append("## Keeping these numbers")
     L.append("")
     L.append("Copy this file into `bench/results/` (for example `bench/results/gpu-<date>-<device>.md`) keeping the "
