@@ -197,8 +197,12 @@ main() {
 	#    batch both ways (all the time left but 120 s, kept for step 4).
 	step profile_step 180 "$PY" bench/gpu/profile_step.py --seq 1024 --out "$STEPS"
 	local t
-	t=$(($(left) - 120))
+	t=$(($(left) - 270))
 	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))
+	# The same DTR step in a fresh process, in a warm one (plain steps first) and
+	# with step boundaries (issue 29: allocator step plans), budget from (a)'s peak.
+	step fresh_warm 150 "$PY" bench/gpu/fresh_warm.py --out-dir "$STEPS" --native-json "$STEPS/gpt2_native.json" \
+		--time-budget 135
 
 	# 4. Snapshots replayed under real allocators, and the native model against memory_stats.
 	t=$(left)

@@ -39,7 +39,7 @@ expect() { # expect NAME PATTERN FILE : FILE contains PATTERN
 }
 
 check bash-syntax bash -n $G/run_all.sh
-check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py $G/profile_step.py $G/bench_replay.py $G/planner_check.py
+check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py $G/profile_step.py $G/bench_replay.py $G/planner_check.py $G/fresh_warm.py
 check dry-smoke "$PY" $G/smoke.py --dry-run
 check dry-alloc "$PY" $G/alloc_latency.py --dry-run
 check dry-correctness-native "$PY" $G/correctness.py --allocator native --save "$T/x.pt" --dry-run
@@ -48,6 +48,7 @@ check dry-correctness-compare "$PY" $G/correctness.py --compare a.pt b.pt --dry-
 check dry-gpt2 "$PY" $G/gpt2_dtr.py --dry-run
 check dry-env "$PY" $G/env_info.py --dry-run
 check dry-planner "$PY" $G/planner_check.py --dry-run
+check dry-fresh-warm "$PY" $G/fresh_warm.py --dry-run
 
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	echo "note: this machine has a GPU; skipping the no-GPU skip checks"
@@ -59,6 +60,8 @@ else
 	expect skip-smoke-json '"skipped"' "$T/s0.json"
 	expect skip-correctness-json '"skipped"' "$T/cm.json"
 	expect skip-gpt2-json '"skipped"' "$T/g0/gpt2_dtr.json"
+	check skip-fresh-warm "$PY" $G/fresh_warm.py --out-dir "$T/fw0"
+	expect skip-fresh-warm-json '"skipped"' "$T/fw0/fresh_warm.json"
 	check skip-planner "$PY" $G/planner_check.py --out "$T/pc0"
 	expect skip-planner-json '"skipped"' "$T/pc0/planner_check.json"
 	check skip-families "$PY" bench/families_check.py --device cuda --families bert --json "$T/f0.json"
@@ -83,6 +86,9 @@ expect cpu-gpt2-budget '"dtr_peak_within_budget_plus_one_op": true' "$T/g1/gpt2_
 check cpu-gpt2-mini "$PY" $G/gpt2_dtr.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 \
 	--batch 4 --steps 2 --warmup 1 --out-dir "$T/g2" --work "$T/g2w" --time-budget 60 --skip-fit
 expect cpu-gpt2-mini-grads '"grads_bitwise_equal": true' "$T/g2/gpt2_dtr.json"
+check cpu-fresh-warm "$PY" $G/fresh_warm.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 \
+	--batch 4 --steps 1 --warmup 0 --warm-steps 1 --native-json "$T/g2/gpt2_native.json" --out-dir "$T/fw1" --time-budget 120
+expect cpu-fresh-warm-ratio '"fresh_over_warm"' "$T/fw1/fresh_warm.json"
 
 check cpu-planner "$PY" $G/planner_check.py --device cpu --configs 2x32,4x32 --warmup 1 --steps 1 --top 3 --out "$T/pc1"
 expect cpu-planner-predicted '"step_ns"' "$T/pc1/planner_check.json"

@@ -255,6 +255,25 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
     else:
         L.append("gpt2_dtr: no result")
         L.append("")
+    fw = results.get("fresh_warm")
+    if isinstance(fw, dict) and fw.get("summary"):
+        s = fw["summary"]
+        L.append("### GPT-2 + DTR: fresh process vs warm (fresh_warm.py, issue 29)")
+        L.append("")
+        L.append(f"Budget {fb(fw.get('budget'))}; fresh / warm median step {fnum(s.get('fresh_over_warm'), '{:.3f}')} "
+                 f"(within 5 %: {s.get('within_5_percent')}); with step boundaries / warm "
+                 f"{fnum(s.get('fresh_plan_over_warm'), '{:.3f}')} (within 5 %: {s.get('fresh_plan_within_5_percent')}).")
+        L.append("")
+        L.append("| variant | status | median step | remaps per steady step | peak reserved |")
+        L.append("|---|---|---:|---|---:|")
+        for v in ("fresh", "warm", "fresh-plan"):
+            if f"{v}_status" in s:
+                L.append(f"| {v} | {s.get(v + '_status')} | {fnum(s.get(v + '_median_step_s'), '{:.4f} s')} | "
+                         f"{s.get(v + '_remaps_per_steady_step')} | {fb(s.get(v + '_peak_reserved'))} |")
+        L.append("")
+    elif isinstance(fw, dict):
+        L.append(f"fresh_warm: {fw.get('status')} {fw.get('reason') or fw.get('error') or ''}")
+        L.append("")
     prof = results.get("profile_step") if isinstance(results.get("profile_step"), dict) else None
     if prof and prof.get("times"):
         L.append("## 4. Where a GPT-2 step under a region spends its time (profile_step.py)")
