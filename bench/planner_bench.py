@@ -255,10 +255,10 @@ def gpu_section(workdir: Path) -> str:
             usable = rb["devices"][0]["budget_bytes"]
             fits = rb["devices"][0]["fits_natively"]
             if got is None:
-                batch_rows.append(f"| {name} | {b} | native | OOM | {'fits' if fits else 'does not fit'} ({_g(rb['memory']['peak_bytes'])} of {_g(usable)} usable) | - | - |")
+                batch_rows.append(f"| {name} | {b} | native | OOM | {'fits' if fits else 'does not fit'} ({_g(rb['memory']['peak_bytes'])} of {_g(usable)} usable) |")
             else:
                 pk, st = got
-                batch_rows.append(f"| {name} | {b} | native | fits, {_g(pk)}, {1e3 * st:.0f} ms | {'fits' if fits else 'does not fit'}, {_g(rb['memory']['peak_bytes'])} ({_pct(rb['memory']['peak_bytes'], pk)}), {rb['step_ns'] / 1e6:.0f} ms ({_pct(rb['step_ns'] / 1e9, st)}) | | |")
+                batch_rows.append(f"| {name} | {b} | native | fits, {_g(pk)}, {1e3 * st:.0f} ms | {'fits' if fits else 'does not fit'}, {_g(rb['memory']['peak_bytes'])} ({_pct(rb['memory']['peak_bytes'], pk)}), {rb['step_ns'] / 1e6:.0f} ms ({_pct(rb['step_ns'] / 1e9, st)}) |")
         probe_budget = int(0.95 * M["card"])
         for b, ok in sorted(M["memscale"].items()):
             rb = plan(512, b, dev, (probe_budget,))
@@ -266,7 +266,7 @@ def gpu_section(workdir: Path) -> str:
             pred = "fits" if f["dtr_status"] == "ok" else f["dtr_status"]
             if f["dtr_status"] == "ok":
                 pred += f" at {f['overhead']:.2f}x"
-            batch_rows.append(f"| {name} | {b} | memscale, budget {_g(probe_budget)} (95 %) | {'fits' if ok else 'does not fit (budget)'} | {pred}; least budget {_g(rb['memory']['min_feasible_budget_bytes'])} | | |")
+            batch_rows.append(f"| {name} | {b} | memscale, budget {_g(probe_budget)} (95 %) | {'fits' if ok else 'does not fit (budget)'} | {pred}; least budget {_g(rb['memory']['min_feasible_budget_bytes'])} |")
         # the largest batch the planner predicts: natively on the device's usable memory, and
         # under DTR at the probes' budget (within the planner's 2x overhead limit)
         usable = plan(512, 8, dev)["devices"][0]["budget_bytes"]
@@ -300,8 +300,8 @@ def gpu_section(workdir: Path) -> str:
         "",
         "Every probe of the GPU runs' batch searches, predicted:",
         "",
-        "| device | batch | how | measured | predicted | | |",
-        "|---|---:|---|---|---|---|---|",
+        "| device | batch | how | measured | predicted |",
+        "|---|---:|---|---|---|",
         *batch_rows,
         "",
         "(" + "; ".join(notes) + ".)",

@@ -164,15 +164,20 @@ def measure(torch: Any, model: Any, batch: dict[str, Any], a: argparse.Namespace
     with profile(activities=acts) as prof:
         fwd_bwd()
         sync()
+    from torch.autograd import DeviceType
+
     by_op: Counter[str] = Counter()
     total = 0.0
     for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None) if cuda else e.self_cpu_time_total
-        if us is None:
-            us = getattr(e, "self_cuda_time_total", 0.0)
-        total += us
+        us = (getattr(e, "self_device_time_total", None) or 0.0) if cuda else e.self_cpu_time_total
+        # The kernels are rows of their own (device type CUDA) besides the ops that
+        # launched them: the total counts the kernels once, the ops are per aten op.
+        if not cuda or getattr(e, "device_type", None) == DeviceType.CUDA:
+            total += us
         if e.key.startswith("aten::"):
             by_op[e.key[len("aten::"):]] += int(us * 1000)
+    if cuda and not total:  # no kernel rows: the ops' own device time
+        total = sum(by_op.values()) / 1000
     out["kernel_ns"] = int(total * 1000)
     out["by_op_ns"] = dict(by_op)
     return out
