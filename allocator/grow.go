@@ -343,21 +343,6 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 			})
 		}
 	}
-	if found < need && a.plans != nil {
-		// Last, the free granules of step plans (a later planned request
-		// maps them again).
-		a.plans.free.Ascend(func(b *block) bool {
-			if plan.touches(b) || !a.ready(b) {
-				return true
-			}
-			lo, hi := a.wholeGranules(b)
-			if n := int(uint64(hi-lo) / a.gran); n > 0 {
-				cands = append(cands, b)
-				found += n
-			}
-			return found < need
-		})
-	}
 	var err error
 	for _, b := range cands {
 		if len(hs) >= k || err != nil {
@@ -369,6 +354,11 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 	}
 	clear(cands)
 	a.scratch = cands[:0]
+	if err == nil && len(hs) < k && a.plans != nil && a.plans.free.Len() > 0 {
+		// Last, the free granules of step plans: those whose next planned
+		// use is furthest (a later planned request maps them again).
+		hs, err = a.stealPlanned(hs, k, plan)
+	}
 	return hs, err
 }
 
@@ -376,9 +366,15 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 // and appends their handles to hs. The unmapped range becomes an unmapped
 // block; what is left of b stays cached.
 func (a *Allocator) unmapFree(b *block, take int, hs []device.Handle, remap bool) ([]device.Handle, error) {
-	seg, g := b.seg, device.Ptr(a.gran)
 	_, hi := a.wholeGranules(b)
-	lo := hi - device.Ptr(take)*g
+	return a.unmapFreeRange(b, hi-device.Ptr(take)*device.Ptr(a.gran), hi, hs, remap)
+}
+
+// unmapFreeRange unmaps the whole granules [lo, hi) of the cached free
+// block b and appends their handles to hs; see unmapFree.
+func (a *Allocator) unmapFreeRange(b *block, lo, hi device.Ptr, hs []device.Handle, remap bool) ([]device.Handle, error) {
+	seg, g := b.seg, device.Ptr(a.gran)
+	take := int((hi - lo) / g)
 	a.removeFree(b)
 	cut := hi
 	var err error

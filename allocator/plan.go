@@ -65,6 +65,13 @@ type stepPlans struct {
 	liveRec   uint64 // bytes of live blocks recorded in this step
 	otherPeak uint64 // peak of allocated bytes outside this step's recorded blocks
 	budget    uint64 // the largest budget in force seen during the step
+	// remaps0 is num_remap at the step's start; fitRemaps what the last
+	// step without a plan remapped (-1: none yet); activeSteps the steps
+	// run under plans in a row; overFails and overSkip the backoff of plans
+	// over the bound that remapped more than best fit.
+	remaps0, fitRemaps  int64
+	activeSteps         int
+	overFails, overSkip int
 
 	plan   []planRec // the plan in force (from the previous step), in request order
 	active bool
@@ -76,7 +83,8 @@ type stepPlans struct {
 	byKey map[planKey]*planQueue
 	segs  map[device.Stream]*segment
 	spans map[device.Stream]uint64
-	free  *btree.BTreeG[*block] // free blocks of plan segments, by stream and address
+	uses  map[device.Stream]planUses // per granule, when the plan places into it
+	free  *btree.BTreeG[*block]      // free blocks of plan segments, by stream and address
 
 	// fails counts the searches in a row that found no plan that fits;
 	// skip the boundaries left before the next search.
@@ -88,9 +96,10 @@ type stepPlans struct {
 
 func newStepPlans() *stepPlans {
 	return &stepPlans{
-		segs:  make(map[device.Stream]*segment),
-		spans: make(map[device.Stream]uint64),
-		free:  btree.NewG(btreeDegree, addrLess),
+		fitRemaps: -1,
+		segs:      make(map[device.Stream]*segment),
+		spans:     make(map[device.Stream]uint64),
+		free:      btree.NewG(btreeDegree, addrLess),
 	}
 }
 
@@ -112,11 +121,33 @@ func (a *Allocator) StepBoundary() {
 	// The budget of the step just ended: a region's engine may have
 	// withdrawn its budget at the region's exit, before this call.
 	bound := a.planBound(max(p.budget, a.budgetInForce()))
+	// What the step just ended remapped: best fit's cost when no plan was in
+	// force; a plan over the bound that, past its first step (which moves
+	// memory into its layout), remaps more than best fit did is dropped and
+	// plans over the bound are not tried for a while.
+	stepRemaps := a.cnt.remaps - p.remaps0
+	switch {
+	case !p.active:
+		p.fitRemaps, p.activeSteps = stepRemaps, 0
+	case p.lastNeed > bound:
+		p.activeSteps++
+		if p.activeSteps >= 2 && p.fitRemaps >= 0 && stepRemaps > p.fitRemaps {
+			p.overFails = min(p.overFails+1, 6)
+			p.overSkip = 1<<p.overFails - 1
+			a.retirePlans()
+		}
+	default:
+		p.activeSteps++
+	}
+	if p.overSkip > 0 && !p.active {
+		p.overSkip--
+	}
 	if p.step > 0 && !p.overflow {
 		a.buildPlan(bound)
 	} else {
 		a.retirePlans()
 	}
+	p.remaps0 = a.cnt.remaps
 	p.step++
 	p.recs = p.recs[:0]
 	p.t = 0
@@ -208,7 +239,8 @@ func (a *Allocator) buildPlan(bound uint64) {
 	if p.skip > 0 && !searched {
 		p.skip--
 	}
-	if need > bound || len(streams) == 0 {
+	over := need > bound && (float64(need) > planOver*float64(bound) || p.overSkip > 0)
+	if over || need > a.limit || len(streams) == 0 {
 		// Back off: a search that found no plan that fits skips the
 		// searches of the next 1, 3, 7, ... boundaries (up to 63).
 		if searched {
@@ -252,6 +284,10 @@ func (a *Allocator) buildPlan(bound uint64) {
 	}
 	p.fails, p.skip = 0, 0
 	p.plan, p.spans, p.active = next, spans, true
+	p.uses = make(map[device.Stream]planUses, len(streams))
+	for _, s := range streams {
+		p.uses[s] = a.buildUses(byStream[s], spans[s])
+	}
 	p.byKey = make(map[planKey]*planQueue)
 	for i := range next {
 		k := planKey{next[i].size, next[i].stream}
@@ -285,6 +321,15 @@ func samePlan(plan, recs []planRec) bool {
 // planSearchWork caps the pair checks (tries x requests^2) that a plan
 // search spends when the first plan does not fit.
 const planSearchWork = 4e8
+
+// planOver: a plan is used while it needs at most this times the bound
+// (never past the limit); above the bound, the granules the plan cannot hold
+// at once are remapped within the step, those whose next planned use is
+// furthest first (stealPlanned). Measured (bench/results/alloc-budget-
+// remaps.md): plans needing 1.12-1.19 x the bound remap 2-3 x fewer granules
+// per step than best fit; U-Net at 30 % (1.23 x) remapped as many and is
+// left to best fit.
+const planOver = 1.2
 
 // planSearchMargin: a plan search runs only when the first plan needs at
 // most this times the bound.
@@ -676,4 +721,116 @@ func (a *Allocator) stealBeyondPlans(hs []device.Handle, k int, plan *growPlan) 
 		}
 	}
 	return hs, nil
+}
+
+// planUses indexes, for each granule of a plan segment, the times (t0) at
+// which the plan's requests covering it are placed, in order.
+type planUses [][]int32
+
+// buildUses indexes the planned requests of stream s.
+func (a *Allocator) buildUses(items []*planRec, span uint64) planUses {
+	n := int(alignUp(span, a.gran) / a.gran)
+	u := make(planUses, n)
+	for _, it := range items {
+		for gi := it.off / a.gran; gi <= (it.off+it.size-1)/a.gran && int(gi) < n; gi++ {
+			u[gi] = append(u[gi], it.t0)
+		}
+	}
+	for _, l := range u {
+		slices.Sort(l)
+	}
+	return u
+}
+
+// nextUse is when granule gi is next placed into after time t (MaxInt32:
+// not again in the step).
+func (u planUses) nextUse(gi int, t int32) int32 {
+	if gi >= len(u) {
+		return math.MaxInt32
+	}
+	l := u[gi]
+	i, _ := slices.BinarySearch(l, t+1)
+	if i == len(l) {
+		return math.MaxInt32
+	}
+	return l[i]
+}
+
+// stealPlanned unmaps free granules of plan segments, those whose next
+// planned use is furthest first (Belady's rule: the plan knows the future),
+// and appends them to hs until it holds k. The growth's window is left
+// alone.
+func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
+	p := a.plans
+	type cand struct {
+		b    *block
+		at   device.Ptr
+		next int32
+	}
+	g := device.Ptr(a.gran)
+	// Granules near the growth are left alone: those of its window and the
+	// one on either side, and those bordering an unmapped block it maps
+	// (unmapped there, they would merge with it).
+	var wlo, whi device.Ptr
+	if plan.seg != nil {
+		base := plan.seg.base
+		wlo = base + (plan.lo-base)/g*g - g
+		whi = base + (plan.hi-base+g-1)/g*g + g
+	}
+	near := func(b *block, at device.Ptr) bool {
+		if b.seg != plan.seg {
+			return false
+		}
+		if at < whi && at+g > wlo {
+			return true
+		}
+		for _, gr := range plan.ranges {
+			if at+g == gr.u.addr || at == gr.u.end() {
+				return true
+			}
+		}
+		return false
+	}
+	var cands []cand
+	p.free.Ascend(func(b *block) bool {
+		if !a.ready(b) {
+			return true
+		}
+		lo, hi := a.wholeGranules(b)
+		u := p.uses[b.stream]
+		for at := lo; at < hi; at += g {
+			if !near(b, at) {
+				cands = append(cands, cand{b, at, u.nextUse(int(uint64(at-b.seg.base)/a.gran), p.t)})
+			}
+		}
+		return true
+	})
+	slices.SortStableFunc(cands, func(x, y cand) int {
+		if x.next != y.next {
+			return int(y.next) - int(x.next)
+		}
+		return int(y.at - x.at)
+	})
+	cands = cands[:min(len(cands), k-len(hs))]
+	// Unmap by runs of adjacent granules of one block, from the top down
+	// (carving a range keeps the block's lower part as the same block).
+	slices.SortFunc(cands, func(x, y cand) int {
+		switch {
+		case x.at > y.at:
+			return -1
+		case x.at < y.at:
+			return 1
+		}
+		return 0
+	})
+	var err error
+	for i := 0; i < len(cands) && err == nil; {
+		j := i + 1
+		for j < len(cands) && cands[j].b == cands[i].b && cands[j].at+g == cands[j-1].at {
+			j++
+		}
+		hs, err = a.unmapFreeRange(cands[i].b, cands[j-1].at, cands[i].at+g, hs, true)
+		i = j
+	}
+	return hs, err
 }

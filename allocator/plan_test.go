@@ -170,3 +170,39 @@ func TestStepPlanBudgetWithdrawn(t *testing.T) {
 	require.Positive(t, last["num_step_plan_placed"])
 	require.Zero(t, last["num_step_plan_missed"])
 }
+
+// TestStepPlanOverBound: a plan that needs more than the bound (up to
+// planOver x it) is tried; the granules it cannot hold at once are remapped
+// within the step. On this churn (random lifetimes) it remaps more than best
+// fit did, so it is dropped after its second step and best fit runs again;
+// the allocator stays consistent throughout.
+func TestStepPlanOverBound(t *testing.T) {
+	const budget = 1 << 30
+	const steps = 9
+	run := func(boundaries bool) (per []int64, last Stats) {
+		a, _ := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.2})
+		prev := a.Stats()
+		for step := 0; step < steps; step++ {
+			if boundaries {
+				a.StepBoundary()
+			}
+			planStep(t, a, budget, 1, 0)
+			require.NoError(t, a.checkInvariants())
+			st := a.Stats()
+			per = append(per, st["num_remap"]-prev["num_remap"])
+			prev = st
+			if step == 1 {
+				require.Equal(t, int64(1), st["step_plan_active"]*b2i(boundaries)+b2i(!boundaries), "step 2 runs the plan")
+			}
+		}
+		return per, prev
+	}
+	plain, _ := run(false)
+	planned, st := run(true)
+	t.Logf("granules remapped per step: best fit %v, with boundaries %v", plain, planned)
+	require.Positive(t, st["num_step_plans"])
+	require.Greater(t, float64(st["step_plan_need_bytes"]), 1.2*budget, "the plan needs more than the bound")
+	require.Zero(t, st["step_plan_active"], "dropped: it remapped more than best fit")
+	require.Positive(t, planned[2], "a plan over the bound remaps")
+	require.Less(t, planned[steps-1], 2*plain[steps-1]+64, "best fit again")
+}
