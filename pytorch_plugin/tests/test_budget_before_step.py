@@ -80,7 +80,7 @@ def test_a_step_below_its_measured_floor_fails_before_it_runs(monkeypatch: pytes
     assert summary.steps == 1 and summary.budget is not None and summary.budget < err.value.floor
     assert summary.peak_usage == 0, "no budgeted step ran: nothing went over the budget"
     assert err.value.floor == summary.min_budget, "the floor named is the one the summary reports"
-    assert f"The least threshold to give: MEMSCALE_EVICTION_THRESHOLD={err.value.floor}" in message, message
+    assert f"The least threshold that can work: MEMSCALE_EVICTION_THRESHOLD={err.value.floor}" in message, message
     assert "step 1, with the same argument shapes, ran whole" in message, message
     assert "this one was not started" in message and "threshold_backward" in message, message
 
@@ -161,7 +161,7 @@ def test_memscale_run_below_the_floor_is_one_line_before_the_step_and_its_thresh
     errors = [line for line in half.stderr.splitlines() if line.startswith("memscale: error:")]
     assert len(errors) == 1 and "Traceback" not in half.stderr, half.stderr
     assert half.stdout == plain.stdout.splitlines(keepends=True)[0], "only the measured first step ran"
-    m = re.search(r"The least threshold to give: --threshold (\d+) ", errors[0])
+    m = re.search(r"The least threshold that can work: --threshold (\d+) ", errors[0])
     assert m, errors[0]
     floor = int(m.group(1))
     assert summary is not None and summary["min_budget"] == floor and summary["peak_usage"] == 0, summary

@@ -21,7 +21,7 @@ against the floors of its second step on.
 When a step opens under a budget below the floor of its shape,
 :meth:`Floors.check` raises :class:`BudgetBelowFloorError` before the step's
 region is entered: one line, naming the budget, the floor and where it was
-measured, and the least threshold to give - no op of the step ran, so nothing
+measured, and the least threshold that can work - no op of the step ran, so nothing
 went over the budget and nothing is half done.
 
 Holds the record; no policy (the floor is the engine's measurement).
@@ -105,7 +105,7 @@ def _parts_text(parts: Mapping[str, Any]) -> str:
 
 
 def _least(floor: int, source: str) -> str:
-    """The least threshold to give, in the words of where the budget came from."""
+    """The least threshold that can work, in the words of where the budget came from."""
     if source.startswith(THRESHOLD_FLAG):
         return f"{THRESHOLD_FLAG} {floor}"
     if source.startswith(THRESHOLD_ENV):
@@ -167,7 +167,7 @@ class Floors:
             f"the budget {format_bytes(budget)} (from {source}) is below what this training step of {name} needs, "
             f"at least {format_bytes(floor.nbytes)}: step {floor.step}, with the same argument shapes, {how} and "
             f"had that much resident at once{_parts_text(floor.parts)}; no budget below it can run the step, and "
-            f"this one was not started. The least threshold to give: {_least(floor.nbytes, source)} "
+            f"this one was not started. The least threshold that can work: {_least(floor.nbytes, source)} "
             f"({format_bytes(floor.nbytes)})",
             floor.nbytes,
         )
