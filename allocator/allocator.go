@@ -548,7 +548,13 @@ func (a *Allocator) ExpandableSegments() bool { return a.vmm }
 //	num_stream_marks (events recorded to learn when streams finish),
 //	pending_frees (frees waiting on RecordStream streams),
 //	quick_cached_blocks, high_water_bytes (allocated high-water mark since
-//	the last EmptyCache).
+//	the last EmptyCache); with step plans (plan.go): num_steps
+//	(StepBoundary calls), num_step_plans (plans computed),
+//	num_step_plans_reused (boundaries that kept the plan: same requests),
+//	step_plan_active (0/1), step_plan_span_bytes and step_plan_need_bytes
+//	(the plan's span, and with the step's other memory, what it needs),
+//	num_step_plan_placed / num_step_plan_missed (large requests placed by
+//	the plan / that fell back to best fit).
 func (a *Allocator) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -115,6 +115,23 @@
 // stop remapping. docs/allocator-budget.md and
 // bench/results/alloc-budget-remaps.md have the trade-off, measured.
 //
+// What remains is fragmentation, and a DTR training step repeats itself.
+// Told where steps begin (StepBoundary; C ABI memscale_step_boundary), the
+// allocator records each step's large-pool requests (rounded size, stream,
+// allocation and free times) and, at the boundary, places them offline with
+// every lifetime known (greedy: largest first, each at the lowest offset free
+// for its whole lifetime; other orders are searched when the plan is within
+// 5 % of the bound). The next step's n-th request of a size and stream goes
+// to the offset of the plan's n-th one, in a plan segment whose free memory
+// best fit never sees; anything else falls back to best fit. While steps are
+// recorded, large blocks are split to their rounded size, so the engine's
+// usage, and with it the next step's requests, do not depend on placement.
+// A plan is used when its span plus the step's other memory fits the cache
+// bound (then a repeating step remaps nothing once the plan is in place), or
+// needs up to 1.2x the bound (then the granules it cannot hold at once are
+// remapped within the step, the ones the plan uses again last first, and the
+// plan is dropped if it remaps more than best fit did). See plan.go.
+//
 // A free block may still be read or written by work queued on its stream, so
 // its granules may not be unmapped until that work has finished. PyTorch
 // synchronizes the stream before unmapping; that would stall the CPU in the

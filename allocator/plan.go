@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"container/heap"
 	"math"
 	"math/rand"
 	"slices"
@@ -84,6 +85,7 @@ type stepPlans struct {
 	segs  map[device.Stream]*segment
 	spans map[device.Stream]uint64
 	uses  map[device.Stream]planUses // per granule, when the plan places into it
+	cands []stealCand                // stealPlanned's scratch
 	free  *btree.BTreeG[*block]      // free blocks of plan segments, by stream and address
 
 	// fails counts the searches in a row that found no plan that fits;
@@ -762,11 +764,6 @@ func (u planUses) nextUse(gi int, t int32) int32 {
 // alone.
 func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
 	p := a.plans
-	type cand struct {
-		b    *block
-		at   device.Ptr
-		next int32
-	}
 	g := device.Ptr(a.gran)
 	// Granules near the growth are left alone: those of its window and the
 	// one on either side, and those bordering an unmapped block it maps
@@ -791,7 +788,9 @@ func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]d
 		}
 		return false
 	}
-	var cands []cand
+	// The n granules used again last: a min-heap of the best so far.
+	n := k - len(hs)
+	h := stealHeap(p.cands[:0])
 	p.free.Ascend(func(b *block) bool {
 		if !a.ready(b) {
 			return true
@@ -799,22 +798,23 @@ func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]d
 		lo, hi := a.wholeGranules(b)
 		u := p.uses[b.stream]
 		for at := lo; at < hi; at += g {
-			if !near(b, at) {
-				cands = append(cands, cand{b, at, u.nextUse(int(uint64(at-b.seg.base)/a.gran), p.t)})
+			if near(b, at) {
+				continue
+			}
+			c := stealCand{b, at, u.nextUse(int(uint64(at-b.seg.base)/a.gran), p.t)}
+			if len(h) < n {
+				heap.Push(&h, c)
+			} else if len(h) > 0 && h.less(h[0], c) {
+				h[0] = c
+				heap.Fix(&h, 0)
 			}
 		}
 		return true
 	})
-	slices.SortStableFunc(cands, func(x, y cand) int {
-		if x.next != y.next {
-			return int(y.next) - int(x.next)
-		}
-		return int(y.at - x.at)
-	})
-	cands = cands[:min(len(cands), k-len(hs))]
+	cands := []stealCand(h)
 	// Unmap by runs of adjacent granules of one block, from the top down
 	// (carving a range keeps the block's lower part as the same block).
-	slices.SortFunc(cands, func(x, y cand) int {
+	slices.SortFunc(cands, func(x, y stealCand) int {
 		switch {
 		case x.at > y.at:
 			return -1
@@ -832,5 +832,37 @@ func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]d
 		hs, err = a.unmapFreeRange(cands[i].b, cands[j-1].at, cands[i].at+g, hs, true)
 		i = j
 	}
+	clear(cands)
+	p.cands = cands[:0]
 	return hs, err
+}
+
+// stealCand is a free plan granule at address at of block b, next placed
+// into at time next.
+type stealCand struct {
+	b    *block
+	at   device.Ptr
+	next int32
+}
+
+// stealHeap is a min-heap of candidates: the root is the one to give up
+// first when a better one comes (the soonest next use, then the lowest
+// address).
+type stealHeap []stealCand
+
+func (h stealHeap) less(x, y stealCand) bool {
+	if x.next != y.next {
+		return x.next < y.next
+	}
+	return x.at < y.at
+}
+func (h stealHeap) Len() int           { return len(h) }
+func (h stealHeap) Less(i, j int) bool { return h.less(h[i], h[j]) }
+func (h stealHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *stealHeap) Push(x any)        { *h = append(*h, x.(stealCand)) }
+func (h *stealHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -108,7 +108,9 @@ func TestRemapStorm(t *testing.T) {
 		configs = append(configs,
 			stormConfig{name: "budget told, slack 0.20", budget: true, slack: 0.2},
 			stormConfig{name: "budget told, slack 0.30", budget: true, slack: 0.3},
-			stormConfig{name: "budget told, slack 0.50", budget: true, slack: 0.5})
+			stormConfig{name: "budget told, slack 0.50", budget: true, slack: 0.5},
+			stormConfig{name: "budget told, slack 0.20, step boundaries (plan)", budget: true, slack: 0.2, plan: true},
+			stormConfig{name: "budget told, slack 0.35, step boundaries (plan)", budget: true, slack: 0.35, plan: true})
 	}
 	// zero lists the runs whose steady steps must not remap, told the budget;
 	// planZero those whose steps 3-4 must not remap with step boundaries
@@ -178,23 +180,24 @@ func TestRemapStorm(t *testing.T) {
 // peak reserved over the budget and the malloc latency.
 func stormTable(runs []stormRun) string {
 	var b strings.Builder
-	b.WriteString("| trace | budget | allocator | remapped granules, steps 2 / 3 / 4 | max share of granules mapped, steps 2-4 | steps 3-4 | peak reserved / budget | target met (2-4 / 3-4) | malloc p99 (sim), step 2 / steps 3-4 | granules mapped, map calls per steady step (max) |\n")
+	b.WriteString("| trace | budget | allocator | remapped granules, steps 2 / 3 / 4 | max share of granules mapped, steps 2-4 | steps 3-4 | peak reserved / budget | target met (2-4 / 3-4) | malloc p99 (sim), step 2 / steps 3-4 | granules mapped, map calls per step, step 2 / steps 3-4 (max) |\n")
 	b.WriteString("|---|---:|---|---:|---:|---:|---:|---|---:|---:|\n")
 	for _, r := range runs {
 		_, share, reserved := r.steady()
 		var late float64
-		var p99, p99late, calls, maps int64
+		var p99, p99late, calls, maps, calls2, maps2 int64
 		var per []string
 		for i, s := range r.steps[1:] {
 			per = append(per, fmt.Sprint(s.Remaps))
 			if i > 0 {
 				late = max(late, s.RemapShare())
 				p99late = max(p99late, int64(s.MallocP99))
+				calls = max(calls, s.MapCalls)
+				maps = max(maps, s.Maps)
 			} else {
 				p99 = int64(s.MallocP99)
+				calls2, maps2 = s.MapCalls, s.Maps
 			}
-			calls = max(calls, s.MapCalls)
-			maps = max(maps, s.Maps)
 		}
 		met := func(sh float64) string {
 			if sh <= 0.01 && reserved <= 1.1+1e-3 {
@@ -202,9 +205,9 @@ func stormTable(runs []stormRun) string {
 			}
 			return "no"
 		}
-		fmt.Fprintf(&b, "| %s | %.0f %% (%.2f GiB) | %s | %s | %.2f %% | %.2f %% | %.3f | %s / %s | %.1f / %.1f us | %d, %d |\n",
+		fmt.Fprintf(&b, "| %s | %.0f %% (%.2f GiB) | %s | %s | %.2f %% | %.2f %% | %.3f | %s / %s | %.1f / %.1f us | %d, %d / %d, %d |\n",
 			r.trace, 100*r.ratio, float64(r.budget)/(1<<30), r.cfg.name, strings.Join(per, " / "), 100*share, 100*late, reserved,
-			met(share), met(late), float64(p99)/1e3, float64(p99late)/1e3, maps, calls)
+			met(share), met(late), float64(p99)/1e3, float64(p99late)/1e3, maps2, calls2, maps, calls)
 	}
 	return b.String()
 }
