@@ -206,3 +206,144 @@ func TestStepPlanOverBound(t *testing.T) {
 	require.Positive(t, planned[2], "a plan over the bound remaps")
 	require.Less(t, planned[steps-1], 2*plain[steps-1]+64, "best fit again")
 }
+
+// TestStepPlanProperty repeats a random step with random perturbations
+// (requests dropped, added or moved to another stream, frees on recorded
+// streams left pending across boundaries, EmptyCache, a lower limit, the
+// budget withdrawn or changed), with StepBoundary between steps, and checks
+// after every operation the allocator's structures, that live blocks are
+// disjoint and at least their rounded size, and the allocated bytes.
+func TestStepPlanProperty(t *testing.T) {
+	const budget = 768 << 20
+	seeds := 6
+	if testing.Short() || raceEnabled {
+		seeds = 2
+	}
+	for seed := 1; seed <= seeds; seed++ {
+		rng := rand.New(rand.NewSource(int64(seed)))
+		slack := []float64{0.1, 0.3, 0.6}[seed%3]
+		a, d := newTestAllocator(t, Config{Budget: budget, BudgetSlack: slack})
+		type op struct {
+			size  uint64
+			freeN int // free the freeN-th live block instead (when > 0)
+		}
+		var base []op
+		for i := 0; i < 250; i++ {
+			if i > 0 && rng.Intn(3) == 0 {
+				base = append(base, op{freeN: 1 + rng.Intn(8)})
+				continue
+			}
+			size := uint64(1+rng.Intn(48)) << 20
+			if rng.Intn(4) == 0 {
+				size = uint64(1+rng.Intn(1000)) << 10
+			}
+			base = append(base, op{size: size})
+		}
+		type live struct {
+			p    device.Ptr
+			size uint64
+		}
+		var lives []live
+		var allocated uint64
+		check := func(step, i int) {
+			require.NoError(t, a.checkInvariants(), "seed %d step %d op %d", seed, step, i)
+			sorted := slices.Clone(lives)
+			slices.SortFunc(sorted, func(x, y live) int { return int(int64(x.p) - int64(y.p)) })
+			for j := 1; j < len(sorted); j++ {
+				require.LessOrEqual(t, uint64(sorted[j-1].p)+a.blockSize(sorted[j-1].p), uint64(sorted[j].p), "seed %d step %d op %d: overlap", seed, step, i)
+			}
+			require.Equal(t, allocated, a.Allocated(), "seed %d step %d op %d", seed, step, i)
+		}
+		busy := false
+		for step := 0; step < 14; step++ {
+			a.StepBoundary()
+			if busy {
+				d.SetStreamBusy(9, false)
+				busy = false
+			}
+			switch step {
+			case 6:
+				a.SetBudget(0) // no budget: plans retire
+			case 7:
+				a.SetBudget(budget)
+			case 10:
+				// A limit (the fake device's busy stream blocks the
+				// synchronization that would make memory freed on other
+				// streams reusable, so no busy stream from here on).
+				require.NoError(t, a.SetLimit(uint64(float64(budget)*(1+slack)) + 256<<20))
+			}
+			for i, o := range base {
+				if rng.Intn(20) == 0 {
+					continue // dropped this step
+				}
+				if o.freeN > 0 {
+					if len(lives) == 0 {
+						continue
+					}
+					j := (o.freeN * 7) % len(lives)
+					x := lives[j]
+					if rng.Intn(15) == 0 && !busy && step < 9 {
+						require.NoError(t, a.RecordStream(x.p, 9))
+						d.SetStreamBusy(9, true)
+						busy = true
+					}
+					allocated -= a.blockSize(x.p)
+					require.NoError(t, a.Free(x.p))
+					lives = slices.Delete(lives, j, j+1)
+				} else {
+					s := device.Stream(1)
+					if rng.Intn(10) == 0 {
+						s = 2
+					}
+					size := o.size
+					if rng.Intn(25) == 0 {
+						size = uint64(1+rng.Intn(48)) << 20 // another request
+					}
+					var used uint64
+					for _, x := range lives {
+						used += x.size
+					}
+					for used+size > budget && len(lives) > 0 { // the engine evicts to stay at the budget
+						x := lives[0]
+						allocated -= a.blockSize(x.p)
+						require.NoError(t, a.Free(x.p))
+						used -= x.size
+						lives = lives[1:]
+					}
+					p, err := a.Malloc(size, s)
+					require.NoError(t, err)
+					require.GreaterOrEqual(t, a.blockSize(p), roundSize(size))
+					allocated += a.blockSize(p)
+					lives = append(lives, live{p, size})
+				}
+				if i%25 == 0 {
+					check(step, i)
+				}
+			}
+			if step == 4 && !busy {
+				require.NoError(t, a.EmptyCache())
+			}
+			keep := rng.Intn(4) // a few blocks live across the boundary
+			for len(lives) > keep {
+				x := lives[len(lives)-1]
+				allocated -= a.blockSize(x.p)
+				require.NoError(t, a.Free(x.p))
+				lives = lives[:len(lives)-1]
+			}
+			check(step, -1)
+		}
+		for _, x := range lives {
+			require.NoError(t, a.Free(x.p))
+		}
+		d.SetStreamBusy(9, false)
+		require.NoError(t, a.EmptyCache())
+		require.NoError(t, a.checkInvariants())
+		st := a.Stats()
+		require.Zero(t, st["allocated_bytes.all.current"])
+		require.Zero(t, st["reserved_bytes.all.current"])
+		if testing.Verbose() {
+			t.Logf("seed %d slack %.1f: %d plans (%d reused), %d placed, %d missed, %d remapped", seed, slack,
+				st["num_step_plans"], st["num_step_plans_reused"], st["num_step_plan_placed"], st["num_step_plan_missed"], st["num_remap"])
+		}
+	}
+}
