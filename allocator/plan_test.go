@@ -270,7 +270,7 @@ func TestStepPlanProperty(t *testing.T) {
 				// A limit (the fake device's busy stream blocks the
 				// synchronization that would make memory freed on other
 				// streams reusable, so no busy stream from here on).
-				require.NoError(t, a.SetLimit(uint64(float64(budget)*(1+slack)) + 256<<20))
+				require.NoError(t, a.SetLimit(uint64(float64(budget)*(1+slack))+256<<20))
 			}
 			for i, o := range base {
 				if rng.Intn(20) == 0 {
