@@ -89,11 +89,10 @@ func runStorm(t *testing.T, st sweepTrace, ratio float64, cfg stormConfig) storm
 // memory up to the limit), the steady steps of ResNet-32 (50 %, 30 %) and the Transformer
 // (50 %) remap nothing, and over all the runs the budget remaps at most two
 // thirds as many granules as the storm. Told where steps begin as well
-// (StepBoundary: step plans), steps 3-4 of ResNet-32, LSTM (50 %, 30 %),
-// the Transformer and DenseNet (50 %) remap nothing with reserved within
-// 1.1 x the budget (step 2 moves memory into the plan's layout), and the
-// steps 3-4 of all the runs remap at most half as many granules as best
-// fit. With
+// (StepBoundary: step plans), steps 3-4 of every run but U-Net at 30 %
+// remap nothing with reserved within 1.1 x the budget (step 2 moves memory
+// into the plan's layout), and the steps 3-4 of all the runs remap at most
+// a tenth as many granules as best fit. With
 // MEMSCALE_STORM_OUT set it also sweeps the slack and writes the table:
 //
 //	MEMSCALE_STORM_OUT=$PWD/storm.md go test ./replay -run TestRemapStorm -count=1
@@ -116,7 +115,8 @@ func TestRemapStorm(t *testing.T) {
 	// planZero those whose steps 3-4 must not remap with step boundaries
 	// (step 2 may move memory into the plan's layout).
 	zero := map[string]bool{"resnet32/50%": true, "resnet32/30%": true, "transformer/50%": true}
-	planZero := map[string]bool{"resnet32/50%": true, "resnet32/30%": true, "transformer/50%": true, "lstm/50%": true, "lstm/30%": true, "tv_densenet121/50%": true}
+	planZero := map[string]bool{"resnet32/50%": true, "resnet32/30%": true, "transformer/50%": true, "lstm/50%": true, "lstm/30%": true,
+		"tv_densenet121/50%": true, "tv_densenet121/30%": true, "transformer/30%": true, "unet/50%": true}
 	var runs []stormRun
 	var stormTotal, toldTotal int64
 	var toldLate, plannedLate int64 // steps 3-4
@@ -169,7 +169,7 @@ func TestRemapStorm(t *testing.T) {
 	t.Logf("steady-state remapped granules, all runs: %d without the budget, %d told it", stormTotal, toldTotal)
 	require.Less(t, 3*toldTotal, 2*stormTotal, "the budget spares a third of the remaps at least")
 	t.Logf("remapped granules in steps 3-4, all runs: %d told the budget, %d with step boundaries", toldLate, plannedLate)
-	require.Less(t, 2*plannedLate, toldLate, "step plans spare half of the steady remaps at least")
+	require.Less(t, 10*plannedLate, toldLate, "step plans spare nine tenths of the steady remaps at least")
 	if out != "" {
 		require.NoError(t, os.WriteFile(out, []byte(stormTable(runs)), 0o644))
 	}
@@ -180,10 +180,19 @@ func TestRemapStorm(t *testing.T) {
 // peak reserved over the budget and the malloc latency.
 func stormTable(runs []stormRun) string {
 	var b strings.Builder
-	b.WriteString("| trace | budget | allocator | remapped granules, steps 2 / 3 / 4 | max share of granules mapped, steps 2-4 | steps 3-4 | peak reserved / budget | target met (2-4 / 3-4) | malloc p99 (sim), step 2 / steps 3-4 | granules mapped, map calls per step, step 2 / steps 3-4 (max) |\n")
+	b.WriteString("| trace | budget | allocator | remapped granules, steps 2 / 3 / 4 | max share of granules mapped, steps 2-4 | steps 3-4 | peak reserved / budget, steps 1-4 / 3-4 | target met (2-4 / 3-4) | malloc p99 (sim), step 2 / steps 3-4 | granules mapped, map calls per step, step 2 / steps 3-4 (max) |\n")
 	b.WriteString("|---|---:|---|---:|---:|---:|---:|---|---:|---:|\n")
 	for _, r := range runs {
 		_, share, reserved := r.steady()
+		var res2, res3 float64 // peak reserved over steps 2-4 and 3-4
+		for i, s := range r.steps {
+			if i >= 1 {
+				res2 = max(res2, float64(s.PeakReserved)/float64(r.budget))
+			}
+			if i >= 2 {
+				res3 = max(res3, float64(s.PeakReserved)/float64(r.budget))
+			}
+		}
 		var late float64
 		var p99, p99late, calls, maps, calls2, maps2 int64
 		var per []string
@@ -199,15 +208,15 @@ func stormTable(runs []stormRun) string {
 				calls2, maps2 = s.MapCalls, s.Maps
 			}
 		}
-		met := func(sh float64) string {
+		met := func(sh, reserved float64) string {
 			if sh <= 0.01 && reserved <= 1.1+1e-3 {
 				return "yes"
 			}
 			return "no"
 		}
-		fmt.Fprintf(&b, "| %s | %.0f %% (%.2f GiB) | %s | %s | %.2f %% | %.2f %% | %.3f | %s / %s | %.1f / %.1f us | %d, %d / %d, %d |\n",
-			r.trace, 100*r.ratio, float64(r.budget)/(1<<30), r.cfg.name, strings.Join(per, " / "), 100*share, 100*late, reserved,
-			met(share), met(late), float64(p99)/1e3, float64(p99late)/1e3, maps2, calls2, maps, calls)
+		fmt.Fprintf(&b, "| %s | %.0f %% (%.2f GiB) | %s | %s | %.2f %% | %.2f %% | %.3f / %.3f | %s / %s | %.1f / %.1f us | %d, %d / %d, %d |\n",
+			r.trace, 100*r.ratio, float64(r.budget)/(1<<30), r.cfg.name, strings.Join(per, " / "), 100*share, 100*late, reserved, res3,
+			met(share, res2), met(late, res3), float64(p99)/1e3, float64(p99late)/1e3, maps2, calls2, maps, calls)
 	}
 	return b.String()
 }
