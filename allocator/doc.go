@@ -119,11 +119,12 @@
 // Told where steps begin (StepBoundary; C ABI memscale_step_boundary), the
 // allocator records each step's large-pool requests (rounded size, stream,
 // allocation and free times) and, at the boundary, places them offline with
-// every lifetime known (greedy: largest first, each at the lowest offset free
-// for its whole lifetime; other orders are searched when the plan is within
-// 5 % of the bound). The next step's n-th request of a size and stream goes
-// to the offset of the plan's n-th one, in a plan segment whose free memory
-// best fit never sees; anything else falls back to best fit. While steps are
+// every lifetime known (greedy: largest first, each at the lowest offset
+// free for its whole lifetime; a plan within 1.25x the bound is improved by
+// a search: squeaky-wheel rounds, then other orders). The next step's n-th
+// request of a size and stream goes to the offset of the plan's n-th one, in
+// a plan segment whose free memory best fit never sees; anything else falls
+// back to best fit. While steps are
 // recorded, large blocks are split to their rounded size, so the engine's
 // usage, and with it the next step's requests, do not depend on placement.
 // A plan is used when its span plus the step's other memory fits the cache
