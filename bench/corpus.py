@@ -113,7 +113,11 @@ def run(script: str, threshold: str | None, timeout: float = 900) -> Run:
             cmd = [sys.executable, "-m", "memscale", "run", "--threshold", threshold, "--summary-json", str(summary),
                    *target]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        try:
+            proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired as exc:  # a row that says so, not a crash of the whole table
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return Run(out, {}, time.perf_counter() - t0, None, f"timed out after {timeout:.0f} s")
         seconds = time.perf_counter() - t0
         files = {p.name: p.read_bytes() for p in sorted(save.iterdir())}
         error = None

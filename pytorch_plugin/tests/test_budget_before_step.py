@@ -83,6 +83,11 @@ def test_a_step_below_its_measured_floor_fails_before_it_runs(monkeypatch: pytes
     assert f"The least threshold that can work: MEMSCALE_EVICTION_THRESHOLD={err.value.floor}" in message, message
     assert "step 1, with the same argument shapes, ran whole" in message, message
     assert "this one was not started" in message and "threshold_backward" in message, message
+    assert summary.baseline_peak is not None
+    from memscale.config import format_bytes
+
+    # ... and a threshold that works: the measured step's peak, with nothing evicted
+    assert f"step 1 ran with nothing evicted at its peak of {format_bytes(summary.baseline_peak)}" in message, message
 
 
 def test_the_least_threshold_the_error_names_trains(monkeypatch: pytest.MonkeyPatch) -> None:

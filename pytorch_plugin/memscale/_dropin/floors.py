@@ -91,6 +91,7 @@ class Floor:
     whole: bool  # measured by a step that ran to its end (else: up to where it failed)
     parts: Mapping[str, Any]
     module: weakref.ref[Any]
+    peak: int = 0  # the step's peak, when it ran whole with nothing evicted (a budget that works; 0: not known)
 
 
 def _parts_text(parts: Mapping[str, Any]) -> str:
@@ -102,6 +103,13 @@ def _parts_text(parts: Mapping[str, Any]) -> str:
     if parts.get("op_bytes"):
         words.append(f"{format_bytes(int(parts['op_bytes']))} at {op or 'one op'}")
     return f": {' + '.join(words)}" if words else ""
+
+
+def _peak_text(floor: Floor) -> str:
+    """Where the floor's step ran with nothing evicted: a threshold that works ("" when not known)."""
+    if floor.peak <= floor.nbytes:
+        return ""
+    return f"; step {floor.step} ran with nothing evicted at its peak of {format_bytes(floor.peak)}"
 
 
 def _least(floor: int, source: str) -> str:
@@ -124,7 +132,7 @@ class Floors:
     @staticmethod
     def shape(module: Any, args: Any, positional: Any) -> Shape:
         """A step's shape: ``module`` and its first forward's arguments,
-        ``args`` = ``(args, kwargs)``, or where those are not known its
+        ``args`` = ``(args, kwargs)`` (or the Trainer's batch), or where those are not known its
         ``positional`` arguments alone (neither: a step that is not checked)."""
         if module is None:
             return Shape(None, None)
@@ -134,19 +142,22 @@ class Floors:
             # a step whose keyword arguments were not seen (the first).
             unseen = None if _has_tensor(args[1]) else signature(module, (args[0], _UNSEEN))
             return Shape(key, unseen)
+        if args is not None:  # another form (the Trainer's batch)
+            return Shape(signature(module, args), None)
         if positional is None:
             return Shape(None, None)
         return Shape(signature(module, (positional, _UNSEEN)), None)
 
     def measured(self, key: Hashable | None, module: Any, nbytes: int, step: int, whole: bool,
-                 parts: Mapping[str, Any] | None) -> None:
-        """A tracked step of shape ``key`` measured ``nbytes`` as its floor."""
+                 parts: Mapping[str, Any] | None, peak: int = 0) -> None:
+        """A tracked step of shape ``key`` measured ``nbytes`` as its floor
+        (``peak``: its peak, when it ran whole with nothing evicted, else 0)."""
         if key is None or nbytes <= 0:
             return
         known = self._floors.get(key)
         if known is not None and known.module() is module and known.nbytes <= nbytes:
             return
-        self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module))
+        self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module), peak if whole else 0)
 
     def check(self, shape: Shape, module: Any, budget: int, source: str) -> None:
         """Raise :class:`BudgetBelowFloorError` when a step of ``shape`` is
@@ -168,6 +179,6 @@ class Floors:
             f"at least {format_bytes(floor.nbytes)}: step {floor.step}, with the same argument shapes, {how} and "
             f"had that much resident at once{_parts_text(floor.parts)}; no budget below it can run the step, and "
             f"this one was not started. The least threshold that can work: {_least(floor.nbytes, source)} "
-            f"({format_bytes(floor.nbytes)})",
+            f"({format_bytes(floor.nbytes)}, a lower bound{_peak_text(floor)})",
             floor.nbytes,
         )

@@ -214,11 +214,10 @@ class Steps:
                 self._region = self._make_region(module if module is not None else self.module)
         region = self._region
         keyed = module if module is not None else self.module
-        self._floor_module = keyed
         shape = Floors.shape(keyed, args, positional)
-        self._floor_key = shape.key
         if not self._warmup and region is not self._baseline_region:
             self.floors.check(shape, keyed, region.budget, region.budget_source)
+        self._floor_key, self._floor_module = shape.key, keyed
         self._signature = None
         if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
             if region is not self._baseline_region:
@@ -327,8 +326,10 @@ class Steps:
         """The floor of the step that ended (``shape``: its key and module;
         ``stats``: its engine's), measured."""
         key, module = shape
+        evicted = any(int(stats.get(name, 0) or 0) for name in ("evictions", "swaps_out"))
         self.floors.measured(
-            key, module, int(stats.get("min_budget", 0) or 0), self._steps + 1, whole, stats.get("min_budget_parts")
+            key, module, int(stats.get("min_budget", 0) or 0), self._steps + 1, whole, stats.get("min_budget_parts"),
+            peak=0 if evicted else int(stats.get("peak_usage", 0) or 0),
         )
 
     def _baseline_budget(self, peak: int) -> Budget:
