@@ -55,12 +55,12 @@ type Config struct {
 	// DefaultBudgetSlack; a negative value ignores the budget (the bound is
 	// CacheSlack's alone). Ignored with a negative CacheSlack or without VMM.
 	BudgetSlack float64
-	// NoStepPlan turns step plans off: StepBoundary then only counts
-	// steps. With step plans on (the default), an expandable-segment
-	// allocator that knows a DTR budget and is told where steps begin
-	// (StepBoundary) places each step's large requests by a plan computed
-	// from the step before, when the plan fits the budget's cache bound
-	// (plan.go).
+	// NoStepPlan turns step plans off: StepBoundary then does nothing
+	// (as without VMM). With step plans on (the default), an
+	// expandable-segment allocator that knows a DTR budget and is told where
+	// steps begin (StepBoundary) places each step's large requests by a plan
+	// computed from the step before, when the plan fits the budget's cache
+	// bound or needs at most 1.2 times it (plan.go).
 	NoStepPlan bool
 }
 

@@ -21,16 +21,19 @@ import (
 // (rounded size, stream, when each was allocated and freed) and, at the
 // boundary, computes a placement of the step's requests with every lifetime
 // known: a greedy offline dynamic-storage-allocation plan (largest first,
-// each at the lowest offset free for its whole lifetime), per stream, in an
-// expandable segment of its own. The next step places the request that
-// is the n-th of its rounded size and stream at the offset of the plan's n-th
-// such request, if that
-// range is still free; any other request falls back to best fit in the
-// ordinary segments, which never see the plan segments' free memory. A plan
-// is used only when its span plus the peak of the other memory of the step
-// fits the cache bound (budget x (1 + BudgetSlack)); otherwise best fit runs
-// as without a boundary. A step whose requests are those of the step before
-// reuses its plan as it is (no recomputation, no remapping).
+// each at the lowest offset free for its whole lifetime; searchPlan improves
+// a plan that does not fit), per stream, in an expandable segment of its own
+// (the stream's idle segment when it has one). The next step places the
+// n-th request of a rounded size and stream at the offset of the plan's n-th
+// such request if that range is still free; any other request falls back to
+// best fit in the ordinary segments, which never see the plan segments' free
+// memory. A plan is used when its span plus the peak of the step's other
+// memory fits the cache bound (budget x (1 + BudgetSlack)), or needs at most
+// planOver times it: then the granules the plan cannot hold at once are
+// remapped within the step (stealPlanned), and the plan is dropped if that
+// costs more than best fit did. Otherwise best fit runs as without a
+// boundary. A step whose requests are those of the step before reuses its
+// plan as it is (no recomputation, no remapping).
 
 // maxPlanRecords bounds the large requests recorded per step; a longer step
 // gets no plan.
