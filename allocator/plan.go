@@ -96,6 +96,7 @@ type stepPlans struct {
 	fails, skip int
 
 	steps, built, reused, placedN, missedN int64
+	stepPlaced, stepMissed                 int64 // this step's
 	lastSpan, lastNeed                     uint64
 }
 
@@ -156,6 +157,7 @@ func (a *Allocator) StepBoundary() {
 		p.overSkip-- // one boundary without a plan over the bound
 	}
 	p.remaps0 = a.cnt.remaps
+	p.stepPlaced, p.stepMissed = 0, 0
 	p.step++
 	p.recs = p.recs[:0]
 	p.t = 0
@@ -201,8 +203,12 @@ func (a *Allocator) buildPlan(bound uint64) {
 		a.retirePlans()
 		return
 	}
-	// The same requests as the plan in force: keep it.
-	if p.active && samePlan(p.plan, p.recs) && len(p.segs) == len(p.spans) {
+	// The same requests as the plan in force, or nearly (at most one in
+	// planKeepMiss of the step's large requests missed the plan): keep it.
+	// Steps whose engine choices vary a little (op costs measured on the
+	// device) would otherwise get a new layout, and move memory, each step.
+	if p.active && len(p.segs) == len(p.spans) &&
+		(samePlan(p.plan, p.recs) || p.stepMissed*planKeepMiss <= p.stepPlaced) {
 		p.reused++
 		return
 	}
@@ -325,6 +331,10 @@ func samePlan(plan, recs []planRec) bool {
 	}
 	return true
 }
+
+// planKeepMiss: a plan whose step missed it for at most one large request
+// in this many is kept as it is.
+const planKeepMiss = 50
 
 // planSearchWork caps the pair checks (tries x requests^2) that a plan
 // search spends when the first plan does not fit.
@@ -618,6 +628,7 @@ func (a *Allocator) planPlace(r uint64, s device.Stream) *block {
 	q := p.byKey[planKey{r, s}]
 	if q == nil || q.next >= len(q.idx) {
 		p.missedN++
+		p.stepMissed++
 		return nil
 	}
 	e := &p.plan[q.idx[q.next]]
@@ -625,14 +636,17 @@ func (a *Allocator) planPlace(r uint64, s device.Stream) *block {
 	seg := p.segs[s]
 	if !e.placed || seg == nil {
 		p.missedN++
+		p.stepMissed++
 		return nil
 	}
 	b := a.takeRange(seg, seg.base+device.Ptr(e.off), r)
 	if b == nil {
 		p.missedN++
+		p.stepMissed++
 		return nil
 	}
 	p.placedN++
+	p.stepPlaced++
 	return b
 }
 
