@@ -126,7 +126,12 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         out["memscale_library"] = str(inst.library)
     boundary = None
     if a.worker == "fresh-plan":
-        lib = ctypes.CDLL(str(_common.library_path()))  # the library memscale loaded: the same handle
+        try:  # the handle memscale itself loaded
+            from memscale._native import lib as _native
+
+            lib = _native.lib()
+        except Exception:  # noqa: BLE001 - the same file by path (dlopen returns the same handle)
+            lib = ctypes.CDLL(str(_common.library_path()))
         if not hasattr(lib, "memscale_step_boundary"):
             raise RuntimeError(f"{_common.library_path()} has no memscale_step_boundary (older build)")
         lib.memscale_step_boundary.argtypes = [ctypes.c_int]
