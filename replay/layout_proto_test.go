@@ -152,7 +152,7 @@ func offlineSpan(events []stepEvent) (span, peak uint64) {
 // offline plan of its large requests with every lifetime known. When the
 // plan's span fits budget x 1.1, a layout replaying such a plan each step
 // would remap nothing. (It is an upper bound of the best plan, not a lower
-// one: the step plans' search, allocator/plan.go, finds plans 5-16 % smaller
+// one: the step plans' search, allocator/plan.go, finds plans up to 12 % smaller
 // than these three greedy orders.)
 //
 //	MEMSCALE_LAYOUT_BOUND_OUT=$PWD/bound.md go test ./replay -run TestLayoutOfflineBound -count=1 -v
