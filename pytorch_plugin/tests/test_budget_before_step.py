@@ -197,3 +197,23 @@ def test_a_floor_measured_without_keyword_arguments_bounds_only_steps_without_ke
     floors.measured(kw.key, model, 2000, 3, True, {})
     with pytest.raises(BudgetBelowFloorError, match=r"at least 1\.95 KiB: step 3"):
         floors.check(kw, model, 1999, "test")
+
+
+def test_an_op_whose_results_view_its_input_is_predicted_to_allocate_nothing() -> None:
+    """``unsafe_split`` (LSTMCell's gates) returns views its schema does not
+    declare: predicted from their meta storages, each chunk counted the whole
+    input, the LBFGS LSTM of the corpus asked 4x its input's bytes of room at
+    its measured floor and failed there. An ``out=`` tensor resized still counts."""
+    from memscale._region.arguments import OutputSizes
+    from memscale._region.schema import OpInfo
+
+    sizes = OutputSizes()
+
+    def predict(func: object, args: list[object], kwargs: dict[str, object] | None = None) -> int:
+        return sizes.predict(func, OpInfo(func, False), args, kwargs or {})[1]
+
+    x = torch.randn(48, 180, dtype=torch.float64)
+    assert predict(torch.ops.aten.unsafe_split.Tensor, [x, 45, 1]) == 0
+    assert predict(torch.ops.aten.mm.default, [torch.randn(3, 4), torch.randn(4, 5)]) == 3 * 5 * 4
+    assert predict(torch.ops.aten.arange.start_out, [0, 100], {"out": torch.empty(0)}) == 100 * 4
+    assert predict(torch.ops.aten.cat.out, [[torch.randn(10), torch.randn(10)]], {"out": torch.empty(20)}) == 0

@@ -289,9 +289,10 @@ class OutputSizes:
             meta_kwargs = {k: _to_meta(x) for k, x in kwargs.items()}
             if info.factory:
                 meta_kwargs["device"] = "meta"
+            inputs = _input_storages([*meta_args, *meta_kwargs.values()])
             flat: list[_Tensor] = []
             flatten_tensors(func(*meta_args, **meta_kwargs), flat)
-            meta = sum(o.untyped_storage().nbytes() for o in flat)
+            meta = _fresh_bytes(flat, inputs)
         except Exception:  # no meta kernel, data-dependent shape: learn from the real run
             meta = 0
         nbytes = math.ceil(meta * self._scale.get(func, 1.0))
@@ -339,6 +340,37 @@ def _signature(x: Any) -> Any:
     if t in _BY_VALUE:
         return x
     return t
+
+
+def _input_storages(inputs: list[Any]) -> dict[int, int]:
+    """The storages of the tensors in ``inputs`` (nested in lists and tuples): id -> bytes."""
+    found: dict[int, int] = {}
+    stack = list(inputs)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, _Tensor):
+            storage = x.untyped_storage()
+            found[storage._cdata] = storage.nbytes()
+        elif type(x) in (list, tuple):
+            stack.extend(x)
+    return found
+
+
+def _fresh_bytes(outputs: list[_Tensor], inputs: dict[int, int]) -> int:
+    """Bytes of the distinct storages among ``outputs``, those of ``inputs``
+    (id -> bytes before the op) counted by what they grew: an output viewing
+    an input (``unsafe_split``'s chunks, which no alias annotation declares)
+    allocates nothing, an ``out=`` tensor resized allocates its new size."""
+    seen: set[int] = set()
+    total = 0
+    for o in outputs:
+        storage = o.untyped_storage()
+        key = storage._cdata
+        if key in seen:
+            continue
+        seen.add(key)
+        total += max(0, storage.nbytes() - inputs[key]) if key in inputs else storage.nbytes()
+    return total
 
 
 def _to_meta(x: Any) -> Any:
