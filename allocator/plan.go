@@ -87,6 +87,9 @@ type stepPlans struct {
 	byKey map[planKey]*planQueue
 	segs  map[device.Stream]*segment
 	spans map[device.Stream]uint64
+	// shift is where each stream's plan starts in its segment (a whole
+	// number of granules): where the segment has the most memory mapped.
+	shift map[device.Stream]uint64
 	uses  map[device.Stream]planUses // per granule, when the plan places into it
 	cands []stealCand                // stealPlanned's scratch
 	free  *btree.BTreeG[*block]      // free blocks of plan segments, by stream and address
@@ -105,6 +108,7 @@ func newStepPlans() *stepPlans {
 		fitRemaps: -1,
 		segs:      make(map[device.Stream]*segment),
 		spans:     make(map[device.Stream]uint64),
+		shift:     make(map[device.Stream]uint64),
 		free:      btree.NewG(btreeDegree, addrLess),
 	}
 }
@@ -295,6 +299,9 @@ func (a *Allocator) buildPlan(bound uint64) {
 			return
 		}
 		p.segs[s] = seg
+	}
+	for _, s := range streams {
+		p.shift[s] = a.bestShift(p.segs[s], spans[s])
 	}
 	p.fails, p.skip = 0, 0
 	p.plan, p.spans, p.active = next, spans, true
@@ -639,7 +646,7 @@ func (a *Allocator) planPlace(r uint64, s device.Stream) *block {
 		p.stepMissed++
 		return nil
 	}
-	b := a.takeRange(seg, seg.base+device.Ptr(e.off), r)
+	b := a.takeRange(seg, seg.base+device.Ptr(p.shift[s]+e.off), r)
 	if b == nil {
 		p.missedN++
 		p.stepMissed++
@@ -756,25 +763,29 @@ func (a *Allocator) stealBeyondPlans(hs []device.Handle, k int, plan *growPlan) 
 			break
 		}
 		seg := p.segs[s]
-		end := seg.base + device.Ptr(alignUp(p.spans[s], a.gran))
+		start := seg.base + device.Ptr(p.shift[s])
+		end := start + device.Ptr(alignUp(p.spans[s], a.gran))
 		// Top down: the highest free granules first.
 		var cands []*block
 		for b := seg.head; b != nil; b = b.next {
-			if b.state == stateFree && b.end() > end && !plan.touches(b) && a.ready(b) {
+			if b.state == stateFree && (b.end() > end || b.addr < start) && !plan.touches(b) && a.ready(b) {
 				cands = append(cands, b)
 			}
 		}
 		for i := len(cands) - 1; i >= 0 && len(hs) < k; i-- {
 			b := cands[i]
 			lo, hi := a.wholeGranules(b)
-			lo = max(lo, end)
-			if hi <= lo {
-				continue
-			}
-			take := min(k-len(hs), int((hi-lo)/g))
-			var err error
-			if hs, err = a.unmapFree(b, take, hs, true); err != nil {
-				return hs, err
+			// The part above the plan first, then the part below it
+			// (carving keeps the lower part of b as b).
+			for _, r := range [2][2]device.Ptr{{max(lo, end), hi}, {lo, min(hi, start)}} {
+				if r[1] <= r[0] || len(hs) >= k {
+					continue
+				}
+				take := min(k-len(hs), int((r[1]-r[0])/g))
+				var err error
+				if hs, err = a.unmapFreeRange(b, r[1]-device.Ptr(take)*g, r[1], hs, true); err != nil {
+					return hs, err
+				}
 			}
 		}
 	}
@@ -857,7 +868,11 @@ func (a *Allocator) stealPlanned(hs []device.Handle, k int, plan *growPlan) ([]d
 			if near(b, at) {
 				continue
 			}
-			c := stealCand{b, at, u.nextUse(int(uint64(at-b.seg.base)/a.gran), p.t)}
+			next := int32(math.MaxInt32)
+			if rel := int64(at-b.seg.base) - int64(p.shift[b.stream]); rel >= 0 {
+				next = u.nextUse(int(uint64(rel)/a.gran), p.t)
+			}
+			c := stealCand{b, at, next}
 			if len(h) < n {
 				heap.Push(&h, c)
 			} else if len(h) > 0 && h.less(h[0], c) {
@@ -921,4 +936,35 @@ func (h *stealHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// bestShift is where in seg a plan of span bytes should start: the whole
+// number of granules at which the plan's range holds the most granules
+// mapped now (the lowest such), so that the memory the step used is moved
+// as little as possible.
+func (a *Allocator) bestShift(seg *segment, span uint64) uint64 {
+	n := len(seg.handles)
+	w := int(alignUp(span, a.gran) / a.gran)
+	if seg.mapped == 0 || w >= n {
+		return 0
+	}
+	cur := 0
+	for i := 0; i < w; i++ {
+		if seg.handles[i] != 0 {
+			cur++
+		}
+	}
+	best, at := cur, 0
+	for i := w; i < n; i++ {
+		if seg.handles[i] != 0 {
+			cur++
+		}
+		if seg.handles[i-w] != 0 {
+			cur--
+		}
+		if cur > best {
+			best, at = cur, i-w+1
+		}
+	}
+	return uint64(at) * a.gran
 }
