@@ -67,3 +67,12 @@ class CUDAAlreadyInitializedError(InstallError):
 class AlreadyInstalledError(InstallError):
     """``install()`` was called again with different settings, or another
     pluggable allocator is already current."""
+
+
+class BudgetBelowFloorError(MemscaleError):
+    """A training step's budget is below the floor a step of the same shapes
+    measured; raised before the step ran. ``floor``: that least budget, bytes."""
+
+    def __init__(self, message: str, floor: int) -> None:
+        super().__init__(message)
+        self.floor = floor

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import memscale
-from memscale._dropin.floors import BudgetBelowFloorError
+from memscale.errors import BudgetBelowFloorError
 
 from _helpers import require_engine, steady_clock
 

@@ -38,8 +38,10 @@ import torch
 
 from .._allocator.budget import THRESHOLD_ENV, THRESHOLD_FLAG
 from ..config import format_bytes
-from ..errors import MemscaleError
+from ..errors import BudgetBelowFloorError
 from .fitting import signature
+
+__all__ = ["BudgetBelowFloorError", "Floors", "Shape"]
 
 #: What each part of the engine's ``min_budget_parts`` is, in the error's words.
 _PARTS: Final[tuple[tuple[str, str], ...]] = (
@@ -71,15 +73,6 @@ def _has_tensor(x: Any) -> bool:
     if isinstance(x, (list, tuple)):
         return any(_has_tensor(v) for v in x)
     return False
-
-
-class BudgetBelowFloorError(MemscaleError):
-    """A step's budget is below the floor a step of the same shape measured:
-    raised before the step ran (``floor``: the least budget in bytes)."""
-
-    def __init__(self, message: str, floor: int) -> None:
-        super().__init__(message)
-        self.floor = floor
 
 
 @dataclass(frozen=True)
