@@ -80,7 +80,7 @@ func (d *dtrHandle) sync() {
 	if d.eng == nil || d.status == nil {
 		return
 	}
-	st := d.eng.Stats()
+	st := d.eng.Status()
 	*d.status = C.memscale_dtr_status{
 		usage:         C.int64_t(st.Usage),
 		budget:        C.int64_t(st.Budget),

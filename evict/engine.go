@@ -314,6 +314,29 @@ func (e *Engine) Candidates() int { return e.sel.len() }
 // yet.
 func (e *Engine) Pending() int { return len(e.pending) - e.pendAt }
 
+// Status is the part of Stats a caller reads after every call (the C ABI's
+// status block): no formatting, no counting, nothing allocated.
+type Status struct {
+	Usage, Budget, PeakUsage uint64
+	BytesEvicted             uint64
+}
+
+// Status returns usage, budget, peak and bytes evicted exactly as Stats
+// reports them, at the cost of a few loads.
+func (e *Engine) Status() Status {
+	st := Status{Usage: e.Usage(), PeakUsage: e.peak, BytesEvicted: e.stats.BytesEvicted}
+	if e.cfg.Usage != nil {
+		st.PeakUsage = max(e.sampled, st.Usage)
+		if e.cfg.UsagePeak != nil {
+			st.PeakUsage = max(st.PeakUsage, e.cfg.UsagePeak())
+		}
+	}
+	if !e.cfg.Stress {
+		st.Budget = e.cfg.Budget
+	}
+	return st
+}
+
 // Stats returns the counters.
 func (e *Engine) Stats() Stats {
 	s := e.stats

@@ -437,3 +437,28 @@ func TestVictimCallback(t *testing.T) {
 	assert.Equal(t, []EvictReason{ReasonBudget, ReasonBanish}, got)
 	assert.False(t, errors.Is(nil, ErrNoEvictable))
 }
+
+// Status reports what Stats does for the fields the status block carries,
+// with a budget, after evictions, with an allocator's usage and in stress mode.
+func TestStatusMatchesStats(t *testing.T) {
+	var allocated uint64 = 12345
+	cases := []struct {
+		name string
+		cfg  Config
+	}{
+		{"budgeted", Config{Heuristic: LRU}},
+		{"allocator usage", Config{Heuristic: LRU, Usage: func() uint64 { return allocated }, UsagePeak: func() uint64 { return 99999 }}},
+		{"stress", Config{Heuristic: LRU, Stress: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, tc.cfg)
+			x := e.NewTensor(100, true)
+			chain(t, e, x, 5, 100)
+			e.SetBudget(350)
+			evictAll(t, e, 0)
+			s, st := e.Stats(), e.Status()
+			assert.Equal(t, Status{Usage: s.Usage, Budget: s.Budget, PeakUsage: s.PeakUsage, BytesEvicted: s.BytesEvicted}, st)
+		})
+	}
+}

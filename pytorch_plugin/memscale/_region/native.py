@@ -158,6 +158,7 @@ class NativeSession:
 
     def set_budget(self, budget: int) -> None:
         """Change the running entry's budget (bytes, 0 = unlimited)."""
+        self.native.flush()  # the registrations queued without a budget reach the engine first
         self.engine.set_budget(budget)
         self.native.set_budgeted(budget > 0 or bool(self.config.get("stress")))
 

@@ -35,6 +35,8 @@ const EngineAbi& EngineAbi::load(const std::string& path) {
   bind(handle, "memscale_dtr_tensor", abi.tensor, path);
   bind(handle, "memscale_dtr_call", abi.call, path);
   bind(handle, "memscale_dtr_op", abi.op, path);
+  bind(handle, "memscale_dtr_ops", abi.ops, path);
+  bind(handle, "memscale_dtr_name", abi.name, path);
   bind(handle, "memscale_dtr_mutate", abi.mutate, path);
   bind(handle, "memscale_dtr_lock", abi.lock, path);
   bind(handle, "memscale_dtr_unlock", abi.unlock, path);

@@ -37,6 +37,8 @@ struct EngineAbi {
   int64_t (*call)(int64_t h, const char* name, const int64_t* inputs, int32_t n_in, const int64_t* out_sizes,
                   const int32_t* out_alias, int32_t n_out, int64_t cost_ns, int32_t flags, int64_t* out_ids);
   int64_t (*op)(int64_t h, const char* name, int64_t* frame);
+  int64_t (*ops)(int64_t h, int64_t* frame);
+  int64_t (*name)(int64_t h, const char* name);
   int64_t (*mutate)(int64_t h, const char* name, const int64_t* inputs, int32_t n_in, const int32_t* mutated,
                     int32_t n_mut, int64_t cost_ns, int32_t flags, int64_t* out_ids);
   int (*lock)(int64_t h, int64_t t);

@@ -69,6 +69,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("usage_address") = 0, py::arg("verify") = false)
       .def("close", &Session::close, py::arg("ok"))
       .def("set_budgeted", &Session::set_budgeted)
+      .def("flush", &Session::flush)
       .def_property(
           "suspended", [](const Session& s) { return s.suspended.load(); },
           [](Session& s, bool on) { s.suspended.store(on); })

@@ -26,6 +26,7 @@ std::atomic<Session*> g_active{nullptr};
 
 constexpr int32_t kHandOut = 64;      // storages memscale_dtr_op hands back per call
 constexpr int32_t kEvictBatch = 256;  // victims per memscale_dtr_evict call
+constexpr int64_t kBatchOps = 64;     // registrations queued per memscale_dtr_ops crossing (no budget)
 constexpr int kMaxPlansPerCell = 64;
 constexpr int kNestedRestarts = 4;  // times the outermost rebuild starts over (see Session::rebuild)
 constexpr int64_t kScanExternalsEvery = 1024;
@@ -159,15 +160,15 @@ class Session::Held {
  public:
   explicit Held(Session& s) : s_(s) {}
   ~Held() {
-    for (int64_t id : ids_) s_.abi_.unlock(s_.h_, id);
+    for (int64_t id : ids_) s_.engine().unlock(s_.h_, id);
   }
   void lock(int64_t id) {
-    if (s_.abi_.lock(s_.h_, id) < 0) s_.fail("memscale_dtr_lock");
+    if (s_.engine().lock(s_.h_, id) < 0) s_.fail("memscale_dtr_lock");
     ids_.push_back(id);
   }
   bool empty() const { return ids_.empty(); }
   void release() {
-    for (int64_t id : ids_) s_.abi_.unlock(s_.h_, id);
+    for (int64_t id : ids_) s_.engine().unlock(s_.h_, id);
     ids_.clear();
   }
 
@@ -200,6 +201,7 @@ Session::~Session() {
 }
 
 void Session::set_budgeted(bool budgeted) {
+  flush();  // queued only without a budget; decisions under one need a current engine
   budgeted_ = budgeted;
   drain_at_ = budgeted ? 1 : drain_batch_;
 }
@@ -216,8 +218,30 @@ int64_t Session::usage_now() const {
 // ---------------------------------------------------------------- releases
 
 void Session::queue_release(const CellPtr& cell) {
+  // Without a budget the data goes the moment the last wrapper does, as a
+  // plain tensor's would: freed before the next op allocates, CPU allocators
+  // such as glibc's give the heap's top back and fault it in again (a 3 MiB
+  // output re-faulted per op). Only when no op of this session is under way
+  // on any thread: inside one the release waits for its end.
+  {
+    std::unique_lock<std::recursive_mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock() && busy_ == 0 && !closed_ && !budgeted_) {
+      release(cell);
+      return;
+    }
+  }
   std::lock_guard<std::mutex> guard(release_mu_);
   released_.push_back(cell);
+}
+
+void Session::release(const CellPtr& cell) {
+  if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) return;
+  cell->released = true;
+  release_ids_.push_back(cell->id);
+  auto it = groups_.find(cell->root);
+  if (it == groups_.end()) return;
+  Group& g = it->second;
+  if (--g.live <= 0 && !budgeted_) drop(g);  // the engine frees it anyway: drop the data now
 }
 
 void Session::take_releases() {
@@ -227,19 +251,12 @@ void Session::take_releases() {
     if (released_.empty()) return;
     batch.swap(released_);
   }
-  for (const CellPtr& cell : batch) {
-    if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) continue;
-    cell->released = true;
-    release_ids_.push_back(cell->id);
-    auto it = groups_.find(cell->root);
-    if (it == groups_.end()) continue;
-    Group& g = it->second;
-    if (--g.live <= 0 && !budgeted_) drop(g);  // the engine frees it anyway: drop the data now
-  }
+  for (const CellPtr& cell : batch) release(cell);
 }
 
 void Session::send_releases() {
   if (release_ids_.empty()) return;
+  if (batch_ops_ > 0) flush();  // before the frame is written: flush uses it too
   size_t n = release_ids_.size();
   size_t words = 6 + n;
   if (frame_.size() < std::max<size_t>(words, 1 + 2 * kHandOut)) frame_.resize(std::max<size_t>(words, 2 * kHandOut + 1) * 2);
@@ -299,7 +316,7 @@ void Session::evict(int64_t extra, const std::string& why) {
   int64_t ids[kEvictBatch];
   int32_t actions[kEvictBatch];
   while (true) {
-    int32_t n = abi_.evict(h_, extra, ids, actions, kEvictBatch);
+    int32_t n = engine().evict(h_, extra, ids, actions, kEvictBatch);
     if (n < 0) fail("memscale_dtr_evict" + (why.empty() ? std::string() : " " + why));
     if (n == 0) return;
     for (int32_t i = 0; i < n; ++i) carry_out(ids[i], actions[i]);
@@ -351,7 +368,7 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
     int32_t alias = 0;
     int64_t id = -1;
     int64_t base = root->second->id;
-    if (abi_.call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
+    if (engine().call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
     cell = c10::make_intrusive<Cell>(id, root->second->root, -1, t);
     cell->tensor = view_of(storage, *cell);
     Group& g = groups_.at(cell->root);
@@ -361,7 +378,7 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
     int64_t nbytes = static_cast<int64_t>(storage.nbytes());
     if (budgeted_ && nbytes) make_room(nbytes, "an external tensor");
     send_releases();
-    int64_t id = abi_.tensor(h_, nbytes, 1);
+    int64_t id = engine().tensor(h_, nbytes, 1);
     if (id < 0) fail("memscale_dtr_tensor");
     cell = c10::make_intrusive<Cell>(id, id, -1, t);
     cell->tensor = view_of(storage, *cell);
@@ -449,7 +466,7 @@ void Session::rebuild(const CellPtr& cell, Held& held) {
     } catch (const c10::Error& e) {
       if (!no_room(e) || restart == kNestedRestarts) throw;
       chain.assign(room_failed_.begin(), room_failed_.begin() + std::min<size_t>(room_failed_.size(), restart + 1));
-      if (abi_.abandon_plans(h_) <= 0) throw;
+      if (engine().abandon_plans(h_) <= 0) throw;
       counters_.nested_restarts++;
     }
   }
@@ -514,6 +531,7 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
     }
   }
   size_t n_rel = release_ids_.size();
+  if (batching()) return queue_call(f, in, out, cost, sizes, aliases, fresh, fresh_bytes);
   size_t words = 6 + n_rel + n_in + 2 * n_out;
   size_t need = std::max(words, n_out + 1 + 2 * kHandOut);
   if (frame_.size() < need) frame_.resize(need * 2);
@@ -540,11 +558,23 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
             static_cast<long long>(op_id), f.name.c_str(), n_in, n_out, n_rel,
             static_cast<long long>(status_->usage));
   }
+  std::vector<CellPtr> cells = make_cells(in, out, op_id, w, sizes, aliases);
+  int64_t handed = w[n_out];
+  // Copy the freed pairs out first: carrying them out does not touch the frame.
+  std::vector<int64_t> freed(w + n_out + 1, w + n_out + 1 + 2 * handed);
+  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+  *fresh_bytes = fresh;
+  return cells;
+}
+
+std::vector<CellPtr> Session::make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
+                                         const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases) {
+  const size_t n_out = out.tensors.size();
   std::vector<CellPtr> cells;
   cells.reserve(n_out);
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& o = out.tensors[k];
-    int64_t id = w[k];
+    int64_t id = ids[k];
     CellPtr cell;
     if (aliases[k] < 0) {
       cell = c10::make_intrusive<Cell>(id, id, op_id, o);
@@ -564,12 +594,68 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
     cell->session.store(this);
     cells.push_back(std::move(cell));
   }
-  int64_t handed = w[n_out];
-  // Copy the freed pairs out first: carrying them out does not touch the frame.
-  std::vector<int64_t> freed(w + n_out + 1, w + n_out + 1 + 2 * handed);
-  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+  return cells;
+}
+
+std::vector<CellPtr> Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+                                         const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases,
+                                         int64_t fresh, int64_t* fresh_bytes) {
+  // No decision waits on this op: its record is queued with the ids the
+  // engine will give it (they run in sequence; memscale_dtr_ops checks them).
+  if (batch_ops_ == 0) {
+    next_op_ = status_->next_op;
+    next_tensor_ = status_->next_tensor;
+  }
+  const size_t n_rel = release_ids_.size(), n_in = in.cells.size(), n_out = out.tensors.size();
+  const int64_t op_id = next_op_++;
+  const int64_t first = next_tensor_;
+  next_tensor_ += static_cast<int64_t>(n_out);
+  const int64_t header[8] = {name_id(f), static_cast<int64_t>(n_rel), static_cast<int64_t>(n_in),
+                             static_cast<int64_t>(n_out), cost, f.flags | (recording_ ? 0 : kNoRecompute), op_id,
+                             first};
+  batch_.insert(batch_.end(), header, header + 8);
+  batch_.insert(batch_.end(), release_ids_.begin(), release_ids_.end());
+  batch_.insert(batch_.end(), in.ids.begin(), in.ids.end());
+  batch_.insert(batch_.end(), sizes.begin(), sizes.end());
+  batch_.insert(batch_.end(), aliases.begin(), aliases.end());
+  release_ids_.clear();
+  ++batch_ops_;
+  if (trace_ops()) {
+    fprintf(stderr, "memscale native: op %lld %s in=%zu out=%zu released=%zu (queued)\n",
+            static_cast<long long>(op_id), f.name.c_str(), n_in, n_out, n_rel);
+  }
+  c10::SmallVector<int64_t, 4> ids;
+  for (size_t k = 0; k < n_out; ++k) ids.push_back(first + static_cast<int64_t>(k));
+  std::vector<CellPtr> cells = make_cells(in, out, op_id, ids.data(), sizes, aliases);
+  if (batch_ops_ >= kBatchOps) flush();
   *fresh_bytes = fresh;
   return cells;
+}
+
+void Session::flush() {
+  if (batch_ops_ == 0) return;
+  const size_t words = 2 + batch_.size();
+  const size_t need = std::max<size_t>(words, 1 + 2 * kHandOut);
+  if (frame_.size() < need) frame_.resize(need * 2);
+  int64_t* w = frame_.data();
+  w[0] = batch_ops_;
+  w[1] = kHandOut;
+  std::memcpy(w + 2, batch_.data(), batch_.size() * sizeof(int64_t));
+  batch_.clear();
+  batch_ops_ = 0;
+  if (abi_.ops(h_, w) < 0) fail("memscale_dtr_ops");
+  const int64_t handed = w[0];
+  std::vector<int64_t> freed(w + 1, w + 1 + 2 * handed);
+  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+}
+
+int64_t Session::name_id(const OpFacts& f) {
+  auto it = name_ids_.find(&f);
+  if (it != name_ids_.end()) return it->second;
+  int64_t id = abi_.name(h_, f.name.c_str());
+  if (id < 0) fail("memscale_dtr_name(" + f.name + ")");
+  name_ids_.emplace(&f, id);
+  return id;
 }
 
 void Session::wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells) {
@@ -760,6 +846,7 @@ void Session::check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& reb
 
 void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> guard(mu_);
+  Busy busy(*this);
   TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");
   take_releases();
   if (++ops_since_scan_ >= kScanExternalsEvery) {
@@ -948,7 +1035,7 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
     if (!new_root) {
       int64_t nbytes = static_cast<int64_t>(program.nbytes());
       send_releases();
-      int64_t id = abi_.tensor(h_, nbytes, 1);
+      int64_t id = engine().tensor(h_, nbytes, 1);
       if (id < 0) fail("memscale_dtr_tensor");
       Group& ng = groups_[id];
       ng.storage = program;
@@ -967,7 +1054,7 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
       int32_t alias = 0;
       int64_t id = -1;
       send_releases();
-      if (abi_.call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
+      if (engine().call(h_, "alias", &base, 1, &size, &alias, 1, 0, kNoRecompute, &id) < 0) fail("memscale_dtr_call(alias)");
       fresh = c10::make_intrusive<Cell>(id, new_root->root, -1, t);
       fresh->pinned = true;
       fresh->session.store(this);
@@ -1146,7 +1233,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
   send_releases();
   std::vector<int32_t> mutated(unique.begin(), unique.end());
   std::vector<int64_t> new_ids(unique.size());
-  int64_t op_id = abi_.mutate(h_, f.name.c_str(), in.ids.data(), static_cast<int32_t>(in.ids.size()), mutated.data(),
+  int64_t op_id = engine().mutate(h_, f.name.c_str(), in.ids.data(), static_cast<int32_t>(in.ids.size()), mutated.data(),
                               static_cast<int32_t>(mutated.size()), cost, f.flags, new_ids.data());
   if (op_id < 0) fail("memscale_dtr_mutate(" + f.name + ")");
   std::vector<CellPtr> versions;
@@ -1191,7 +1278,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
       size *= static_cast<int64_t>(alias->dtype.itemsize());
       int32_t zero = 0;
       int64_t id = -1;
-      int64_t view_op = abi_.call(h_, "alias", &b, 1, &size, &zero, 1, 0, recording_ ? 0 : kNoRecompute, &id);
+      int64_t view_op = engine().call(h_, "alias", &b, 1, &size, &zero, 1, 0, recording_ ? 0 : kNoRecompute, &id);
       if (view_op < 0) fail("memscale_dtr_call(alias)");
       CellPtr view = c10::make_intrusive<Cell>(id, fresh->root, view_op);
       view->sizes = alias->sizes;
@@ -1254,7 +1341,7 @@ void Session::materialize(const CellPtr& cell, Held& held) {
     send_releases();
     int32_t kinds[1024];
     int64_t ids[1024];
-    int32_t n = abi_.plan(h_, cell->id, kinds, ids, 1024);
+    int32_t n = engine().plan(h_, cell->id, kinds, ids, 1024);
     if (n < 0) fail("memscale_dtr_plan(" + std::to_string(cell->id) + ")");
     TORCH_CHECK(n <= 1024, "memscale.dtr: a rebuild plan of ", n, " steps is longer than the native region's 1024");
     TORCH_CHECK(n > 0 || groups_.at(cell->root).resident(), "memscale.dtr: the engine holds storage ", cell->root,
@@ -1283,7 +1370,7 @@ void Session::swap_in(int64_t root) {
     g.storage = g.host.to(device).storage();
   }
   g.host.reset();
-  if (abi_.swapped_in(h_, root) < 0) fail("memscale_dtr_swapped_in");
+  if (engine().swapped_in(h_, root) < 0) fail("memscale_dtr_swapped_in");
 }
 
 void Session::rerun(int64_t op_id) {
@@ -1301,7 +1388,7 @@ void Session::rerun(int64_t op_id) {
   if (r.kind == RerunKind::kView) {
     // Its base is resident now: the view is derived from it.
     for (const CellPtr& c : r.outputs) derive(c, true);
-    if (abi_.rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
+    if (engine().rematerialized(h_, op_id, 0) < 0) fail("memscale_dtr_rematerialized");
     return;
   }
   // Room for what the re-run allocates: its fresh results, and the scratch
@@ -1410,11 +1497,12 @@ void Session::rerun(int64_t op_id) {
       }
     }
   }
-  if (abi_.rematerialized(h_, op_id, cost) < 0) fail("memscale_dtr_rematerialized");
+  if (engine().rematerialized(h_, op_id, cost) < 0) fail("memscale_dtr_rematerialized");
 }
 
 at::Tensor Session::read(const CellPtr& cell) {
   std::lock_guard<std::recursive_mutex> guard(mu_);
+  Busy busy(*this);
   if (cell->session.load() != this || closed_) {
     TORCH_CHECK(cell->tensor.defined(),
                 "memscale.dtr: this tensor was evicted inside a memscale.dtr region that exited with an error; "
@@ -1434,13 +1522,14 @@ at::Tensor Session::read(const CellPtr& cell) {
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
   std::lock_guard<std::recursive_mutex> guard(mu_);
+  Busy busy(*this);
   std::vector<std::pair<at::Tensor, at::Tensor>> handed;
   if (closed_) return handed;
   try {
     take_releases();
     if (ok) {
       send_releases();
-      if (abi_.finish(h_) < 0) fail("memscale_dtr_finish");
+      if (engine().finish(h_) < 0) fail("memscale_dtr_finish");
       std::vector<CellPtr> escaping;
       for (auto& [root, g] : groups_) {
         for (const CellPtr& c : g.cells) {

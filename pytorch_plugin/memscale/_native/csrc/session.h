@@ -15,7 +15,9 @@
 //     to allocate (learned per op and argument shapes; predicted on the meta
 //     device the first time);
 //  5. the op runs on the real tensors, is registered (memscale_dtr_op: one
-//     call with the releases, handing back the storages the engine freed) and
+//     call with the releases, handing back the storages the engine freed;
+//     without a budget queued instead, kBatchOps records to a crossing of
+//     memscale_dtr_ops, the ids predicted from the status block) and
 //     recorded for re-runs; its results come back as wrappers;
 //  6. the budget loop runs when the engine's status block says it has work.
 //
@@ -90,6 +92,8 @@ class Session {
   std::vector<std::pair<at::Tensor, at::Tensor>> close(bool ok);
 
   void set_budgeted(bool budgeted);
+  // Sends the queued registrations (before Python calls the engine itself).
+  void flush();
   bool closed() const { return closed_; }
   const SessionCounters& counters() const { return counters_; }
 
@@ -114,6 +118,11 @@ class Session {
   void flatten_results(c10::IValue* results, size_t n, Outputs& out);
   std::vector<CellPtr> register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                      int64_t* fresh_bytes);
+  std::vector<CellPtr> queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+                                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases,
+                                  int64_t fresh, int64_t* fresh_bytes);
+  std::vector<CellPtr> make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
+                                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases);
   void wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells);
 
   // The paths of dispatch.
@@ -142,13 +151,21 @@ class Session {
   void rerun(int64_t op_id);
   void swap_in(int64_t root);
 
-  // The engine.
+  // The engine. engine() is the way to every entry point: it sends the
+  // queued registrations first, so the engine never answers from a past.
+  const EngineAbi& engine() {
+    if (batch_ops_ > 0) flush();
+    return abi_;
+  }
+  bool batching() const { return !budgeted_; }
+  int64_t name_id(const OpFacts& f);
   void after_op();
   void make_room(int64_t extra, const std::string& what);
   void evict(int64_t extra, const std::string& why);
   void carry_out(int64_t root, int32_t action);
   void drop(Group& g);
   void take_releases();
+  void release(const CellPtr& cell);  // mu_ held
   void send_releases();
   void release_expired_externals();
   int64_t usage_now() const;
@@ -165,6 +182,16 @@ class Session {
   bool closed_ = false;
 
   std::recursive_mutex mu_;
+  // Depth of dispatch/read/close under way (mu_ held): a wrapper dying inside
+  // them queues its release instead of changing the groups they walk.
+  int busy_ = 0;
+  struct Busy {
+    explicit Busy(Session& s) : s_(s) { ++s_.busy_; }
+    ~Busy() { --s_.busy_; }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+    Session& s_;
+  };
   std::unordered_map<int64_t, Group> groups_;
   std::unordered_map<int64_t, std::unique_ptr<RecordedOp>> ops_;
   std::unordered_map<const c10::TensorImpl*, External> externals_;
@@ -182,6 +209,12 @@ class Session {
   std::vector<CellPtr> released_;       // queued by dying wrappers
   std::vector<int64_t> release_ids_;    // told to the engine with its next call
   std::vector<int64_t> frame_;
+  // Queued registrations (memscale_dtr_ops records) and the ids they take.
+  std::vector<int64_t> batch_;
+  int64_t batch_ops_ = 0;
+  int64_t next_op_ = 0;
+  int64_t next_tensor_ = 0;
+  std::unordered_map<const OpFacts*, int64_t> name_ids_;
   SessionCounters counters_;
   int64_t ops_since_scan_ = 0;
   std::vector<CellPtr> room_failed_;  // cells whose nested rebuilds found no room, innermost first
