@@ -16,7 +16,9 @@ process, before CUDA is used):
                 (the allocator's step plans, allocator/plan.go), with the
                 budget also given to ``memscale_set_budget`` so that the
                 boundary sees it; recorded as not run when the library lacks
-                the call.
+                the call. The regions' own boundaries (at each exit, since
+                issue 29's plugin side) are off in every variant, so
+                ``fresh`` and ``warm`` run without step plans.
 
 Per step: the time (synchronized), and the allocator's granule traffic from
 ``memscale.memory_stats(0)`` deltas (``num_map``, ``num_unmap``, ``num_remap``,
@@ -113,7 +115,11 @@ def _counters(a: argparse.Namespace) -> dict[str, int] | None:
 def worker(a: argparse.Namespace) -> dict[str, Any]:
     import gpt2_dtr
     import memscale
+    from memscale._allocator import boundary as _boundary
 
+    # The variants say where steps end themselves (fresh-plan only): the
+    # region's own boundary at each exit stays off.
+    _boundary.enabled = False
     on_gpu = a.device == "cuda"
     if on_gpu:
         inst = memscale.install(backend="cuda")  # before anything touches CUDA

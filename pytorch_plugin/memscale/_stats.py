@@ -27,8 +27,16 @@ SUMMED_KEYS: Final[tuple[str, ...]] = (
 )
 
 
-#: Summary keys of the allocator's granule counters, summed over regions.
-GRANULE_KEYS: Final[tuple[str, ...]] = ("granules_mapped", "granules_unmapped", "granules_remapped")
+#: Summary keys of the allocator's counters, summed over regions: its 2 MiB
+#: granules mapped, unmapped and remapped, and the large requests its step
+#: plans placed or missed (:mod:`memscale._allocator.boundary`).
+GRANULE_KEYS: Final[tuple[str, ...]] = (
+    "granules_mapped",
+    "granules_unmapped",
+    "granules_remapped",
+    "step_plan_placed",
+    "step_plan_missed",
+)
 
 
 def overhead(base_cost_ns: int, remat_cost_ns: int) -> float:
@@ -71,6 +79,10 @@ class Summary:
             memscale allocator did to its 2 MiB granules during the tracked
             steps (GPU, memscale allocator; 0 otherwise): a remap unmaps a
             free granule and maps it where a request needed it.
+        step_plan_placed / step_plan_missed: large requests of those steps
+            that the allocator's step plans placed / that fell back to best
+            fit (memscale tells the allocator where each step ends; plans
+            need a budget; 0 without the memscale allocator).
         min_budget: the highest of the regions' ``min_budget`` (bytes): a lower
             bound below which no budget can run these steps (0: not measured).
         untracked_promoted: steps that began untracked and met a forward the
@@ -105,6 +117,8 @@ class Summary:
     granules_mapped: int = 0
     granules_unmapped: int = 0
     granules_remapped: int = 0
+    step_plan_placed: int = 0
+    step_plan_missed: int = 0
     unit_steps: dict[str, int] | None = None
 
     def merged(self, other: Summary) -> Summary:
@@ -174,12 +188,15 @@ class Summary:
             f"{self.swaps_in} in{f' ({self.parked} parked)' if self.parked else ''}, "
             f"compute overhead x{self.overhead:.3f}"
         )
-        if self.granules_mapped or self.granules_remapped:
+        planned = self.step_plan_placed + self.step_plan_missed
+        if self.granules_mapped or self.granules_remapped or planned:
             per_step = f" ({self.granules_remapped / self.steps:.1f} per step)" if self.steps else ""
             text += (
                 f", allocator: {self.granules_mapped} granules mapped, {self.granules_unmapped} unmapped, "
                 f"{self.granules_remapped} remapped{per_step}"
             )
+            if planned:
+                text += f", step plans placed {self.step_plan_placed} of {planned} large requests"
         if self.bytes_saved is not None:
             text += f", saved {format_bytes(self.bytes_saved)} vs baseline peak {format_bytes(self.baseline_peak or 0)}"
         if self.tuning is not None:

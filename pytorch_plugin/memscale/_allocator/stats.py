@@ -61,8 +61,15 @@ def memory_stats(device: Any = None) -> OrderedDict[str, int]:
 #: The allocator's granule counters (running totals) and the names summaries
 #: give their differences (memscale._stats.GRANULE_KEYS): 2 MiB granules mapped, unmapped, and moved from one
 #: place to another (unmapped from a free block, mapped where a request needed
-#: them) - remaps are what a cache under a budget tries to avoid.
-GRANULE_COUNTERS: Final[dict[str, str]] = dict(zip(("num_map", "num_unmap", "num_remap"), GRANULE_KEYS, strict=True))
+#: them) - remaps are what a cache under a budget tries to avoid -; and the
+#: large requests the step plans placed, or missed (fell back to best fit).
+GRANULE_COUNTERS: Final[dict[str, str]] = dict(
+    zip(
+        ("num_map", "num_unmap", "num_remap", "num_step_plan_placed", "num_step_plan_missed"),
+        GRANULE_KEYS,
+        strict=True,
+    )
+)
 
 
 def granule_counters(device: int | None) -> dict[str, int] | None:
@@ -88,6 +95,11 @@ class Granules:
         self._totals = dict.fromkeys(GRANULE_KEYS, 0)
         self._device: int | None = None
         self._start: dict[str, int] | None = None
+
+    @property
+    def device(self) -> int | None:
+        """The device of the latest stretch (``None``: none counted)."""
+        return self._device
 
     @property
     def running(self) -> bool:

@@ -43,6 +43,7 @@ from .._native.engine import ACTION_DROP, STEP_RERUN, Engine, NoRoomError
 from .._region import reclaim as reclaim_registry
 from .._stats import overhead
 from .._allocator.device import module_device_index
+from .._allocator.boundary import step_boundary
 from .._allocator.install import installed
 from .._allocator.stats import Granules, memory_allocated
 from ..config import format_bytes, is_percentage, parse_size
@@ -238,7 +239,8 @@ class BlockDTR:
             "base_cost_ns": base,
             "remat_cost_ns": totals["remat_cost_ns"],
             "compute_overhead": overhead(base, totals["remat_cost_ns"]),
-            # What the memscale allocator did to its granules since the first
+            # What the memscale allocator did to its granules, and the large
+            # requests its step plans placed or missed, since the first
             # training forward (GPU with the allocator; 0 otherwise).
             **self._granules.totals(),
         }
@@ -566,6 +568,7 @@ class BlockDTR:
             self.device_share.step_ended(self._budget)
         stats = engine.stats()
         engine.close()
+        step_boundary(self._granules.device)  # the step's allocator plans (a GPU with the memscale allocator)
         for key in _COUNTERS:
             self._totals[key] += int(stats[key])
         peak = int(stats["peak_usage"])

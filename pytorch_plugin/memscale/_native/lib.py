@@ -54,6 +54,8 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "memscale_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
     "memscale_set_threshold": (ctypes.c_int, [ctypes.c_int, ctypes.c_int64]),
     "memscale_set_limit": (ctypes.c_int, [ctypes.c_int, ctypes.c_int64]),
+    # A training step ended on the device (the allocator's step plans): memscale._allocator.boundary
+    "memscale_step_boundary": (ctypes.c_int, [ctypes.c_int]),
     # (device, int64_t (*fn)(int device, int64_t need, void* ctx), ctx): see memscale._region.reclaim
     "memscale_set_reclaimer": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "memscale_allocated": (ctypes.c_int64, [ctypes.c_int]),

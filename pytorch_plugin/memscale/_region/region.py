@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .._allocator.budget import THRESHOLD, Budget, default_budget
+from .._allocator.boundary import step_boundary
 from .._allocator.stats import Granules
 from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
@@ -155,6 +156,7 @@ class DTRRegion:
         self._usage = usage
         # The allocator's granules over the entries (usage="allocator").
         self._granules = Granules()
+        self._step_ended = False  # end_step told the allocator a step ended, this entry
         self._sink = sink
         #: Whether a ``torch.optim`` optimizer step inside an entry ends a step
         #: (:meth:`end_step`); regions whose steps something else closes (the
@@ -292,6 +294,7 @@ class DTRRegion:
         self._session = session
         device = session.config.get("device") if session.config.get("usage") == "allocator" else None
         self._granules.start(device)
+        self._step_ended = False
         self._mode = NativeMode(session) if isinstance(session, NativeSession) else RegionMode(session)
         self._mode.watch_backward = self.ends_on_failed_backward
         self._eager = entry.compiled_code_runs_eagerly()
@@ -318,6 +321,8 @@ class DTRRegion:
             self._session = None
             self._mode = None
             stats = session.close(ok=exc_type is None)
+            if not self._step_ended:  # a step ends here (once: end_step told the allocator already)
+                step_boundary(session.config.get("device"))
             self._granules.stop()
             self._accumulate(stats, session.config, session)
             self._keep_tuning(session)
@@ -366,6 +371,8 @@ class DTRRegion:
             mode.session = fresh
         self._accumulate(stats, session.config, session)
         self._keep_tuning(session)
+        step_boundary(session.config.get("device"))
+        self._step_ended = True
 
     def suspend(self, suspended: bool = True) -> None:
         """Run ops as outside the region until ``suspend(False)`` (the optimizer
@@ -450,7 +457,10 @@ class DTRRegion:
         rebuild whose plans nested found no room and started over bottom-up
         (see :mod:`.rebuild`). ``granules_mapped``, ``granules_unmapped``,
         ``granules_remapped``: what the memscale allocator did to its 2 MiB
-        granules during the entries (``usage="allocator"``; 0 otherwise).
+        granules during the entries (``usage="allocator"``; 0 otherwise);
+        ``step_plan_placed``, ``step_plan_missed``: the large requests its
+        step plans placed, and those that fell back to best fit (the region
+        tells the allocator where each step ends, at exit or ``end_step``).
         """
         totals = dict(self._totals)
         peak = self._peak
