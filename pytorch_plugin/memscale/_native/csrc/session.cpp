@@ -201,7 +201,7 @@ Session::~Session() {
 }
 
 void Session::set_budgeted(bool budgeted) {
-  flush();  // queued only without a budget; decisions under one need a current engine
+  flush();
   budgeted_ = budgeted;
   drain_at_ = budgeted ? 1 : drain_batch_;
 }
@@ -212,7 +212,9 @@ void Session::fail(const std::string& what) const {
 }
 
 int64_t Session::usage_now() const {
-  return usage_live_ != nullptr ? usage_live_->load(std::memory_order_relaxed) : status_->usage;
+  // With registrations queued the engine's count lags by what they allocated
+  // (their releases are not subtracted: an upper bound, safe for the budget).
+  return usage_live_ != nullptr ? usage_live_->load(std::memory_order_relaxed) : status_->usage + queued_fresh_;
 }
 
 // ---------------------------------------------------------------- releases
@@ -531,7 +533,12 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
     }
   }
   size_t n_rel = release_ids_.size();
-  if (batching()) return queue_call(f, in, out, cost, sizes, aliases, fresh, fresh_bytes);
+  // Queued when no decision waits on it: without a budget, or with room for
+  // what it allocated (the engine's next call sees it first).
+  if (!budgeted_ || usage_now() + fresh <= status_->budget) {
+    return queue_call(f, in, out, cost, sizes, aliases, fresh, fresh_bytes);
+  }
+  if (batch_ops_ > 0) flush();  // the frame below is flush's too
   size_t words = 6 + n_rel + n_in + 2 * n_out;
   size_t need = std::max(words, n_out + 1 + 2 * kHandOut);
   if (frame_.size() < need) frame_.resize(need * 2);
@@ -620,6 +627,7 @@ std::vector<CellPtr> Session::queue_call(const OpFacts& f, const Inputs& in, con
   batch_.insert(batch_.end(), aliases.begin(), aliases.end());
   release_ids_.clear();
   ++batch_ops_;
+  queued_fresh_ += fresh;
   if (trace_ops()) {
     fprintf(stderr, "memscale native: op %lld %s in=%zu out=%zu released=%zu (queued)\n",
             static_cast<long long>(op_id), f.name.c_str(), n_in, n_out, n_rel);
@@ -643,6 +651,7 @@ void Session::flush() {
   std::memcpy(w + 2, batch_.data(), batch_.size() * sizeof(int64_t));
   batch_.clear();
   batch_ops_ = 0;
+  queued_fresh_ = 0;
   if (abi_.ops(h_, w) < 0) fail("memscale_dtr_ops");
   const int64_t handed = w[0];
   std::vector<int64_t> freed(w + 1, w + 1 + 2 * handed);

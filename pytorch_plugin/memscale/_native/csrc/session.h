@@ -16,7 +16,8 @@
 //     device the first time);
 //  5. the op runs on the real tensors, is registered (memscale_dtr_op: one
 //     call with the releases, handing back the storages the engine freed;
-//     without a budget queued instead, kBatchOps records to a crossing of
+//     queued instead when no decision waits on it - no budget, or room for
+//     what it allocated - kBatchOps records to a crossing of
 //     memscale_dtr_ops, the ids predicted from the status block) and
 //     recorded for re-runs; its results come back as wrappers;
 //  6. the budget loop runs when the engine's status block says it has work.
@@ -157,7 +158,6 @@ class Session {
     if (batch_ops_ > 0) flush();
     return abi_;
   }
-  bool batching() const { return !budgeted_; }
   int64_t name_id(const OpFacts& f);
   void after_op();
   void make_room(int64_t extra, const std::string& what);
@@ -214,6 +214,7 @@ class Session {
   int64_t batch_ops_ = 0;
   int64_t next_op_ = 0;
   int64_t next_tensor_ = 0;
+  int64_t queued_fresh_ = 0;  // bytes the queued registrations allocated
   std::unordered_map<const OpFacts*, int64_t> name_ids_;
   SessionCounters counters_;
   int64_t ops_since_scan_ = 0;
