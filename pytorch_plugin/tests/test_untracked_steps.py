@@ -417,3 +417,18 @@ def test_an_untracked_step_measured_over_the_budget_is_tracked_again(
     assert summary.peak_usage == 2 << 30
     assert "over the budget" in caplog.text
     assert "1 over budget" in str(summary)
+
+
+def test_untracked_steps_end_at_a_step_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An untracked step opens no region, so the drop-in tells the allocator
+    # itself that the step ended: every step, tracked or not, is one boundary.
+    from memscale._dropin import steps
+
+    told: list[int | None] = []
+    monkeypatch.setattr(steps, "step_boundary", told.append)
+    monkeypatch.setattr(steps, "_cuda_device", lambda: 0)
+    model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
+    _, kinds, _ = _train(model, [16] * 5)
+    untracked = sum(kind == "Tensor" for kind in kinds)
+    assert untracked >= 2, kinds
+    assert told == [0] * untracked

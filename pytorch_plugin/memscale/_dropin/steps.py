@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _stats
+from .._allocator.boundary import step_boundary
 from .._allocator.budget import Budget, default_budget, percentage_of_peak, threshold_budget, threshold_name
 from .distributed import patch_fsdp
 from .._allocator.device import module_device_index
@@ -284,6 +285,7 @@ class Steps:
             self._untracked_peak = max(self._untracked_peak, peak or 0)
             self.fits.ran_untracked(self._signature, peak, region.budget, ok=exc is None)
             self._steps += 1
+            step_boundary(_cuda_device())  # no region: the allocator hears of the step here
             return
         # The region's exit makes escaping tensors resident and plain, and gives
         # the parameters plain .grad tensors: the optimizer step sees those.
@@ -472,3 +474,10 @@ class Steps:
         """Log the totals if the config asks for it."""
         if self.config.log_summary:
             log.info("memscale %s: %s", what, self.summary())
+
+
+def _cuda_device() -> int | None:
+    """The current CUDA device, or None without CUDA (an untracked step's boundary)."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
