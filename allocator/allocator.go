@@ -276,7 +276,7 @@ func (a *Allocator) Malloc(size uint64, s device.Stream) (device.Ptr, error) {
 	if len(a.pending) > 0 {
 		a.processPending()
 	}
-	if a.plans != nil && a.plans.active && r > SmallSize {
+	if a.plans != nil && (a.plans.active || a.plans.pick) && r > SmallSize {
 		if b := a.planPlace(r, s); b != nil {
 			a.markAllocated(b, size)
 			a.reservedBytes.Store(uint64(a.st.cur(stReservedBytes)))
@@ -550,9 +550,12 @@ func (a *Allocator) ExpandableSegments() bool { return a.vmm }
 //	quick_cached_blocks, high_water_bytes (allocated high-water mark since
 //	the last EmptyCache); with step plans (plan.go): num_steps
 //	(StepBoundary calls), num_step_plans (plans computed),
-//	num_step_plans_reused (boundaries that kept the plan: same requests),
-//	step_plan_active (0/1), step_plan_span_bytes and step_plan_need_bytes
-//	(the plan's span, and with the step's other memory, what it needs),
+//	num_step_plans_reused (boundaries that filed the step under a plan of
+//	the library: its kind's requests), step_plan_active (0/1: a plan in
+//	force or to be chosen), step_plans_stored (plans in the library, one
+//	per kind of step), num_step_plan_switches (plans replaced within a
+//	step), step_plan_span_bytes and step_plan_need_bytes (the last plan's
+//	span, and with the step's other memory, what it needs),
 //	num_step_plan_placed / num_step_plan_missed (large requests placed by
 //	the plan / that fell back to best fit).
 func (a *Allocator) Stats() Stats {
@@ -591,7 +594,9 @@ func (a *Allocator) Stats() Stats {
 		m["num_steps"] = p.steps
 		m["num_step_plans"] = p.built
 		m["num_step_plans_reused"] = p.reused
-		m["step_plan_active"] = b2i(p.active)
+		m["step_plan_active"] = b2i(p.active || p.pick)
+		m["step_plans_stored"] = int64(len(p.lib))
+		m["num_step_plan_switches"] = p.switches
 		m["step_plan_span_bytes"] = int64(p.lastSpan)
 		m["step_plan_need_bytes"] = int64(p.lastNeed)
 		m["num_step_plan_placed"] = p.placedN
@@ -819,8 +824,8 @@ func (a *Allocator) addSegment(seg *segment) {
 
 // removeSegment forgets a segment whose memory has been returned.
 func (a *Allocator) removeSegment(seg *segment) {
-	if seg.plan && a.plans.segs[seg.stream] == seg {
-		delete(a.plans.segs, seg.stream)
+	if a.plans != nil && a.plans.segs[seg.stream] == seg {
+		a.plans.dropSegment(seg.stream)
 	}
 	k := segKey{seg.pool, seg.stream}
 	list := a.segs[k]

@@ -34,6 +34,26 @@ import (
 // costs more than best fit did. Otherwise best fit runs as without a
 // boundary. A step whose requests are those of the step before reuses its
 // plan as it is (no recomputation, no remapping).
+//
+// Steps of several kinds (a GAN's discriminator and generator steps, an
+// evaluation step between accumulation steps, two models each ending their
+// own steps) keep a library of up to maxPlans plans, one per kind, sharing
+// the stream's plan segment from the same offset. A boundary files the step
+// just ended under the plan of its kind (the same requests, or all but one
+// in planKeepMiss near their place in the plan) or makes a new plan; it
+// never replaces a plan with a step of another kind. The next step's plan is
+// chosen at its first large request: the predicted one (the kind that
+// followed this kind last time; else, after a change of kind, the kind
+// before; else the same kind) or a plan whose kind recurred, if it has an
+// entry for that request at the step's start; none: best fit, in all the
+// memory (the plan segments are ordinary ones until the boundary), as
+// without boundaries. Requests are matched to entries near their place in
+// the step (planDrift), so a step of another kind that begins alike misses
+// soon; after planRepick misses in a row the choice is made again (another
+// plan that matches the step so far better, or best fit when the plan in
+// force matches less than half of it or of its last planRecent requests).
+// Plans made from steps that never recur are not predicted after two new
+// kinds in a row (steps that vary run best fit).
 
 // maxPlanRecords bounds the large requests recorded per step; a longer step
 // gets no plan.
@@ -60,6 +80,45 @@ type planRec struct {
 	placed bool // in the plan (freed within the step)
 }
 
+// storedPlan is one plan of the library: the placement of one kind of step.
+// Every plan of a stream shares the stream's plan segment (steps do not
+// overlap), each at its own shift, so that the granules one kind of step
+// mapped serve the next kind without remapping.
+type storedPlan struct {
+	plan  []planRec // in request order
+	spans map[device.Stream]uint64
+	shift map[device.Stream]uint64
+	uses  map[device.Stream]planUses
+	byKey map[planKey]*planQueue
+	need  uint64
+	span  uint64
+	used  int64 // the step it was last in force (LRU)
+	// fit is what the step it was made from remapped under best fit (-1:
+	// it ran under a plan); runs the steps it was in force (over the bound)
+	fit  int64
+	runs int
+	// confirmed: a later step was of its kind (it recurs)
+	confirmed bool
+	after     *storedPlan // the kind of step that followed this one's last time
+}
+
+// maxPlans is how many plans the library keeps (steps of different kinds:
+// a GAN's discriminator and generator steps, gradient accumulation with an
+// evaluation forward, two models each ending their own steps).
+const maxPlans = 4
+
+// planRepick: after this many large requests in a row that missed the plan
+// in force, the step's plan is chosen again (selectPlan), at most
+// planRepicks times a step.
+const (
+	planRepick  = 3
+	planRepicks = 8
+)
+
+// planRecent: a plan none of whose entries are near more than half of the
+// step's last planRecent requests no longer matches the step (selectPlan).
+const planRecent = 8
+
 // stepPlans is the allocator's step-plan state (Allocator.plans).
 type stepPlans struct {
 	step      uint32 // boundaries seen
@@ -77,7 +136,34 @@ type stepPlans struct {
 	activeSteps         int
 	overFails, overSkip int
 
-	plan   []planRec // the plan in force (from the previous step), in request order
+	// lib is the library of plans, one per kind of step seen; cur the one
+	// in force (nil: best fit). pick: the step's first large request
+	// chooses it (pred first, the plan that followed the last step's kind
+	// last time); last is the kind of the step just ended; seen the keys
+	// of the step's large requests so far (counts: planScore's scratch),
+	// missRun the misses in a row and repicks the choices made again;
+	// hidden: no plan matched the step, and the plan
+	// segments are ordinary ones until the boundary (best fit uses their
+	// memory); libBound the bound the plans were made for.
+	lib    []*storedPlan
+	cur    *storedPlan
+	pred   *storedPlan
+	last   *storedPlan
+	pick   bool
+	hidden bool
+	seen   []planKey
+	counts map[planKey]int
+	nSeen  int // the step's large requests so far (seen holds up to maxPlanRecords)
+	align  int // the step's index minus the plan's, at the last request placed
+	// scoreAlign is planScore's alignment at the end of the requests seen,
+	// scoreRecent its misses among the last planRecent
+	scoreAlign, scoreRecent int
+	missRun                 int
+	repicks                 int
+	libBound                uint64
+	newRun                  int // the boundaries in a row whose step was a new kind
+
+	plan   []planRec // the plan in force (cur's), in request order
 	active bool
 	// exact: steps are recorded for a plan (a budget is known): blocks are
 	// split to the rounded size (allocFrom).
@@ -91,16 +177,19 @@ type stepPlans struct {
 	// number of granules): where the segment has the most memory mapped.
 	shift map[device.Stream]uint64
 	uses  map[device.Stream]planUses // per granule, when the plan places into it
-	cands []stealCand                // stealPlanned's scratch
-	free  *btree.BTreeG[*block]      // free blocks of plan segments, by stream and address
+	// keep is, per stream, the range [lo, hi) of its plan segment that some
+	// plan of the library uses (stealBeyondPlans takes what lies outside).
+	keep  map[device.Stream][2]uint64
+	cands []stealCand           // stealPlanned's scratch
+	free  *btree.BTreeG[*block] // free blocks of plan segments, by stream and address
 
 	// fails counts the searches in a row that found no plan that fits;
 	// skip the boundaries left before the next search.
 	fails, skip int
 
-	steps, built, reused, placedN, missedN int64
-	stepPlaced, stepMissed                 int64 // this step's
-	lastSpan, lastNeed                     uint64
+	steps, built, reused, placedN, missedN, switches int64
+	stepPlaced, stepMissed                           int64 // this step's
+	lastSpan, lastNeed                               uint64
 }
 
 func newStepPlans() *stepPlans {
@@ -109,6 +198,8 @@ func newStepPlans() *stepPlans {
 		segs:      make(map[device.Stream]*segment),
 		spans:     make(map[device.Stream]uint64),
 		shift:     make(map[device.Stream]uint64),
+		keep:      make(map[device.Stream][2]uint64),
+		counts:    make(map[planKey]int),
 		free:      btree.NewG(btreeDegree, addrLess),
 	}
 }
@@ -117,9 +208,9 @@ func newStepPlans() *stepPlans {
 // begins (the program's optimizer step, or the end of a DTR region). With a
 // budget known (SetBudget or the eviction threshold) and expandable
 // segments, it turns the step just ended into a placement plan for the next
-// one (see the step-plan comment in plan.go and Config.NoStepPlan); otherwise
-// it only counts steps. Allocations live across the boundary stay where they
-// are.
+// steps of its kind (see the step-plan comment in plan.go and
+// Config.NoStepPlan); otherwise it only counts steps. Allocations live
+// across the boundary stay where they are.
 func (a *Allocator) StepBoundary() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -131,6 +222,11 @@ func (a *Allocator) StepBoundary() {
 	// The budget of the step just ended: a region's engine may have
 	// withdrawn its budget at the region's exit, before this call.
 	bound := a.planBound(max(p.budget, a.budgetInForce()))
+	if bound != p.libBound {
+		a.retirePlans() // made for another bound
+		p.libBound = bound
+	}
+	a.unhidePlans()
 	// What the step just ended remapped: best fit's cost when no plan was in
 	// force; a plan over the bound that, past its first step (which moves
 	// memory into its layout), remaps more than best fit did is dropped and
@@ -138,28 +234,65 @@ func (a *Allocator) StepBoundary() {
 	stepRemaps := a.cnt.remaps - p.remaps0
 	dropped := false
 	switch {
-	case !p.active:
+	case p.cur == nil:
 		p.fitRemaps, p.activeSteps = stepRemaps, 0
-	case p.lastNeed > bound:
+	case p.cur.need > bound:
 		p.activeSteps++
-		if p.activeSteps >= 2 && p.fitRemaps >= 0 && stepRemaps > p.fitRemaps {
+		p.cur.runs++
+		// Best fit's cost for this kind of step: the step the plan was
+		// made from, when it ran without a plan (kinds in turn remap
+		// differently), else the last step without a plan.
+		fit := p.fitRemaps
+		if p.cur.fit >= 0 {
+			fit = p.cur.fit
+		}
+		if p.cur.runs >= 2 && fit >= 0 && stepRemaps > fit {
 			p.overFails = min(p.overFails+1, 6)
 			p.overSkip = 1<<p.overFails - 1
-			a.retirePlans()
+			a.dropPlan(p.cur)
 			dropped = true
 		}
 	default:
 		p.activeSteps++
 	}
 	wasSkipping := p.overSkip > 0 && !dropped
+	var kind *storedPlan
 	if p.step > 0 && !p.overflow {
-		a.buildPlan(bound)
+		built, planned := p.built, p.cur != nil || p.stepPlaced+p.stepMissed > 0
+		kind = a.buildPlan(bound)
+		switch {
+		case p.built > built:
+			p.newRun++ // a kind of step not seen before
+			if !planned {
+				kind.fit = stepRemaps
+			}
+		case kind != nil:
+			p.newRun = 0
+		}
 	} else {
 		a.retirePlans()
 	}
 	if wasSkipping {
 		p.overSkip-- // one boundary without a plan over the bound
 	}
+	// The next step's plan: chosen at its first large request among the
+	// library's, the one that followed this kind last time first.
+	if p.last != nil && slices.Contains(p.lib, p.last) {
+		p.last.after = kind
+	}
+	// Nothing known of what follows this kind: the same kind again (a
+	// step that repeats), or, after a change of kind, the kind before (two
+	// kinds in turn).
+	prev := p.last
+	p.last, p.pred = kind, kind
+	switch {
+	case kind != nil && kind.after != nil && slices.Contains(p.lib, kind.after):
+		p.pred = kind.after
+	case prev != nil && prev != kind && slices.Contains(p.lib, prev):
+		p.pred = prev
+	}
+	a.usePlan(nil)
+	p.pick = len(p.lib) > 0
 	p.remaps0 = a.cnt.remaps
 	p.stepPlaced, p.stepMissed = 0, 0
 	p.step++
@@ -167,18 +300,21 @@ func (a *Allocator) StepBoundary() {
 	p.t = 0
 	p.overflow = false
 	p.liveRec = 0
+	p.seen, p.nSeen, p.missRun, p.repicks, p.align = p.seen[:0], 0, 0, 0, 0
 	p.otherPeak = uint64(a.st.cur(stAllocatedBytes))
-	for _, q := range p.byKey {
-		q.next = 0
+	for _, sp := range p.lib {
+		for _, q := range sp.byKey {
+			q.next = 0
+		}
 	}
 	p.budget = a.budgetInForce()
-	// Exact splits while a plan is in force or may be made from the step:
+	// Exact splits while plans are kept or one may be made from the step:
 	// the first recorded one, or one after a plan that fitted.
 	// (Without a budget now - a region that registers its own at entry -
 	// the step's first large request turns them on: recordAlloc.)
-	p.wantExact = p.active || p.step == 1 || p.lastNeed <= bound
+	p.wantExact = len(p.lib) > 0 || p.step == 1 || p.lastNeed <= bound
 	p.exact = bound > 0 && p.wantExact
-	if p.active && a.phys > bound {
+	if len(p.lib) > 0 && a.phys > bound {
 		// Growth past the bound (a step that missed its plan): cached
 		// memory outside the plans goes back down to the bound.
 		a.flushQuick()
@@ -199,22 +335,302 @@ func (a *Allocator) planBound(b uint64) uint64 {
 	return min(b+uint64(a.budgetSlack*float64(b)), a.limit)
 }
 
-// buildPlan turns the recorded step into the plan of the next one, or
-// retires the plans when it does not fit the bound.
-func (a *Allocator) buildPlan(bound uint64) {
+// usePlan puts sp in force (nil: none).
+func (a *Allocator) usePlan(sp *storedPlan) {
+	p := a.plans
+	p.cur = sp
+	if sp == nil {
+		p.active, p.plan, p.byKey, p.uses = false, nil, nil, nil
+		p.spans, p.shift = map[device.Stream]uint64{}, map[device.Stream]uint64{}
+		return
+	}
+	p.active = true
+	p.plan, p.byKey, p.uses, p.spans, p.shift = sp.plan, sp.byKey, sp.uses, sp.spans, sp.shift
+	sp.used = p.steps
+}
+
+// planScore counts the requests seen so far in the step that sp has no
+// entry for near their place in the step (its entries of each key taken in
+// turn; near: within planDrift of the request's index, so that a few
+// requests added or dropped keep a plan's score low, while a step of
+// another kind, whose sizes are met at other places, scores high): 0 when
+// the step so far is the plan's.
+func (a *Allocator) planScore(sp *storedPlan) int {
+	p := a.plans
+	clear(p.counts)
+	miss, align := 0, 0
+	p.scoreRecent = 0
+	for i, k := range p.seen {
+		q := sp.byKey[k]
+		c := p.counts[k]
+		for q != nil && c < len(q.idx) && int(q.idx[c]) < i-align-planDrift(i) {
+			c++ // entries left behind (requests the step did not make)
+		}
+		if q == nil || c >= len(q.idx) || int(q.idx[c]) > i-align+planDrift(i) {
+			p.counts[k] = c
+			miss++
+			if i >= len(p.seen)-planRecent {
+				p.scoreRecent++
+			}
+			continue
+		}
+		align = i - int(q.idx[c])
+		p.counts[k] = c + 1
+	}
+	p.scoreAlign = align
+	return miss
+}
+
+// planDrift is how far from its place in the plan (shifted by the requests
+// added or dropped before it: the last entry matched) the i-th request of a
+// step may be met and still count as the plan's.
+func planDrift(i int) int { return 4 + i/16 }
+
+// choosePlan is the library's plan that best matches the step's requests
+// so far: the fewest of them it has no entry for, then the plan in force,
+// the predicted one, the most recently used. It returns the plan and its
+// score.
+func (a *Allocator) choosePlan() (*storedPlan, int) {
+	p := a.plans
+	var best *storedPlan
+	bestScore := 0
+	rank := func(sp *storedPlan) int {
+		switch sp {
+		case p.cur:
+			return 2
+		case p.pred:
+			return 1
+		}
+		return 0
+	}
+	for _, sp := range p.lib {
+		sc := a.planScore(sp)
+		if best == nil || sc < bestScore ||
+			(sc == bestScore && (rank(sp) > rank(best) || rank(sp) == rank(best) && sp.used > best.used)) {
+			best, bestScore = sp, sc
+		}
+	}
+	return best, bestScore
+}
+
+// selectPlan chooses the step's plan at its first large request (the
+// predicted plan if it has an entry for the request, else the best match)
+// and again after planRepick misses in a row (at most planRepicks times a
+// step): a plan that matches the step's requests so far better than the one
+// in force replaces it; when none covers half of them, the step runs best
+// fit from there on. It reports whether a plan is in force.
+func (a *Allocator) selectPlan() bool {
+	p := a.plans
+	k0 := p.seen[len(p.seen)-1]
+	first := p.pick
+	p.pick = false
+	if first {
+		// The predicted plan, else one whose kind of step recurred, with
+		// an entry for the request at the step's start. A plan made from a
+		// step that never came again is predicted only after at most one
+		// new kind of step in a row: steps that vary (each a new kind)
+		// run best fit, as without boundaries.
+		var sp *storedPlan
+		if p.pred != nil && (p.pred.confirmed || p.newRun < 2) && a.planScore(p.pred) == 0 {
+			sp = p.pred
+		}
+		for _, x := range p.lib {
+			if sp != p.pred && x.confirmed && (sp == nil || x.used > sp.used) && a.planScore(x) == 0 {
+				sp = x
+			}
+		}
+		if sp == nil {
+			a.toBestFit()
+			return false
+		}
+		a.usePlan(sp)
+		return true
+	}
+	sp, sc := a.choosePlan()
+	if sp == nil {
+		a.toBestFit()
+		return false
+	}
+	if sp != p.cur {
+		curScore := len(p.seen) + 1
+		if p.cur != nil {
+			curScore = a.planScore(p.cur)
+		}
+		if sc < curScore {
+			if p.cur != nil {
+				p.switches++
+			}
+			a.usePlan(sp)
+			// The requests so far count as the plan's first ones (their
+			// blocks stay where they are).
+			p.seen = p.seen[:len(p.seen)-1]
+			a.planScore(sp)
+			for k, q := range sp.byKey {
+				q.next = p.counts[k]
+			}
+			p.align = p.scoreAlign
+			p.seen = append(p.seen, k0)
+			sc = a.planScore(sp)
+		} else {
+			sp, sc = p.cur, curScore
+		}
+	}
+	sc = a.planScore(p.cur)
+	if 2*sc > len(p.seen) || 2*p.scoreRecent > planRecent || 2*p.stepMissed > int64(len(p.seen)) {
+		// A kind of step no plan knows: best fit, in all the memory.
+		a.toBestFit()
+		return false
+	}
+	return true
+}
+
+// toBestFit ends the plan in force for the rest of the step.
+func (a *Allocator) toBestFit() {
+	a.usePlan(nil)
+	a.hidePlans()
+}
+
+// hidePlans makes the plan segments ordinary ones until the boundary: a step
+// no plan matches runs best fit in all the cached memory, as without
+// boundaries.
+func (a *Allocator) hidePlans() {
+	p := a.plans
+	if p.hidden {
+		return
+	}
+	p.hidden = true
+	for _, s := range a.planStreams() {
+		a.setPlan(p.segs[s], false)
+	}
+}
+
+// unhidePlans makes the plan segments plan segments again.
+func (a *Allocator) unhidePlans() {
+	p := a.plans
+	if !p.hidden {
+		return
+	}
+	p.hidden = false
+	a.flushQuick() // plan segments' blocks are never in the quick cache
+	for _, s := range a.planStreams() {
+		a.setPlan(p.segs[s], true)
+	}
+}
+
+// planStreams lists the streams with a plan segment, in order.
+func (a *Allocator) planStreams() []device.Stream {
+	p := a.plans
+	streams := make([]device.Stream, 0, len(p.segs))
+	for s := range p.segs {
+		streams = append(streams, s)
+	}
+	slices.Sort(streams) // map order would make the steal order vary
+	return streams
+}
+
+// dropPlan removes sp from the library, and the plan segments no plan uses
+// any more.
+func (a *Allocator) dropPlan(sp *storedPlan) {
+	p := a.plans
+	p.lib = slices.DeleteFunc(p.lib, func(x *storedPlan) bool { return x == sp })
+	for _, x := range p.lib {
+		if x.after == sp {
+			x.after = nil
+		}
+	}
+	if p.cur == sp {
+		a.usePlan(nil)
+	}
+	if p.pred == sp {
+		p.pred = nil
+	}
+	if p.last == sp {
+		p.last = nil
+	}
+	a.trimSegments()
+}
+
+// dropPlansOf removes the plans that place requests of stream s (its plan
+// segment is gone or replaced).
+func (a *Allocator) dropPlansOf(s device.Stream) {
+	p := a.plans
+	for _, sp := range slices.Clone(p.lib) {
+		if _, ok := sp.spans[s]; ok {
+			a.dropPlan(sp)
+		}
+	}
+}
+
+// trimSegments retires the plan segments no plan of the library uses and
+// recomputes the ranges the plans keep.
+func (a *Allocator) trimSegments() {
+	p := a.plans
+	clear(p.keep)
+	for _, sp := range p.lib {
+		for s, span := range sp.spans {
+			lo, hi := sp.shift[s], sp.shift[s]+alignUp(span, a.gran)
+			if r, ok := p.keep[s]; ok {
+				lo, hi = min(lo, r[0]), max(hi, r[1])
+			}
+			p.keep[s] = [2]uint64{lo, hi}
+		}
+	}
+	for _, s := range a.planStreams() {
+		if _, ok := p.keep[s]; !ok {
+			a.retirePlan(s)
+		}
+	}
+}
+
+// buildPlan files the recorded step in the library: the plan of its kind
+// when one matches it (the plan in force when the step missed it for at
+// most one large request in planKeepMiss), else a new plan, when it fits
+// the bound (the least recently used beyond maxPlans goes). It returns the
+// step's plan, or nil.
+func (a *Allocator) buildPlan(bound uint64) *storedPlan {
 	p := a.plans
 	if bound == 0 || len(p.recs) == 0 {
 		a.retirePlans()
-		return
+		return nil
 	}
 	// The same requests as the plan in force, or nearly (at most one in
 	// planKeepMiss of the step's large requests missed the plan): keep it.
 	// Steps whose engine choices vary a little (op costs measured on the
 	// device) would otherwise get a new layout, and move memory, each step.
-	if p.active && len(p.segs) == len(p.spans) &&
-		(samePlan(p.plan, p.recs) || p.stepMissed*planKeepMiss <= p.stepPlaced) {
+	if sp := p.cur; sp != nil && a.planValid(sp) &&
+		(samePlan(sp.plan, p.recs) || p.stepMissed*planKeepMiss <= p.stepPlaced) {
 		p.reused++
-		return
+		sp.confirmed = true
+		return sp
+	}
+	for _, sp := range p.lib {
+		if a.planValid(sp) && samePlan(sp.plan, p.recs) {
+			p.reused++
+			sp.confirmed = true
+			return sp
+		}
+	}
+	// A plan of the library whose step had nearly these requests (at most
+	// one in planKeepMiss not near its place in the plan): the step was of
+	// its kind.
+	p.seen = p.seen[:0]
+	for i := range p.recs {
+		p.seen = append(p.seen, planKey{p.recs[i].size, p.recs[i].stream})
+	}
+	var near *storedPlan
+	nearScore := 0
+	for _, sp := range p.lib {
+		if !a.planValid(sp) {
+			continue
+		}
+		if sc := a.planScore(sp); near == nil || sc < nearScore {
+			near, nearScore = sp, sc
+		}
+	}
+	if near != nil && nearScore*planKeepMiss <= len(p.recs) {
+		p.reused++
+		near.confirmed = true
+		return near
 	}
 	next := slices.Clone(p.recs)
 	byStream := map[device.Stream][]*planRec{}
@@ -266,19 +682,24 @@ func (a *Allocator) buildPlan(bound uint64) {
 			p.skip = 1<<p.fails - 1
 		}
 		a.log.Debug("allocator: step plan does not fit the bound", zap.Uint64("need", need), zap.Uint64("bound", bound))
-		a.retirePlans()
-		return
+		return nil // the library's plans stay
 	}
-	// Plan segments must be empty to take a new plan.
+	// A plan segment must be empty to take a new plan (and big enough);
+	// replacing it drops the plans that used it.
 	for _, s := range streams {
 		if seg := p.segs[s]; seg != nil && (!segmentIdle(seg) || seg.size < spans[s]) {
+			a.dropPlansOf(s)
 			a.retirePlan(s)
 		}
 	}
-	for s := range p.segs {
-		if spans[s] == 0 {
-			a.retirePlan(s)
+	if len(p.lib) >= maxPlans {
+		lru := p.lib[0]
+		for _, sp := range p.lib {
+			if sp.used < lru.used {
+				lru = sp
+			}
 		}
+		a.dropPlan(lru)
 	}
 	a.flushQuick()
 	for _, s := range streams {
@@ -296,34 +717,56 @@ func (a *Allocator) buildPlan(bound uint64) {
 		if err != nil {
 			a.log.Debug("allocator: no address space for a step plan", zap.Error(err))
 			a.retirePlans()
-			return
+			return nil
 		}
 		p.segs[s] = seg
 	}
-	for _, s := range streams {
-		p.shift[s] = a.bestShift(p.segs[s], spans[s])
+	sp := &storedPlan{
+		plan:  next,
+		spans: spans,
+		shift: make(map[device.Stream]uint64, len(streams)),
+		uses:  make(map[device.Stream]planUses, len(streams)),
+		byKey: make(map[planKey]*planQueue),
+		need:  need,
+		used:  p.steps,
+		fit:   -1,
 	}
-	p.fails, p.skip = 0, 0
-	p.plan, p.spans, p.active = next, spans, true
-	p.uses = make(map[device.Stream]planUses, len(streams))
 	for _, s := range streams {
-		p.uses[s] = a.buildUses(byStream[s], spans[s])
+		// The library's plans of a stream start where the first one does
+		// (they overlap: what one kind of step mapped serves the others).
+		if r, ok := p.keep[s]; ok && r[0]+alignUp(spans[s], a.gran) <= p.segs[s].size {
+			sp.shift[s] = r[0]
+		} else {
+			sp.shift[s] = a.bestShift(p.segs[s], spans[s])
+		}
+		sp.uses[s] = a.buildUses(byStream[s], spans[s])
+		sp.span += spans[s]
 	}
-	p.byKey = make(map[planKey]*planQueue)
 	for i := range next {
 		k := planKey{next[i].size, next[i].stream}
-		q := p.byKey[k]
+		q := sp.byKey[k]
 		if q == nil {
 			q = &planQueue{}
-			p.byKey[k] = q
+			sp.byKey[k] = q
 		}
 		q.idx = append(q.idx, int32(i))
 	}
+	p.fails, p.skip = 0, 0
+	p.lib = append(p.lib, sp)
+	a.trimSegments()
 	p.built++
-	p.lastSpan = 0
-	for _, s := range streams {
-		p.lastSpan += spans[s]
+	p.lastSpan = sp.span
+	return sp
+}
+
+// planValid reports whether every stream of sp still has its plan segment.
+func (a *Allocator) planValid(sp *storedPlan) bool {
+	for s := range sp.spans {
+		if a.plans.segs[s] == nil {
+			return false
+		}
 	}
+	return true
 }
 
 // samePlan reports whether the recorded requests are those of the plan.
@@ -544,7 +987,9 @@ func (a *Allocator) retirePlans() {
 	for s := range p.segs {
 		a.retirePlan(s)
 	}
-	p.active, p.plan, p.byKey = false, nil, nil
+	p.lib, p.pred, p.last, p.pick, p.hidden = nil, nil, nil, false, false
+	clear(p.keep)
+	a.usePlan(nil)
 }
 
 // retirePlan turns stream s's plan segment into an ordinary one: its free
@@ -553,7 +998,7 @@ func (a *Allocator) retirePlan(s device.Stream) {
 	p := a.plans
 	seg := p.segs[s]
 	delete(p.segs, s)
-	delete(p.spans, s)
+	delete(p.keep, s)
 	if seg == nil {
 		return
 	}
@@ -632,29 +1077,51 @@ func (a *Allocator) recordFree(b *block) {
 // free; it returns the detached block, or nil.
 func (a *Allocator) planPlace(r uint64, s device.Stream) *block {
 	p := a.plans
-	q := p.byKey[planKey{r, s}]
-	if q == nil || q.next >= len(q.idx) {
+	p.nSeen++
+	if len(p.seen) < maxPlanRecords {
+		p.seen = append(p.seen, planKey{r, s})
+	}
+	if p.pick || (p.missRun >= planRepick && p.repicks < planRepicks) {
+		if !p.pick {
+			p.repicks++
+		}
+		p.missRun = 0
+		if !a.selectPlan() {
+			return nil
+		}
+	}
+	b := a.planTake(r, s)
+	if b == nil {
+		p.missRun++
 		p.missedN++
 		p.stepMissed++
 		return nil
 	}
+	p.missRun = 0
+	p.placedN++
+	p.stepPlaced++
+	return b
+}
+
+// planTake places the request by the plan in force, or returns nil.
+func (a *Allocator) planTake(r uint64, s device.Stream) *block {
+	p := a.plans
+	q := p.byKey[planKey{r, s}]
+	i := p.nSeen - 1
+	for q != nil && q.next < len(q.idx) && int(q.idx[q.next]) < i-p.align-planDrift(i) {
+		q.next++ // entries left behind (requests the step did not make)
+	}
+	if q == nil || q.next >= len(q.idx) || int(q.idx[q.next]) > i-p.align+planDrift(i) {
+		return nil // none near this place: another kind of step
+	}
+	p.align = i - int(q.idx[q.next])
 	e := &p.plan[q.idx[q.next]]
 	q.next++
 	seg := p.segs[s]
 	if !e.placed || seg == nil {
-		p.missedN++
-		p.stepMissed++
 		return nil
 	}
-	b := a.takeRange(seg, seg.base+device.Ptr(p.shift[s]+e.off), r)
-	if b == nil {
-		p.missedN++
-		p.stepMissed++
-		return nil
-	}
-	p.placedN++
-	p.stepPlaced++
-	return b
+	return a.takeRange(seg, seg.base+device.Ptr(p.shift[s]+e.off), r)
 }
 
 // takeRange maps what is unmapped of [lo, lo+r) in the plan segment seg and
@@ -763,8 +1230,8 @@ func (a *Allocator) stealBeyondPlans(hs []device.Handle, k int, plan *growPlan) 
 			break
 		}
 		seg := p.segs[s]
-		start := seg.base + device.Ptr(p.shift[s])
-		end := start + device.Ptr(alignUp(p.spans[s], a.gran))
+		start := seg.base + device.Ptr(p.keep[s][0])
+		end := seg.base + device.Ptr(p.keep[s][1])
 		// Top down: the highest free granules first.
 		var cands []*block
 		for b := seg.head; b != nil; b = b.next {
@@ -967,4 +1434,37 @@ func (a *Allocator) bestShift(seg *segment, span uint64) uint64 {
 		}
 	}
 	return uint64(at) * a.gran
+}
+
+// dropSegment forgets stream s's plan segment (its memory was returned) and
+// the plans that used it.
+func (p *stepPlans) dropSegment(s device.Stream) {
+	delete(p.segs, s)
+	delete(p.keep, s)
+	keep := p.lib[:0]
+	for _, sp := range p.lib {
+		if _, ok := sp.spans[s]; !ok {
+			keep = append(keep, sp)
+		}
+	}
+	clear(p.lib[len(keep):])
+	p.lib = keep
+	for _, sp := range p.lib {
+		if sp.after != nil && !slices.Contains(p.lib, sp.after) {
+			sp.after = nil
+		}
+	}
+	if p.cur != nil && !slices.Contains(p.lib, p.cur) {
+		p.cur, p.active, p.plan, p.byKey, p.uses = nil, false, nil, nil, nil
+		p.spans, p.shift = map[device.Stream]uint64{}, map[device.Stream]uint64{}
+	}
+	if p.pred != nil && !slices.Contains(p.lib, p.pred) {
+		p.pred = nil
+	}
+	if p.last != nil && !slices.Contains(p.lib, p.last) {
+		p.last = nil
+	}
+	if len(p.lib) == 0 {
+		p.pick = false
+	}
 }

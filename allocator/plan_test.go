@@ -233,8 +233,10 @@ func TestStepPlanOverDropped(t *testing.T) {
 	require.True(t, p.active)
 	require.Greater(t, p.lastNeed, a.planBound(budget), "the plan is over the bound")
 	require.GreaterOrEqual(t, p.activeSteps, 1)
+	p.cur.runs = max(p.cur.runs, 1)
 	// The step just ended remapped more than best fit did.
 	p.fitRemaps = 1
+	p.cur.fit = 1
 	a.cnt.remaps = p.remaps0 + 2
 	a.mu.Unlock()
 	a.StepBoundary()
