@@ -142,17 +142,18 @@ at::Tensor view_of(const c10::Storage& storage, const Cell& cell) {
 }
 
 // The op's input cells and where each sits in its arguments.
+// Small vectors: most ops read and return a few tensors (no allocation then).
 struct Session::Inputs {
-  std::vector<CellPtr> cells;
-  std::vector<Slot> slots;
-  std::vector<int64_t> ids;
+  c10::SmallVector<CellPtr, 4> cells;
+  c10::SmallVector<Slot, 4> slots;
+  c10::SmallVector<int64_t, 4> ids;
   bool missing = false;
 };
 
 // The tensors of an op's results: where each sits (result, list element).
 struct Session::Outputs {
-  std::vector<at::Tensor> tensors;
-  std::vector<std::pair<int, int>> places;
+  c10::SmallVector<at::Tensor, 2> tensors;
+  c10::SmallVector<std::pair<int, int>, 2> places;
 };
 
 // Engine locks held until it goes out of scope.
@@ -474,7 +475,7 @@ void Session::rebuild(const CellPtr& cell, Held& held) {
   }
 }
 
-void Session::fill(c10::IValue* args, const std::vector<Slot>& slots, const std::vector<at::Tensor>& reals) {
+void Session::fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals) {
   int last_owned = -1;
   for (const Slot& s : slots) {
     if (s.elem >= 0 && s.arg != last_owned) {
@@ -505,10 +506,10 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
                                             int64_t* fresh_bytes) {
   const size_t n_in = in.cells.size();
   const size_t n_out = out.tensors.size();
-  std::vector<int64_t> sizes(n_out);
-  std::vector<int64_t> aliases(n_out, -1);
+  c10::SmallVector<int64_t, 4> sizes(n_out);
+  c10::SmallVector<int64_t, 4> aliases(n_out, -1);
   int64_t fresh = 0;
-  std::vector<const void*> input_data;
+  c10::SmallVector<const void*, 4> input_data;
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& o = out.tensors[k];
     if (f.views_first && n_in) {
@@ -575,7 +576,7 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
 }
 
 std::vector<CellPtr> Session::make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
-                                         const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases) {
+                                         c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases) {
   const size_t n_out = out.tensors.size();
   std::vector<CellPtr> cells;
   cells.reserve(n_out);
@@ -605,7 +606,7 @@ std::vector<CellPtr> Session::make_cells(const Inputs& in, const Outputs& out, i
 }
 
 std::vector<CellPtr> Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                         const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases,
+                                         c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
                                          int64_t fresh, int64_t* fresh_bytes) {
   // No decision waits on this op: its record is queued with the ids the
   // engine will give it (they run in sequence; memscale_dtr_ops checks them).
@@ -686,8 +687,8 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
                                                   const c10::IValue* args, const Inputs& in) {
   auto rec = std::make_unique<RecordedOp>(op);
   rec->args.assign(args, args + f.n_args);
-  rec->slots = in.slots;
-  rec->inputs = in.cells;
+  rec->slots.assign(in.slots.begin(), in.slots.end());
+  rec->inputs.assign(in.cells.begin(), in.cells.end());
   rec->shape_only = f.shape_only;
   rec->grad_mode = c10::GradMode::is_enabled();
   // Tensors are not kept: each slot names its cell (a list argument is copied).
@@ -888,7 +889,7 @@ void Session::room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Hel
 int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::IValue* args,
                               const Inputs& in) {
   // The op on the real tensors (the stack's wrappers replaced), timed.
-  std::vector<at::Tensor> reals;
+  c10::SmallVector<at::Tensor, 4> reals;
   reals.reserve(in.cells.size());
   for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
   fill(args, in.slots, reals);
@@ -982,7 +983,7 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   if (in.missing) make_inputs_resident(in, held);
   std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
   // The op runs on a fresh view, so the cell's own tensor keeps its geometry.
-  std::vector<at::Tensor> reals;
+  c10::SmallVector<at::Tensor, 4> reals;
   for (const CellPtr& c : in.cells) reals.push_back(c == w->cell() ? view_of(c->tensor.storage(), *c) : c->tensor);
   at::Tensor view = reals[0];
   std::vector<c10::IValue> originals(args, args + f.n_args);
@@ -1157,7 +1158,7 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
     bool plain;
   };
   std::vector<Written> written;
-  std::vector<at::Tensor> reals;
+  c10::SmallVector<at::Tensor, 4> reals;
   reals.reserve(in.cells.size());
   for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
   for (const Slot& s : in.slots) {
@@ -1420,7 +1421,7 @@ void Session::rerun(int64_t op_id) {
       throw;
     }
   }
-  std::vector<at::Tensor> reals;
+  c10::SmallVector<at::Tensor, 4> reals;
   reals.reserve(r.inputs.size());
   std::vector<c10::Storage> copies(r.inputs.size());
   for (size_t k = 0; k < r.inputs.size(); ++k) {

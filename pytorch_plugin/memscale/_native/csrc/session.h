@@ -115,15 +115,15 @@ class Session {
   CellPtr cell_of(const at::Tensor& t);
   CellPtr extern_cell(const at::Tensor& t);
   void make_inputs_resident(Inputs& in, Held& held);
-  void fill(c10::IValue* args, const std::vector<Slot>& slots, const std::vector<at::Tensor>& reals);
+  void fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals);
   void flatten_results(c10::IValue* results, size_t n, Outputs& out);
   std::vector<CellPtr> register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                      int64_t* fresh_bytes);
   std::vector<CellPtr> queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases,
+                                  c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
                                   int64_t fresh, int64_t* fresh_bytes);
   std::vector<CellPtr> make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
-                                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& aliases);
+                                  c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases);
   void wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells);
 
   // The paths of dispatch.
