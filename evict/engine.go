@@ -341,17 +341,8 @@ func (e *Engine) Status() Status {
 func (e *Engine) Stats() Stats {
 	s := e.stats
 	s.Clock = e.clock
-	s.Usage = e.Usage()
-	s.PeakUsage, s.PeakResident = e.peak, e.peak
-	if e.cfg.Usage != nil {
-		s.PeakUsage = max(e.sampled, s.Usage)
-		if e.cfg.UsagePeak != nil {
-			s.PeakUsage = max(s.PeakUsage, e.cfg.UsagePeak())
-		}
-	}
-	if !e.cfg.Stress {
-		s.Budget = e.cfg.Budget
-	}
+	st := e.Status()
+	s.Usage, s.PeakUsage, s.Budget, s.PeakResident = st.Usage, st.PeakUsage, st.Budget, e.peak
 	s.MinBudget, s.MinBudgetParts = e.minBudget.Bytes(), e.minBudget
 	s.Candidates = e.sel.len()
 	s.Tensors = e.g.NumTensors()
