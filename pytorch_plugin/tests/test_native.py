@@ -260,3 +260,31 @@ def test_python_path_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
         y = torch.ones(3) * 2
     assert not r.native
     assert torch.equal(y, torch.full((3,), 2.0))
+
+
+def test_a_budget_set_mid_entry_sees_the_queued_ops() -> None:
+    # With room under the budget registrations are queued (memscale_dtr_ops,
+    # ids predicted); a lower budget set inside the entry sends them first, so
+    # the engine evicts what the queue registered and the step stays bitwise.
+    model, x = _mlp()
+    torch.manual_seed(3)
+    chain = [x]
+    for _ in range(150):
+        chain.append(chain[-1] * 1.01)
+    plain = chain[-1].sum()
+    r = memscale.dtr(1 << 40, heuristic="lru")
+    torch.manual_seed(3)
+    with r:
+        y = x
+        kept = []
+        for i in range(150):
+            y = y * 1.01
+            kept.append(y)
+            if i == 100:
+                r.budget = 110 * y.nbytes
+        kept.clear()  # what escapes must fit the budget at the exit: only the sum does
+        got = y.sum()
+    assert r.native
+    s = r.summary()
+    assert s["evictions"] > 0  # tensors registered through the queue, evicted once the budget came
+    assert torch.equal(plain, got)
