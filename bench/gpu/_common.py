@@ -107,6 +107,24 @@ def skip(step: str, reason: str, json_path: str | None, **fields: Any) -> int:
     return 0
 
 
+def driver_or_worker(step: str, a: Any, dry_run: Any, run_worker: Any, driver: Any) -> int:
+    """The entry of a script that drives worker processes (``a.worker`` set in
+    a worker): the dry run, a skip without CUDA (the worker's result or the
+    step's JSON in ``a.out_dir``), then the worker or the driver."""
+    setup_env()
+    if a.dry_run:
+        return dry_run(a)
+    if a.device == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            if a.worker:
+                return skip(f"{step}_{a.worker}", why, a.result)
+            return skip(step, why, os.path.join(a.out_dir, f"{step}.json"))
+    if a.worker:
+        return run_worker(a)
+    return driver(a)
+
+
 def median(xs: list[float]) -> float | None:
     """Median of ``xs`` (``None`` when empty)."""
     if not xs:

@@ -769,19 +769,7 @@ def dry_run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    _common.setup_env()
-    if a.dry_run:
-        return dry_run(a)
-    if a.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            if a.worker:
-                return _common.skip(f"{STEP}_{a.worker}", why, a.result)
-            return _common.skip(STEP, why, os.path.join(a.out_dir, f"{STEP}.json"))
-    if a.worker:
-        return run_worker(a)
-    return driver(a)
+    return _common.driver_or_worker(STEP, parse_args(argv), dry_run, run_worker, driver)
 
 
 if __name__ == "__main__":
