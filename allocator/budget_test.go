@@ -14,28 +14,13 @@ import (
 // cache. It returns the allocator's statistics at the end.
 func churnAtBudget(t *testing.T, a *Allocator, budget uint64) Stats {
 	t.Helper()
-	var live []device.Ptr
-	var sizes []uint64
-	var used uint64
+	var live liveAtBudget
 	for i := 0; i < 400; i++ {
 		size := uint64(20+(i*37)%60) << 20
-		for used+size > budget {
-			j := (i * 7) % len(live)
-			require.NoError(t, a.Free(live[j]))
-			used -= sizes[j]
-			live = append(live[:j], live[j+1:]...)
-			sizes = append(sizes[:j], sizes[j+1:]...)
-		}
-		p, err := a.Malloc(size, 1)
-		require.NoError(t, err)
-		live = append(live, p)
-		sizes = append(sizes, size)
-		used += size
+		live.alloc(t, a, budget, size, size, func(n int) int { return (i * 7) % n })
 	}
 	require.NoError(t, a.checkInvariants())
-	for _, p := range live {
-		require.NoError(t, a.Free(p))
-	}
+	freeAll(t, a, live.ptrs)
 	return a.Stats()
 }
 

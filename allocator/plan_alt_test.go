@@ -2,12 +2,9 @@ package allocator
 
 import (
 	"math/rand"
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/memscale/memscale/device"
 )
 
 // altStep runs one step of n requests drawn from seed at about budget bytes
@@ -24,9 +21,7 @@ func altStep(t *testing.T, a *Allocator, budget uint64, seed int64, n int) {
 func altStepCommon(t *testing.T, a *Allocator, budget uint64, seed int64, n, common int) {
 	t.Helper()
 	rng := rand.New(rand.NewSource(-1))
-	var live []device.Ptr
-	var sizes []uint64
-	var used uint64
+	var live liveAtBudget
 	for i := 0; i < n; i++ {
 		if i == common {
 			rng = rand.New(rand.NewSource(seed))
@@ -35,23 +30,10 @@ func altStepCommon(t *testing.T, a *Allocator, budget uint64, seed int64, n, com
 		if i%6 == 5 {
 			size = uint64(1+rng.Intn(900)) << 10 // small pool
 		}
-		for used+size > budget {
-			j := rng.Intn(len(live))
-			require.NoError(t, a.Free(live[j]))
-			used -= sizes[j]
-			live = slices.Delete(live, j, j+1)
-			sizes = slices.Delete(sizes, j, j+1)
-		}
-		p, err := a.Malloc(size, 1)
-		require.NoError(t, err)
-		live = append(live, p)
-		sizes = append(sizes, size)
-		used += size
+		live.alloc(t, a, budget, size, size, func(n int) int { return rng.Intn(n) })
 	}
 	require.NoError(t, a.checkInvariants())
-	for _, p := range live {
-		require.NoError(t, a.Free(p))
-	}
+	freeAll(t, a, live.ptrs)
 }
 
 // altRun runs the steps of seeds in turn (seeds[step % len(seeds)]),

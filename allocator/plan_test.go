@@ -24,37 +24,22 @@ func planStep(t *testing.T, a *Allocator, budget uint64, seed int64, keep int) [
 func planStepVary(t *testing.T, a *Allocator, budget uint64, seed int64, keep, vary int) []device.Ptr {
 	t.Helper()
 	rng := rand.New(rand.NewSource(seed))
-	var live []device.Ptr
-	var sizes []uint64
-	var used uint64
+	var live liveAtBudget
 	for i := 0; i < 300; i++ {
 		size := uint64(4+rng.Intn(60)) << 20
 		if i%5 == 0 {
 			size = uint64(1+rng.Intn(900)) << 10 // small pool
 		}
-		for used+size > budget {
-			j := rng.Intn(len(live))
-			require.NoError(t, a.Free(live[j]))
-			used -= sizes[j]
-			live = slices.Delete(live, j, j+1)
-			sizes = slices.Delete(sizes, j, j+1)
-		}
 		asked := size
 		if i == vary {
 			asked += 3 << 20 // the engine's accounting (used) is not changed
 		}
-		p, err := a.Malloc(asked, 1)
-		require.NoError(t, err)
-		live = append(live, p)
-		sizes = append(sizes, size)
-		used += size
+		live.alloc(t, a, budget, size, asked, rng.Intn)
 	}
 	require.NoError(t, a.checkInvariants())
-	n := len(live) - keep
-	for _, p := range live[:n] {
-		require.NoError(t, a.Free(p))
-	}
-	return live[n:]
+	n := len(live.ptrs) - keep
+	freeAll(t, a, live.ptrs[:n])
+	return live.ptrs[n:]
 }
 
 // TestStepPlanStopsRemaps: told the budget and where steps begin, an
