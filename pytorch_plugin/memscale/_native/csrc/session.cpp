@@ -568,9 +568,7 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
   }
   std::vector<CellPtr> cells = make_cells(in, out, op_id, w, sizes, aliases);
   int64_t handed = w[n_out];
-  // Copy the freed pairs out first: carrying them out does not touch the frame.
-  std::vector<int64_t> freed(w + n_out + 1, w + n_out + 1 + 2 * handed);
-  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+  carry_out_handed(w + n_out + 1, handed);
   *fresh_bytes = fresh;
   return cells;
 }
@@ -655,8 +653,13 @@ void Session::flush() {
   queued_fresh_ = 0;
   if (abi_.ops(h_, w) < 0) fail("memscale_dtr_ops");
   const int64_t handed = w[0];
-  std::vector<int64_t> freed(w + 1, w + 1 + 2 * handed);
-  for (int64_t j = 0; j < handed; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
+  carry_out_handed(w + 1, handed);
+}
+
+void Session::carry_out_handed(const int64_t* pairs, int64_t n) {
+  // Copied out first: carrying them out does not touch the frame, but a flush could.
+  std::vector<int64_t> freed(pairs, pairs + 2 * n);
+  for (int64_t j = 0; j < n; ++j) carry_out(freed[2 * j], static_cast<int32_t>(freed[2 * j + 1]));
 }
 
 int64_t Session::name_id(const OpFacts& f) {

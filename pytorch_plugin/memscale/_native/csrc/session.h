@@ -163,6 +163,7 @@ class Session {
   void make_room(int64_t extra, const std::string& what);
   void evict(int64_t extra, const std::string& why);
   void carry_out(int64_t root, int32_t action);
+  void carry_out_handed(const int64_t* pairs, int64_t n);  // (root, action) pairs the engine handed out
   void drop(Group& g);
   void take_releases();
   void release(const CellPtr& cell);  // mu_ held
