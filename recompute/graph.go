@@ -185,9 +185,9 @@ const MaxLiveBytes = 1 << 62
 const MaxTensors = math.MaxInt32 - 1
 
 // checkTensors returns an error naming what unless n more tensors fit.
-func (g *Graph) checkTensors(what string, n int) error {
+func (g *Graph) checkTensors(n int) error {
 	if len(g.tensors)+n > MaxTensors {
-		return fmt.Errorf("%s: %d tensors already, the most a graph holds is %d: %w", what, len(g.tensors), MaxTensors, ErrTooLarge)
+		return fmt.Errorf("%d tensors already, the most a graph holds is %d: %w", len(g.tensors), MaxTensors, ErrTooLarge)
 	}
 	return nil
 }
@@ -196,15 +196,16 @@ func (g *Graph) checkTensors(what string, n int) error {
 // above MaxSize or storages above MaxLiveBytes in all.
 var ErrTooLarge = errors.New("size too large")
 
-// checkSize returns an error naming what, its size and the limits unless a
-// fresh storage of size bytes is accepted now.
-func (g *Graph) checkSize(what string, size, more uint64) error {
+// checkSize returns an error naming its size and the limits unless a fresh
+// storage of size bytes is accepted now. The caller adds what the storage is
+// (on the error path only: AddOp runs once per op of a step).
+func (g *Graph) checkSize(size, more uint64) error {
 	if size > MaxSize {
-		return fmt.Errorf("%s: size %d bytes is above the maximum of %d bytes (256 TiB): %w", what, size, uint64(MaxSize), ErrTooLarge)
+		return fmt.Errorf("size %d bytes is above the maximum of %d bytes (256 TiB): %w", size, uint64(MaxSize), ErrTooLarge)
 	}
 	if g.live+more > MaxLiveBytes {
-		return fmt.Errorf("%s: %d more bytes would take the live storages to %d bytes, above the maximum of %d bytes: %w",
-			what, size, g.live+more, uint64(MaxLiveBytes), ErrTooLarge)
+		return fmt.Errorf("%d more bytes would take the live storages to %d bytes, above the maximum of %d bytes: %w",
+			size, g.live+more, uint64(MaxLiveBytes), ErrTooLarge)
 	}
 	return nil
 }
@@ -290,11 +291,11 @@ func (g *Graph) IsResident(t TensorID) bool {
 // above MaxSize, or one that takes the live storages above MaxLiveBytes, is
 // an error wrapping ErrTooLarge.
 func (g *Graph) AddExternal(size uint64, clock int64) (TensorID, error) {
-	if err := g.checkSize("external tensor", size, size); err != nil {
-		return 0, err
+	if err := g.checkSize(size, size); err != nil {
+		return 0, fmt.Errorf("external tensor: %w", err)
 	}
-	if err := g.checkTensors("external tensor", 1); err != nil {
-		return 0, err
+	if err := g.checkTensors(1); err != nil {
+		return 0, fmt.Errorf("external tensor: %w", err)
 	}
 	g.live += size
 	t := TensorID(len(g.tensors))
@@ -328,8 +329,8 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 				name, i, in, g.storages[x.Storage].State, x.Defined)
 		}
 	}
-	if err := g.checkTensors("op "+name, len(outs)); err != nil {
-		return 0, err
+	if err := g.checkTensors(len(outs)); err != nil {
+		return 0, fmt.Errorf("op %s: %w", name, err)
 	}
 	var fresh uint64
 	for i, o := range outs {
@@ -340,8 +341,8 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 			// checkSize refuses o.Size > MaxSize before it looks at the
 			// sum, and fresh passed the check before (<= MaxLiveBytes),
 			// so neither fresh+o.Size nor live+fresh+o.Size can wrap
-			if err := g.checkSize(fmt.Sprintf("op %s output %d", name, i), o.Size, fresh+o.Size); err != nil {
-				return 0, err
+			if err := g.checkSize(o.Size, fresh+o.Size); err != nil {
+				return 0, fmt.Errorf("op %s output %d: %w", name, i, err)
 			}
 			fresh += o.Size
 		}
