@@ -4,6 +4,16 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
 ``Trainer``, its model arguments) trains:
 
 * ``plain``: no region (the memscale allocator only);
+* ``record-native`` / ``card-native`` / ``budget-native`` (first: issue 28's
+  native region has priority when time is short): as ``record``, ``card`` and
+  ``budget`` below on the native region's C++ per-op path
+  (``MEMSCALE_NATIVE=1``; the torch extension is built or loaded at the
+  first; when it cannot be used these variants are reported unavailable with
+  the reason, and the rest run). One step of each ``--trace`` variant
+  (``budget-native`` by default) runs under ``torch.profiler`` (CPU and CUDA
+  activity): its chrome trace is written gzipped next to the JSON
+  (``profile_step_trace_VARIANT.json.gz``) and its top ops by own CPU time
+  are printed; every variant below runs with ``MEMSCALE_NATIVE=0``;
 * ``record``: inside ``memscale.dtr(None)``: every op recorded, nothing evicted
   (the region's bookkeeping alone);
 * ``card``: inside ``memscale.dtr()`` with no threshold set: the budget is the
@@ -27,10 +37,13 @@ One process, the memscale allocator installed. The same model (gpt2_dtr.py's
 * ``blocks-at-checkpointing`` (CUDA only): ``memscale.blocks`` bounding the
   device's allocated bytes at checkpointing's peak allocated (equal memory).
 
-For each: the median step time (synchronized), the ratio to ``plain`` and the
-region's synchronizations per step, then a cProfile of one step of each region
-variant: the top functions by own time. Writes ``profile_step.json`` into
-``--out`` when given.
+For each: the median step time (synchronized), the ratio to ``plain``, the
+main thread's CPU time per step while the step is issued (the final
+synchronization excluded) and the region's synchronizations per step, then a
+cProfile of one step of each region variant: the top functions by own time.
+Writes ``profile_step.json`` into ``--out`` when given. ``--time-budget``:
+variants that would start after that many seconds are skipped (the native ones
+run first).
 
     PYTHONPATH=pytorch_plugin python bench/gpu/profile_step.py [--batch 8] [--seq 1024] [--out DIR]
 """
@@ -39,10 +52,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gzip
 import io
 import os
 import pstats
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +74,43 @@ def _median_steps(tr: Any, first: int, n: int) -> float:
     m = _common.median(tr.times[-n:])
     assert m is not None
     return m
+
+
+def _trace(tr: Any, i: int, out: str | None, name: str, max_mb: float, cuda: bool) -> tuple[dict[str, Any], str]:
+    """One step under torch.profiler: (where its gzipped chrome trace went, the
+    top ops by own CPU time). The trace is kept only with ``--out`` and when
+    no larger than ``max_mb`` gzipped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    info: dict[str, Any] = {}
+    try:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts, record_shapes=False, profile_memory=False, with_stack=False) as prof:
+            tr.step(i)
+        info["step_s"] = round(tr.times[-1], 5)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            raw = Path(out) / f"profile_step_trace_{name}.json"
+            prof.export_chrome_trace(str(raw))
+            gz = raw.with_name(raw.name + ".gz")
+            with open(raw, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
+            info.update(raw_bytes=raw.stat().st_size, gz_bytes=gz.stat().st_size)
+            raw.unlink()
+            if gz.stat().st_size > max_mb * (1 << 20):
+                gz.unlink()
+                info["file"] = None
+                info["dropped"] = f"{info['gz_bytes']} bytes gzipped > --trace-max-mb {max_mb}"
+            else:
+                info["file"] = gz.name
+        else:
+            info["file"] = None
+            info["dropped"] = "no --out"
+        return info, table
+    except Exception as exc:  # noqa: BLE001 - the numbers above stand without it
+        info["error"] = f"{type(exc).__name__}: {str(exc)[:1000]}"
+        return info, f"(torch.profiler failed: {info['error']})"
 
 
 def _profile(tr: Any, i: int, top: int) -> str:
@@ -79,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=22, help="functions listed per profile")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", help="cpu: a tiny model, to test the script without a GPU")
+    p.add_argument("--trace", default="budget-native", help="native variants traced with torch.profiler, "
+                   "comma-separated (default budget-native; '' for none)")
+    p.add_argument("--trace-max-mb", type=float, default=8.0, help="a gzipped trace larger than this is not kept")
+    p.add_argument("--native-ext-json", default=None, help="native_ext.py's result: when it says the extension is "
+                   "unavailable, the native variants are not tried (no second build)")
+    p.add_argument("--time-budget", type=float, default=0.0, help="skip variants that would start after this many "
+                   "seconds (0: no limit)")
     a = p.parse_args(argv)
     cuda = a.device == "cuda"
     ok, why = _common.cuda_status()
@@ -100,11 +160,28 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"batch": a.batch, "seq": a.seq if cuda else 32, "device": device, "torch": torch.__version__}
     result["crossing_extension"] = _crossing.unavailable_reason() or "used"
     print(f"crossing extension: {result['crossing_extension']}", flush=True)
+    t_start = time.monotonic()
+    skipped: list[str] = []
+
+    def out_of_time(name: str) -> bool:
+        if a.time_budget and time.monotonic() - t_start > a.time_budget:
+            skipped.append(name)
+            print(f"{name}: skipped (time budget of {a.time_budget:.0f} s used up)", flush=True)
+            return True
+        return False
 
     tr = gpt2_dtr.Trainer(margs, a.batch)
+    cpu: dict[str, Any] = {}
+
+    def cpu_of(name: str, n: int) -> None:
+        """Medians of the last ``n`` steps' CPU times while issued (main thread, process)."""
+        cpu[name] = {"thread": _common.median(tr.thread_cpu[-n:]), "process": _common.median(tr.process_cpu[-n:]),
+                     "issue": _common.median(tr.issue_times[-n:])}
+
     if cuda:
         memscale.reset_peak_memory_stats(0)
     plain = _median_steps(tr, 0, 2 + a.steps)
+    cpu_of("plain", a.steps)
     if cuda:
         peak = int(memscale.max_memory_allocated(0))
     else:  # the engine's count of an unbudgeted step
@@ -115,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, float] = {"plain": plain}
     profiles: dict[str, str] = {}
     summaries: dict[str, Any] = {}
+    syncs: dict[str, float] = {}
     real_timer = dispatch.CudaTimer
 
     class HostTimer:
@@ -127,6 +205,53 @@ def main(argv: list[str] | None = None) -> int:
             return host_ns
 
     card = memscale.THRESHOLD if cuda else None  # the device's memory when no threshold is set
+    # The native region (issue 28) first.
+    native_reason = None
+    ne = _common.read_json(a.native_ext_json) if a.native_ext_json else None
+    if isinstance(ne, dict) and ne.get("status") == "unavailable":
+        native_reason = f"native_ext.py: {ne.get('reason')}"
+    traces = {t.strip() for t in a.trace.split(",") if t.strip()}
+    trace_info: dict[str, Any] = {}
+    trace_tables: dict[str, str] = {}
+    native_status: dict[str, str] = {}
+    os.environ["MEMSCALE_NATIVE"] = "1"
+    for name, b in (("record-native", None), ("card-native", card), ("budget-native", budget)):
+        if native_reason is not None:
+            native_status[name] = f"unavailable: {native_reason}"
+            continue
+        if out_of_time(name):
+            continue
+        tr.region = memscale.dtr(b)
+        try:
+            _median_steps(tr, 0, 2)  # warm-up (the extension built or loaded at the first entry)
+        except memscale.MemscaleError as exc:
+            from memscale._native import region_ext
+
+            native_reason = region_ext.unavailable_reason() or str(exc)
+            native_status[name] = f"unavailable: {native_reason}"
+            print(f"{name}: UNAVAILABLE: {native_reason}", flush=True)
+            tr.region = None
+            continue
+        if not tr.region.native:
+            native_status[name] = "failed: the entries ran on the Python region"
+            print(f"{name}: FAIL: MEMSCALE_NATIVE=1 but the entries ran on the Python region", flush=True)
+            continue
+        native_status[name] = "ok"
+        times[name] = _median_steps(tr, 2, a.steps)
+        cpu_of(name, a.steps)
+        profiles[name] = _profile(tr, 0, a.top)
+        summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
+        syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
+        print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), main thread CPU "
+              f"{cpu[name]['thread']:.4f} s per step (plain {cpu['plain']['thread']:.4f}), budget "
+              f"{summaries[name].get('budget')}, {summaries[name].get('evictions')} evictions in all", flush=True)
+        if name in traces:
+            trace_info[name], trace_tables[name] = _trace(tr, 1, a.out, name, a.trace_max_mb, cuda)
+            print(f"{name}: torch.profiler trace of one step: {trace_info[name]} (its table at the end)", flush=True)
+    tr.region = None
+    os.environ["MEMSCALE_NATIVE"] = "0"  # the Python region from here on
+    result["native_region_extension"] = native_reason or "used"
+    result["native_status"] = native_status
     variants = [
         ("record", None, real_timer, None),
         ("card", card, real_timer, None),
@@ -134,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         ("budget-one-call", budget, real_timer, "1"),
         ("budget-host-timer", budget, HostTimer, None),
     ]
-    syncs: dict[str, float] = {}
     for name, b, timer, batch in variants:
+        if out_of_time(name):
+            continue
         dispatch.CudaTimer = timer  # type: ignore[misc]
         if batch is None:
             os.environ.pop("MEMSCALE_OP_BATCH", None)
@@ -144,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         tr.region = memscale.dtr(b)
         _median_steps(tr, 0, 2)  # warm-up (and the region's tuning entry)
         times[name] = _median_steps(tr, 2, a.steps)
+        cpu_of(name, a.steps)
         profiles[name] = _profile(tr, 0, a.top)
         summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
         syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
@@ -153,18 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("MEMSCALE_OP_BATCH", None)
     # The drop-in API at the card's size (on the CPU: far above the step's peak).
     tr.region = None
-    memscale.wrap(tr.model, memscale.Config(threshold="100%" if cuda else "1TiB", log_summary=False))
-    _median_steps(tr, 0, 2)  # the two tracked steps
-    times["wrap-card"] = _median_steps(tr, 2, a.steps)
-    profiles["wrap-card"] = _profile(tr, 0, a.top)
-    summaries["wrap-card"] = {
-        k: v for k, v in memscale.summary(tr.model).as_dict().items() if isinstance(v, (int, float, str))
-    }
-    memscale.detach(tr.model)
-    syncs["wrap-card"] = 0.0  # untracked steps run no region
-    print(f"wrap-card: median {times['wrap-card']:.4f} s ({times['wrap-card'] / plain:.2f}x plain), "
-          f"{summaries['wrap-card'].get('untracked_steps')} of {summaries['wrap-card'].get('steps')} steps untracked",
-          flush=True)
+    if not out_of_time("wrap-card"):
+        memscale.wrap(tr.model, memscale.Config(threshold="100%" if cuda else "1TiB", log_summary=False))
+        _median_steps(tr, 0, 2)  # the two tracked steps
+        times["wrap-card"] = _median_steps(tr, 2, a.steps)
+        cpu_of("wrap-card", a.steps)
+        profiles["wrap-card"] = _profile(tr, 0, a.top)
+        summaries["wrap-card"] = {
+            k: v for k, v in memscale.summary(tr.model).as_dict().items() if isinstance(v, (int, float, str))
+        }
+        memscale.detach(tr.model)
+        syncs["wrap-card"] = 0.0  # untracked steps run no region
+        print(f"wrap-card: median {times['wrap-card']:.4f} s ({times['wrap-card'] / plain:.2f}x plain), "
+              f"{summaries['wrap-card'].get('untracked_steps')} of {summaries['wrap-card'].get('steps')} steps untracked",
+              flush=True)
     # Block-level DTR (memscale.blocks: no per-op interception) at 50 % and 25 %
     # of the blocks' activations, and activation checkpointing for reference.
     peaks: dict[str, int | None] = {}
@@ -174,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         # (nothing evicted: the hooks' own cost, issue 13's "within 3 %");
         # blocks-min: one block's activations, the least that works (every
         # block but the last recomputed: checkpointing's memory, about)
+        if out_of_time(name):
+            continue
         if name == "blocks-card":
             from memscale._blocks.tracker import device_allocated
 
@@ -186,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             memscale.reset_peak_memory_stats(0)
         times[name] = _median_steps(tr, 2, a.steps)
+        cpu_of(name, a.steps)
         peaks[name] = int(memscale.max_memory_allocated(0)) if cuda else None
         if name == "blocks-min":
             profiles[name] = _profile(tr, a.steps + 2, a.top)
@@ -197,12 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), peak allocated "
               f"{_common.fmt_bytes(peaks[name]) if peaks[name] else '-'}, {summaries[name]['rematerializations']} "
               f"block recomputes in {summaries[name]['steps']} steps", flush=True)
-    if hasattr(tr.model, "gradient_checkpointing_enable"):
+    if hasattr(tr.model, "gradient_checkpointing_enable") and not out_of_time("checkpointing"):
         tr.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         _median_steps(tr, 0, 1)
         if cuda:
             memscale.reset_peak_memory_stats(0)
         times["checkpointing"] = _median_steps(tr, 1, a.steps)
+        cpu_of("checkpointing", a.steps)
         peaks["checkpointing"] = int(memscale.max_memory_allocated(0)) if cuda else None
         profiles["checkpointing"] = _profile(tr, a.steps + 1, a.top)
         tr.model.gradient_checkpointing_disable()
@@ -248,8 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain: median {plain:.4f} s, peak allocated {_common.fmt_bytes(peak)}, budget {_common.fmt_bytes(budget)}")
     for name, text in profiles.items():
         print(f"\n== cProfile, one step, {name} (sorted by own time)\n{text}")
+    for name, text in trace_tables.items():
+        print(f"\n== torch.profiler, one step, {name} (top ops by own CPU time)\n{text}")
     result.update(times=times, ratios={k: v / plain for k, v in times.items()}, peak=peak, budget=budget,
-                  summaries=summaries, profiles=profiles, synchronizations_per_step=syncs)
+                  summaries=summaries, profiles=profiles, synchronizations_per_step=syncs, cpu_per_step=cpu,
+                  traces=trace_info, trace_tables=trace_tables, skipped=skipped,
+                  seconds=round(time.monotonic() - t_start, 1))
     if a.out:
         _common.write_json(Path(a.out) / "profile_step.json", result)
     return 0

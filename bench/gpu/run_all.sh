@@ -17,6 +17,15 @@
 # with the summary. Total time is capped by MEMSCALE_GPU_BUDGET_S (default 480 s):
 # each step gets at most what is left. Exit status: 0 if no step failed.
 #
+# Order (issue 28's native region first where time is short): the checks,
+# with the native region's torch extension built in the background meanwhile
+# (native_ext, MAX_JOBS=8 under nice; families_cuda runs while it builds);
+# then profile_step (native-region variants and their torch.profiler trace
+# first) and gpt2_dtr (native region at seq 512 and 1024, its largest batch,
+# then the Python region); the older measurements (families_cuda if not run
+# yet, planner_check, fresh_warm, bench_replay) last, each skipped when fewer
+# seconds are left than it needs.
+#
 # Environment: PYTHON (default python3), MEMSCALE_LIBRARY (default
 # build/libmemscale.so), MEMSCALE_GPU_BUDGET_S, MEMSCALE_GPU_WORK (scratch
 # directory for large files; default a fresh mktemp directory, removed at the end),
@@ -82,7 +91,60 @@ skip_step() {
 	record "$name" "skipped: $reason" - 0 "$@"
 }
 
-# step NAME MAX_SECONDS COMMAND... : run with a time limit, tee into steps/NAME.log
+# bg_start NAME MAX_SECONDS COMMAND... : start a step in the background (its
+# output into steps/NAME.log); bg_wait NAME prints that log and records it.
+BG_PID="" BG_T0=0 BG_CMD="" BG_MAX=0
+bg_start() {
+	local name=$1 max=$2
+	shift 2
+	case " ${MEMSCALE_GPU_SKIP:-} " in
+	*" $name "*)
+		skip_step "$name" "in MEMSCALE_GPU_SKIP" "$@"
+		return 0
+		;;
+	esac
+	BG_T0=$(date +%s) BG_CMD="$*" BG_MAX=$max
+	rm -f "$WORK/$name.rc"
+	echo
+	echo "== $name (background, limit ${max}s): $*"
+	if [ "$HAVE_TIMEOUT" = 1 ]; then
+		(
+			timeout --kill-after=15 "$max" "$@" >"$STEPS/$name.log" 2>&1
+			echo $? >"$WORK/$name.rc"
+		) &
+	else
+		(
+			"$@" >"$STEPS/$name.log" 2>&1
+			echo $? >"$WORK/$name.rc"
+		) &
+	fi
+	BG_PID=$!
+}
+bg_wait() {
+	local name=$1 rc status
+	[ -n "$BG_PID" ] || return 0
+	echo
+	echo "== $name: waiting for the background step ($(($(date +%s) - BG_T0))s so far)"
+	wait "$BG_PID"
+	BG_PID=""
+	rc=$(cat "$WORK/$name.rc" 2>/dev/null || echo 1)
+	sed 's/^/    /' "$STEPS/$name.log" | tail -40
+	status=ok
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		status="timeout after ${BG_MAX}s"
+		FAILED=1
+	elif [ "$rc" != 0 ]; then
+		status=failed
+		FAILED=1
+	fi
+	echo "== $name: $status (exit $rc, $(($(date +%s) - BG_T0))s, in the background)"
+	record "$name" "$status" "$rc" "$(($(date +%s) - BG_T0))" "$BG_CMD"
+}
+
+bg_running() { [ -n "$BG_PID" ] && kill -0 "$BG_PID" 2>/dev/null; }
+
+# step NAME MAX_SECONDS COMMAND... : run with a time limit, tee into steps/NAME.log;
+# skipped when fewer than NEED seconds (default 10) are left.
 step() {
 	local name=$1 max=$2
 	shift 2
@@ -95,8 +157,8 @@ step() {
 	esac
 	t=$(left)
 	[ "$t" -gt "$max" ] && t=$max
-	if [ "$t" -lt 10 ]; then
-		skip_step "$name" "time budget of ${BUDGET}s used up" "$@"
+	if [ "$t" -lt "${NEED:-10}" ]; then
+		skip_step "$name" "time budget of ${BUDGET}s used up (${t}s left, ${NEED:-10}s needed)" "$@"
 		return 0
 	fi
 	echo
@@ -143,6 +205,17 @@ main() {
 		echo "WARNING: $MEMSCALE_LIBRARY does not exist (run make here and carry build/): memscale steps will fail"
 	fi
 
+	# The native region's torch extension (issue 28) is built against this
+	# machine's torch, in the background while the checks below run (a
+	# compiler and ninja are needed); every later process loads it from the
+	# cache. Half the cores and a lower priority: the checks keep the rest.
+	if [ "$HAVE_CUDA" = 1 ]; then
+		bg_start native_ext 300 nice -n 10 env MAX_JOBS=${MEMSCALE_BUILD_JOBS:-8} \
+			"$PY" bench/gpu/native_ext.py --out "$STEPS/native_ext.json"
+	else
+		step native_ext 60 "$PY" bench/gpu/native_ext.py --out "$STEPS/native_ext.json"
+	fi
+
 	# 0. Smoke: memscale as PyTorch's allocator, one PASS/FAIL line per check.
 	step smoke 120 "$PY" bench/gpu/smoke.py --out "$STEPS/smoke.json"
 
@@ -183,30 +256,48 @@ main() {
 		skip_step correctness_compare "no native run saved (GPU steps skipped or failed)" \
 			"$PY" bench/gpu/correctness.py --compare ...
 	fi
+	# While the extension is still building, an older check that needs no extension.
+	local families_done=0
+	if bg_running; then
+		step families_cuda 90 "$PY" bench/families_check.py --device cuda --json "$STEPS/families_cuda.json" \
+			--families bert deberta_v2 mistral gemma gpt_neox mamba big_bird whisper wav2vec2 clip swin mobilenet_v2
+		families_done=1
+	fi
+	bg_wait native_ext
+
+	# 3. Issue 28's native region first. Where a GPT-2 step under a region
+	#    spends its time (one process; native-region variants and one
+	#    torch.profiler trace first, then the older Python-region ones while
+	#    its 45 s last), then GPT-2 at seq 512 and 1024: plain, native region
+	#    at 50 % of plain's peak and at the card's size, its largest batch,
+	#    then the same on the Python region (all the time left but 30 s).
+	step profile_step 120 "$PY" bench/gpu/profile_step.py --seq 1024 --out "$STEPS" \
+		--native-ext-json "$STEPS/native_ext.json" --time-budget 45
+	local t
+	t=$(($(left) - 30))
+	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --seqs 512,1024 \
+		--regions native,python --native-ext-json "$STEPS/native_ext.json" --time-budget $((t > 40 ? t - 20 : 20))
+
+	# The older measurements (their numbers are in bench/results/gpu-2026-11-27-*.md), when time is left.
 	# memscale.check (plain step vs the stress setting, every rebuild verified)
 	# on a dozen Hugging Face families on the device (tests/families.py).
-	step families_cuda 90 "$PY" bench/families_check.py --device cuda --json "$STEPS/families_cuda.json" \
-		--families bert deberta_v2 mistral gemma gpt_neox mamba big_bird whisper wav2vec2 clip swin mobilenet_v2
+	if [ "$families_done" = 0 ]; then
+		NEED=40 step families_cuda 90 "$PY" bench/families_check.py --device cuda --json "$STEPS/families_cuda.json" \
+			--families bert deberta_v2 mistral gemma gpt_neox mamba big_bird whisper wav2vec2 clip swin mobilenet_v2
+	fi
 
 	# memscale plan's predictions against this GPU (issue 31): GPT-2 planned on meta
 	# with this device's cost model, then measured under PyTorch's allocator.
-	step planner_check 150 "$PY" bench/gpu/planner_check.py --out "$STEPS" --time-budget 110
+	NEED=120 step planner_check 150 "$PY" bench/gpu/planner_check.py --out "$STEPS" --time-budget 110
 
-	# 3. Where a GPT-2 step under a region spends its time (one process, about
-	#    a minute), then GPT-2: native baseline, DTR at 50% of its peak, largest
-	#    batch both ways (all the time left but 120 s, kept for step 4).
-	step profile_step 180 "$PY" bench/gpu/profile_step.py --seq 1024 --out "$STEPS"
-	local t
-	t=$(($(left) - 270))
-	step gpt2_dtr "$t" "$PY" bench/gpu/gpt2_dtr.py --out-dir "$STEPS" --work "$WORK" --time-budget $((t > 40 ? t - 20 : 20))
 	# The same DTR step in a fresh process, in a warm one (plain steps first) and
 	# with step boundaries (issue 29: allocator step plans), budget from (a)'s peak.
-	step fresh_warm 150 "$PY" bench/gpu/fresh_warm.py --out-dir "$STEPS" --native-json "$STEPS/gpt2_native.json" \
+	NEED=140 step fresh_warm 150 "$PY" bench/gpu/fresh_warm.py --out-dir "$STEPS" --native-json "$STEPS/gpt2_native.json" \
 		--time-budget 135
 
 	# 4. Snapshots replayed under real allocators, and the native model against memory_stats.
 	t=$(left)
-	step bench_replay "$t" "$PY" bench/gpu/bench_replay.py --out "$STEPS" --work "$WORK/bench_replay" \
+	NEED=60 step bench_replay "$t" "$PY" bench/gpu/bench_replay.py --out "$STEPS" --work "$WORK/bench_replay" \
 		--time-budget $((t > 40 ? t - 20 : 20))
 
 	echo

@@ -39,13 +39,15 @@ expect() { # expect NAME PATTERN FILE : FILE contains PATTERN
 }
 
 check bash-syntax bash -n $G/run_all.sh
-check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py $G/profile_step.py $G/bench_replay.py $G/planner_check.py $G/fresh_warm.py
+check py-compile "$PY" -m py_compile $G/_common.py $G/alloc_latency.py $G/correctness.py $G/gpt2_dtr.py $G/env_info.py $G/summarize.py $G/smoke.py $G/profile_step.py $G/bench_replay.py $G/planner_check.py $G/fresh_warm.py $G/native_ext.py
 check dry-smoke "$PY" $G/smoke.py --dry-run
 check dry-alloc "$PY" $G/alloc_latency.py --dry-run
 check dry-correctness-native "$PY" $G/correctness.py --allocator native --save "$T/x.pt" --dry-run
 check dry-correctness-memscale "$PY" $G/correctness.py --allocator memscale --save "$T/x.pt" --dry-run
 check dry-correctness-compare "$PY" $G/correctness.py --compare a.pt b.pt --dry-run
 check dry-gpt2 "$PY" $G/gpt2_dtr.py --dry-run
+check dry-gpt2-seqs "$PY" $G/gpt2_dtr.py --dry-run --seqs 512,1024 --regions native,python
+check dry-native-ext "$PY" $G/native_ext.py --dry-run
 check dry-env "$PY" $G/env_info.py --dry-run
 check dry-planner "$PY" $G/planner_check.py --dry-run
 check dry-fresh-warm "$PY" $G/fresh_warm.py --dry-run
@@ -60,6 +62,8 @@ else
 	expect skip-smoke-json '"skipped"' "$T/s0.json"
 	expect skip-correctness-json '"skipped"' "$T/cm.json"
 	expect skip-gpt2-json '"skipped"' "$T/g0/gpt2_dtr.json"
+	check skip-native-ext "$PY" $G/native_ext.py --out "$T/ne0.json"
+	expect skip-native-ext-json '"skipped"' "$T/ne0.json"
 	check skip-fresh-warm "$PY" $G/fresh_warm.py --out-dir "$T/fw0"
 	expect skip-fresh-warm-json '"skipped"' "$T/fw0/fresh_warm.json"
 	check skip-planner "$PY" $G/planner_check.py --out "$T/pc0"
@@ -78,14 +82,24 @@ check cpu-correctness-dtr "$PY" $G/correctness.py --allocator native --device cp
 expect cpu-correctness-dtr-evicts '"evictions": [1-9]' "$T/d.json"
 check cpu-correctness-compare "$PY" $G/correctness.py --compare "$T/n.pt" "$T/d.pt" --out "$T/cmp.json"
 expect cpu-correctness-bitwise '"bitwise_equal": true' "$T/cmp.json"
+# The native region's extension (issue 28): built or loaded here, one op on the native path.
+check cpu-native-ext "$PY" $G/native_ext.py --device cpu --out "$T/ne1.json"
+expect cpu-native-ext-ok '"native_path": true' "$T/ne1.json"
+# Plain, the native and the Python region (each at 50 % and at the card's size), then the largest batches.
 check cpu-gpt2-driver "$PY" $G/gpt2_dtr.py --device cpu --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 --batch 4 \
-	--steps 2 --warmup 1 --dropout 0.1 --out-dir "$T/g1" --work "$T/g1w" --time-budget 120 --max-batch 8 --max-probes 2 \
-	--cpu-fit-budget 4000000
+	--steps 2 --warmup 1 --dropout 0.1 --out-dir "$T/g1" --work "$T/g1w" --time-budget 300 --max-batch 8 --max-probes 2 \
+	--cpu-fit-budget 6000000 --regions native,python --reserve-after-fit 60
 expect cpu-gpt2-grads '"grads_bitwise_equal": true' "$T/g1/gpt2_dtr.json"
 expect cpu-gpt2-budget '"dtr_peak_within_budget_plus_one_op": true' "$T/g1/gpt2_dtr.json"
-check cpu-gpt2-mini "$PY" $G/gpt2_dtr.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 \
-	--batch 4 --steps 2 --warmup 1 --out-dir "$T/g2" --work "$T/g2w" --time-budget 60 --skip-fit
-expect cpu-gpt2-mini-grads '"grads_bitwise_equal": true' "$T/g2/gpt2_dtr.json"
+expect cpu-gpt2-native-region '"region_path_used": "native"' "$T/g1/gpt2_native-region-50_s64.json"
+expect cpu-gpt2-native-region-grads '"grads_bitwise_equal": true' "$T/g1/gpt2_native-region-card_s64.json"
+expect cpu-gpt2-cpu-time '"median_thread_cpu_s": [0-9]' "$T/g1/gpt2_native-region-50_s64.json"
+expect cpu-gpt2-native-region-fit '"fit_native_region_stopped"' "$T/g1/gpt2_dtr.json"
+# Two lengths, the native region only (at 70 %: 50 % is below what the tiny model's shorter step needs).
+check cpu-gpt2-mini "$PY" $G/gpt2_dtr.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seqs 64,32 --vocab 512 \
+	--batch 4 --steps 2 --warmup 1 --out-dir "$T/g2" --work "$T/g2w" --time-budget 200 --skip-fit --regions native --fraction 0.7
+expect cpu-gpt2-mini-grads '"grads_bitwise_equal": true' "$T/g2/gpt2_native-region-70_s32.json"
+expect cpu-gpt2-mini-seq32 '"status": "ok"' "$T/g2/gpt2_native-region-card_s32.json"
 check cpu-fresh-warm "$PY" $G/fresh_warm.py --device cpu --impl mini --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 \
 	--batch 4 --steps 1 --warmup 0 --warm-steps 1 --native-json "$T/g2/gpt2_native.json" --out-dir "$T/fw1" --time-budget 120
 expect cpu-fresh-warm-ratio '"fresh_over_warm"' "$T/fw1/fresh_warm.json"
@@ -99,6 +113,12 @@ expect cpu-profile-step-variants '"budget-host-timer"' "$T/ps/profile_step.json"
 expect cpu-profile-step-syncs '"synchronizations_per_step"' "$T/ps/profile_step.json"
 expect cpu-profile-step-wrap-card '"wrap-card"' "$T/ps/profile_step.json"
 expect cpu-profile-step-blocks '"blocks-min"' "$T/ps/profile_step.json"
+expect cpu-profile-step-native '"budget-native": "ok"' "$T/ps/profile_step.json"
+expect cpu-profile-step-cpu '"cpu_per_step"' "$T/ps/profile_step.json"
+if [ -s "$T/ps/profile_step_trace_budget-native.json.gz" ]; then echo "ok   cpu-profile-step-trace"; else
+	echo "FAIL cpu-profile-step-trace: no $T/ps/profile_step_trace_budget-native.json.gz"
+	FAIL=1
+fi
 check cpu-smoke "$PY" $G/smoke.py --device cpu --out "$T/s1.json"
 expect cpu-smoke-recompute '"name": "dtr_recompute",' "$T/s1.json"
 expect cpu-smoke-park '"name": "dtr_park",' "$T/s1.json"
@@ -115,6 +135,8 @@ expect run-all-md "## Steps" "$T/out/gpu-results.md"
 expect run-all-glibc "== glibc: " "$T/out/run_all.log"
 expect run-all-abi-device-mode "device mode: streams made with cuStreamCreate" "$T/out/run_all.log"
 expect run-all-abi-passed "| abi_test | ok |" "$T/out/gpu-results.md"
+expect run-all-native-section "## 3a. The native region" "$T/out/gpu-results.md"
+expect run-all-native-ext "| native_ext | skipped" "$T/out/gpu-results.md"
 n=$(find "$T/out" -type f | wc -l)
 if [ "$n" -le 6 ]; then echo "ok   run-all-files ($n files in OUT; at most 6 may come back)"; else
 	echo "FAIL run-all-files: $n files in OUT"

@@ -70,6 +70,85 @@ def fnum(v: Any, fmt: str = "{:.3f}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
+def fx(v: Any, fmt: str) -> str:
+    """``fmt`` of a number, ``-`` otherwise."""
+    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def native_region_section(results: dict[str, Any], g: Any) -> list[str]:
+    """Section 3a: issue 28's GPU targets for the native region, next to plain
+    PyTorch and the Python region (gpt2_dtr.py's ``summary.table`` and largest
+    batches, native_ext.py's build)."""
+    L = ["## 3a. The native region (issue 28): GPT-2 next to plain PyTorch and the Python region", ""]
+    ne = results.get("native_ext")
+    if isinstance(ne, dict):
+        how = "built here" if ne.get("built") else "loaded from the cache"
+        if ne.get("status") == "ok":
+            L.append(f"Native region's extension (native_ext.py): ok, {how} in {ne.get('seconds')} s against torch "
+                     f"{ne.get('torch')}; check op {ne.get('check')}.")
+        else:
+            reason = str(ne.get("reason") or ne.get("error") or "").replace("|", "\\|")
+            L.append(f"Native region's extension (native_ext.py): **{ne.get('status')}**: {reason[:600]} "
+                     f"(torch {ne.get('torch')}; tools {ne.get('tools')})")
+        L.append("")
+    s = g.get("summary") if isinstance(g, dict) else None
+    if not s or not s.get("table"):
+        L.append(f"gpt2_dtr: {g.get('status') if isinstance(g, dict) else 'no result'} "
+                 f"{(g.get('reason') or g.get('error') or '') if isinstance(g, dict) else ''}")
+        L.append("")
+        return L
+    if s.get("native_region_unavailable"):
+        L.append(f"**The native region was not measured: {s['native_region_unavailable']}**")
+        L.append("")
+    L.append(f"{s.get('model', '').replace(', seq ' + str((s.get('seqs') or [''])[0]), '')}; batch {s.get('batch')}; "
+             f"device {s.get('device')}. Each row its own process, medians of the measured steps. `/ plain`: step "
+             "time over plain PyTorch's at that length (targets: at the card's size <= 1.03x; at 50 % of plain's "
+             "peak, ratio minus the engine's compute overhead <= +0.10). CPU: the main thread's CPU time "
+             "(`time.thread_time`) and the process's while the step is issued (the final synchronization "
+             "excluded); a CUDA backward runs on autograd's own thread, counted in the process's only.")
+    L.append("")
+    L.append("| seq | variant | status | step (s) | / plain | compute overhead | ratio - overhead | target | "
+             "main-thread CPU (s) | / plain | process CPU (s) | issue (s) | peak allocated | evictions / remats | "
+             "grads bitwise | s |")
+    L.append("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|")
+    for r in s["table"]:
+        met = r.get("meets_target")
+        target = r.get("target") or ""
+        if met is not None:
+            target += " **met**" if met else " **not met**"
+        status = str(r.get("status"))
+        if r.get("status") != "ok" and r.get("error"):
+            status += ": " + str(r["error"]).replace("|", "\\|").replace("\n", " ")[:160]
+        ev = "-" if r.get("evictions") is None else f"{r.get('evictions')} / {r.get('rematerializations')}"
+        L.append(f"| {r.get('seq')} | {r.get('variant')} | {status} | {fx(r.get('median_step_s'), '{:.4f}')} | "
+                 f"{fx(r.get('step_time_ratio'), '{:.3f}')} | {fx(r.get('overhead'), '{:.3f}')} | "
+                 f"{fx(r.get('ratio_minus_overhead'), '{:+.3f}')} | {target} | {fx(r.get('median_thread_cpu_s'), '{:.4f}')} | "
+                 f"{fx(r.get('thread_cpu_ratio'), '{:.2f}')} | {fx(r.get('median_process_cpu_s'), '{:.4f}')} | "
+                 f"{fx(r.get('median_issue_s'), '{:.4f}')} | {fb(r.get('peak_allocated')) if r.get('peak_allocated') else '-'} | "
+                 f"{ev} | {r.get('grads_bitwise_equal', '-') if r.get('variant') != 'plain' else '-'} | {r.get('seconds')} |")
+    L.append("")
+    if "fit_native_max_batch" in s:
+        L.append(f"Largest batch at seq {s.get('fit_seq')} (target for the native region: >= 3.5x plain's at <= 1.3x "
+                 "plain's time per sample; time per sample = the last step of the largest fitting probe / its batch):")
+        L.append("")
+        L.append("| run | largest batch | first failing | search stopped | / plain | time per sample / plain | target |")
+        L.append("|---|---:|---:|---|---:|---:|---|")
+        L.append(f"| plain PyTorch | {s.get('fit_native_max_batch')} | {s.get('fit_native_min_fail')} | "
+                 f"{s.get('fit_native_stopped')} | 1 | 1 | |")
+        for short, what in (("native_region", "memscale + DTR, native region"), ("memscale", "memscale + DTR, Python region")):
+            if f"fit_{short}_max_batch" not in s and f"fit_{short}_stopped" not in s:
+                continue
+            target = ""
+            if short == "native_region" and s.get("fit_native_region_meets_target") is not None:
+                target = "**met**" if s["fit_native_region_meets_target"] else "**not met**"
+            stopped = str(s.get(f"fit_{short}_stopped")).replace("|", "\\|")[:200]
+            L.append(f"| {what} | {s.get(f'fit_{short}_max_batch')} | {s.get(f'fit_{short}_min_fail')} | {stopped} | "
+                     f"{fx(s.get(f'fit_{short}_batch_ratio'), '{:.2f}')} | "
+                     f"{fx(s.get(f'fit_{short}_time_per_sample_ratio'), '{:.2f}')} | {target} |")
+        L.append("")
+    return L
+
+
 def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
     env = _common.read_json(steps / "env.json") or {}
     rows = read_steps(steps)
@@ -204,10 +283,13 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
         L.append(f"families_cuda: {fam.get('status', 'not run')} {fam.get('reason') or ''}")
     L.append("")
 
-    # 3. GPT-2
-    L.append("## 3. GPT-2 training: native vs memscale + DTR")
-    L.append("")
+    # 3a. The native region (issue 28)
     g = results.get("gpt2_dtr")
+    L.extend(native_region_section(results, g))
+
+    # 3. GPT-2
+    L.append("## 3. GPT-2 training: native vs memscale + DTR (Python region, first length)")
+    L.append("")
     if isinstance(g, dict) and g.get("summary"):
         s = g["summary"]
         L.append(f"{s.get('model')}; batch {s.get('batch')}; device {s.get('device')}")
@@ -237,16 +319,21 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
             L.append(f"| {k} | {v} |")
         L.append("")
         fit = g.get("fit") or {}
-        for key in ("native", "memscale"):
+        for key in ("native", "native-region", "python-region"):
             runs = (fit.get(key) or {}).get("runs") or []
+            if key == "python-region" and not runs:
+                runs = (fit.get("memscale") or {}).get("runs") or []  # results before issue 28's native region
             if runs:
-                L.append(f"Probes, {key}:")
+                what = {"native": "plain PyTorch", "native-region": "memscale + DTR, native region",
+                        "python-region": "memscale + DTR, Python region"}[key]
+                L.append(f"Probes, {what}:")
                 L.append("")
-                L.append("| batch | fits | reason | step times (s) | peak allocated | seconds |")
-                L.append("|---:|---|---|---|---:|---:|")
+                L.append("| batch | fits | reason | step times (s) | main-thread CPU (s) | peak allocated | seconds |")
+                L.append("|---:|---|---|---|---|---:|---:|")
                 for r in runs:
-                    L.append(f"| {r.get('batch')} | {r.get('fits')} | {r.get('reason') or r.get('status') or ''} | "
-                             f"{r.get('step_times') or ''} | {fb(r.get('peak_allocated'))} | "
+                    why = (r.get("reason") or r.get("status") or "").replace("|", "\\|")[:200]
+                    L.append(f"| {r.get('batch')} | {r.get('fits')} | {why} | "
+                             f"{r.get('step_times') or ''} | {r.get('thread_cpu_s') or ''} | {fb(r.get('peak_allocated'))} | "
                              f"{(r.get('process') or {}).get('seconds')} |")
                 L.append("")
     elif isinstance(g, dict):
@@ -283,21 +370,41 @@ def build(out: Path, steps: Path, command: str) -> tuple[str, dict[str, Any]]:
                  f"{fb(prof.get('peak'))} (`card`: no threshold, the device's memory; `wrap-card`: the drop-in API at "
                  "`threshold=\"100%\"`, its steps after two that fit untracked).")
         L.append("")
-        L.append("| variant | median step (s) | / plain | synchronizations per step | peak allocated | block recomputes |")
-        L.append("|---|---:|---:|---:|---:|---:|")
+        if prof.get("native_region_extension"):
+            L.append(f"Native region (`*-native`, `MEMSCALE_NATIVE=1`; issue 28): extension "
+                     f"{prof.get('native_region_extension')}; variants {prof.get('native_status')}"
+                     + (f"; skipped for time: {', '.join(prof['skipped'])}" if prof.get("skipped") else "") + ".")
+            L.append("")
+        L.append("| variant | median step (s) | / plain | main-thread CPU per step (s) | process CPU (s) | "
+                 "synchronizations per step | peak allocated | evictions / block recomputes |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         syncs = prof.get("synchronizations_per_step") or {}
         peaks = prof.get("peaks") or {}
         summaries = prof.get("summaries") or {}
+        cpu = prof.get("cpu_per_step") or {}
         for k, v in prof["times"].items():
             sync = syncs.get(k)
             peak = fb(peaks[k]) if peaks.get(k) else "-"
             recomputes = summaries.get(k, {}).get("rematerializations", "-") if k in peaks else "-"
-            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} | {'-' if sync is None else f'{sync:.1f}'} "
+            if k not in peaks and isinstance(summaries.get(k), dict) and "evictions" in summaries[k]:
+                recomputes = f"{summaries[k].get('evictions')} evictions"
+            c = cpu.get(k) or {}
+            L.append(f"| {k} | {v:.4f} | {prof['ratios'][k]:.2f} | {fx(c.get('thread'), '{:.4f}')} | "
+                     f"{fx(c.get('process'), '{:.4f}')} | {'-' if sync is None else f'{sync:.1f}'} "
                      f"| {peak} | {recomputes} |")
         for k, s in summaries.items():
             if isinstance(s, dict) and "error" in s:
                 L.append(f"| {k} | failed: {str(s['error'])[:300]} | | | | |")
         L.append("")
+        for k, info in (prof.get("traces") or {}).items():
+            kept = (f"`steps/{info.get('file')}` in gpu-steps.tar.gz ({fb(info.get('gz_bytes'))} gzipped, "
+                    f"{fb(info.get('raw_bytes'))} as JSON)" if info.get("file") else
+                    f"not kept ({info.get('dropped') or info.get('error')})")
+            L.append(f"torch.profiler trace of one `{k}` step ({fx(info.get('step_s'), '{:.4f}')} s under the "
+                     f"profiler): {kept}; top ops by own CPU time:")
+            L.append("")
+            L.extend("    " + line for line in str((prof.get("trace_tables") or {}).get(k, "")).strip().splitlines()[:32])
+            L.append("")
         for k, text in (prof.get("profiles") or {}).items():
             L.append(f"cProfile of one `{k}` step, top functions by own time:")
             L.append("")
