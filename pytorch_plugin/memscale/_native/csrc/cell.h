@@ -87,7 +87,7 @@ struct Group {
   at::Tensor host;           // the swapped-out copy (bytes), while swapped
   int64_t nbytes = 0;
   int live = 0;              // cells on it not released
-  std::vector<CellPtr> cells;
+  c10::SmallVector<CellPtr, 2> cells;  // most storages hold one tensor (no allocation then)
 
   bool resident() const { return storage.unsafeGetStorageImpl() != nullptr; }
 };
@@ -107,12 +107,13 @@ enum class RerunKind : uint8_t {
   kView,      // nothing to run: a view re-derived from its base's storage
 };
 
+// Small vectors: one is recorded per op, most read and make a few tensors.
 struct RecordedOp {
   c10::OperatorHandle op;
-  std::vector<c10::IValue> args;   // tensors left undefined: the slots say which cell
-  std::vector<Slot> slots;
-  std::vector<CellPtr> inputs;
-  std::vector<CellPtr> outputs;    // per registered result, in order
+  c10::SmallVector<c10::IValue, 4> args;  // tensors left undefined: the slots say which cell
+  c10::SmallVector<Slot, 4> slots;
+  c10::SmallVector<CellPtr, 3> inputs;
+  c10::SmallVector<CellPtr, 2> outputs;   // per registered result, in order
   RerunKind kind = RerunKind::kCall;
   std::vector<int> mutated;        // kMutation: inputs written, one per new version
   std::vector<int> scratch;        // argument positions written that a re-run gets copies of

@@ -241,10 +241,9 @@ void Session::release(const CellPtr& cell) {
   if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) return;
   cell->released = true;
   release_ids_.push_back(cell->id);
-  auto it = groups_.find(cell->root);
-  if (it == groups_.end()) return;
-  Group& g = it->second;
-  if (--g.live <= 0 && !budgeted_) drop(g);  // the engine frees it anyway: drop the data now
+  Group* g = groups_.find(cell->root);
+  if (g == nullptr) return;
+  if (--g->live <= 0 && !budgeted_) drop(*g);  // the engine frees it anyway: drop the data now
 }
 
 void Session::take_releases() {
@@ -282,9 +281,9 @@ void Session::release_expired_externals() {
       if (!cell->released && cell->wrappers.load() == 0) {
         cell->released = true;
         release_ids_.push_back(cell->id);
-        auto g = groups_.find(cell->root);
-        if (g != groups_.end() && --g->second.live <= 0) {
-          external_roots_.erase(g->second.storage.unsafeGetStorageImpl());
+        Group* g = groups_.find(cell->root);
+        if (g != nullptr && --g->live <= 0) {
+          external_roots_.erase(g->storage.unsafeGetStorageImpl());
         }
       }
       it = externals_.erase(it);
@@ -302,9 +301,9 @@ void Session::drop(Group& g) {
 }
 
 void Session::carry_out(int64_t root, int32_t action) {
-  auto it = groups_.find(root);
-  TORCH_CHECK(it != groups_.end(), "memscale.dtr: the engine evicted unknown storage ", root);
-  Group& g = it->second;
+  Group* found = groups_.find(root);
+  TORCH_CHECK(found != nullptr, "memscale.dtr: the engine evicted unknown storage ", root);
+  Group& g = *found;
   if (action == kActionSwap && g.resident()) {
     const c10::Device device = g.cells.front()->device;
     at::Tensor bytes = bytes_of(g.storage, device);
@@ -427,9 +426,9 @@ bool Session::derive(const CellPtr& cell, bool view_planned) {
   // A view of a storage that came back is re-derived only once the engine's
   // plan re-ran its view op (until then the engine holds it undefined).
   if (cell->root != cell->id && !cell->pinned && !view_planned) return false;
-  auto it = groups_.find(cell->root);
-  if (it == groups_.end() || !it->second.resident()) return false;
-  cell->tensor = view_of(it->second.storage, *cell);
+  const Group* g = groups_.find(cell->root);
+  if (g == nullptr || !g->resident()) return false;
+  cell->tensor = view_of(g->storage, *cell);
   return true;
 }
 
@@ -949,7 +948,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
   if (predicted) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
   if (rec) {
-    rec->outputs = cells;
+    rec->outputs.assign(cells.begin(), cells.end());
     rec->fresh_bytes = fresh;
     ops_[cells.front()->op] = std::move(rec);
     fingerprint_outputs(f, cells);
@@ -1003,7 +1002,7 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   int64_t fresh = 0;
   std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
   if (rec) {
-    rec->outputs = cells;
+    rec->outputs.assign(cells.begin(), cells.end());
     ops_[cells.front()->op] = std::move(rec);
   }
   w->set_sizes_and_strides(view.sizes(), view.strides(), view.storage_offset());
@@ -1038,7 +1037,7 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
   for (const CellPtr& c : g.cells) {
     if (c->tensor.defined()) c->tensor = view_of(g.storage, *c);
   }
-  std::vector<CellPtr> named = g.cells;  // the cells the program's tensors name now
+  std::vector<CellPtr> named(g.cells.begin(), g.cells.end());  // the cells the program's tensors name now
   CellPtr new_root;
   for (const CellPtr& old : named) {
     if (old->released) continue;
@@ -1218,7 +1217,7 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
     if (extra || size_key) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
     if (rec) {
       auto call = std::make_unique<RecordedOp>(*rec);
-      call->outputs = cells;
+      call->outputs.assign(cells.begin(), cells.end());
       call->fresh_bytes = fresh;
       call->scratch = f.mutated;
       ops_[cells.front()->op] = std::move(call);
@@ -1282,7 +1281,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     // now see the new data: each is re-registered as a view of the new version.
     old->released = true;
     old_group.live--;
-    for (const CellPtr& alias : std::vector<CellPtr>(old_group.cells)) {
+    for (const CellPtr& alias : std::vector<CellPtr>(old_group.cells.begin(), old_group.cells.end())) {
       if (alias.get() == old.get() || alias->released) continue;
       if (alias->wrappers.load() == 0 && !alias->external) continue;
       int64_t b = fresh->id;
@@ -1325,7 +1324,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
   if (record != nullptr) {
     auto rec = std::make_unique<RecordedOp>(*record);
     rec->kind = RerunKind::kMutation;
-    rec->outputs = versions;
+    rec->outputs.assign(versions.begin(), versions.end());
     rec->mutated = unique;
     // Every other written argument is left alone by a re-run (scratch copies).
     rec->scratch.clear();
@@ -1387,9 +1386,10 @@ void Session::swap_in(int64_t root) {
 }
 
 void Session::rerun(int64_t op_id) {
-  auto it = ops_.find(op_id);
-  TORCH_CHECK(it != ops_.end(), "memscale.dtr: the engine asked to re-run op ", op_id, ", which was not recorded");
-  RecordedOp& r = *it->second;
+  std::unique_ptr<RecordedOp>* found = ops_.find(op_id);
+  TORCH_CHECK(found != nullptr && *found, "memscale.dtr: the engine asked to re-run op ", op_id,
+              ", which was not recorded");
+  RecordedOp& r = **found;
   Held held(*this);
   for (const CellPtr& c : r.inputs) {
     if (derive(c)) {
@@ -1544,11 +1544,11 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
       send_releases();
       if (engine().finish(h_) < 0) fail("memscale_dtr_finish");
       std::vector<CellPtr> escaping;
-      for (auto& [root, g] : groups_) {
+      groups_.for_each([&](int64_t, Group& g) {
         for (const CellPtr& c : g.cells) {
           if (!c->released && c->wrappers.load() > 0) escaping.push_back(c);
         }
-      }
+      });
       // Everything that leaves stays locked until all of it is resident (the
       // engine lets usage exceed the budget after finish, but still evicts
       // what is unlocked to stay within it).
@@ -1569,13 +1569,13 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
     }
   } catch (...) {
     closed_ = true;
-    for (auto& [root, g] : groups_) {
+    groups_.for_each([](int64_t, Group& g) {
       for (const CellPtr& c : g.cells) c->session.store(nullptr);
-    }
+    });
     throw;
   }
   closed_ = true;
-  for (auto& [root, g] : groups_) {
+  groups_.for_each([&](int64_t, Group& g) {
     for (const CellPtr& c : g.cells) {
       c->session.store(nullptr);
       if (c->wrappers.load() > 0 && !c->released) {
@@ -1590,7 +1590,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
       c->wrapper.reset();
       c->others.clear();
     }
-  }
+  });
   groups_.clear();
   ops_.clear();
   externals_.clear();

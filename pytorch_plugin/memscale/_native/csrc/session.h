@@ -45,6 +45,7 @@
 
 #include "cell.h"
 #include "engine_abi.h"
+#include "id_table.h"
 #include "op_facts.h"
 
 namespace memscale {
@@ -193,8 +194,8 @@ class Session {
     Busy& operator=(const Busy&) = delete;
     Session& s_;
   };
-  std::unordered_map<int64_t, Group> groups_;
-  std::unordered_map<int64_t, std::unique_ptr<RecordedOp>> ops_;
+  IdTable<Group> groups_;                      // by root tensor id
+  IdTable<std::unique_ptr<RecordedOp>> ops_;   // by op id
   std::unordered_map<const c10::TensorImpl*, External> externals_;
   std::unordered_map<const c10::StorageImpl*, CellPtr> external_roots_;
   std::vector<WeakImpl> leaves_;
