@@ -288,3 +288,30 @@ def test_a_budget_set_mid_entry_sees_the_queued_ops() -> None:
     s = r.summary()
     assert s["evictions"] > 0  # tensors registered through the queue, evicted once the budget came
     assert torch.equal(plain, got)
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_budget_below_the_step_raises_no_room_on_both_paths(
+    monkeypatch: pytest.MonkeyPatch, native: str, phase: str
+) -> None:
+    """One error whichever path runs the op: memscale run and the planner's
+    probes catch NoRoomError (a RuntimeError), not any RuntimeError."""
+    from memscale._native.engine import NoRoomError
+
+    monkeypatch.setenv("MEMSCALE_NATIVE", native)
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)  # 256 KiB, pinned
+    x = torch.randn(512, 256)  # 512 KiB, pinned; each op's output another 512 KiB
+    r = memscale.dtr(1 << 40)
+    with pytest.raises(NoRoomError, match="nothing evictable"):
+        with r:
+            if phase == "forward":
+                r.budget = 1 << 20  # below the inputs, one op's output and what it reads
+            h = x
+            for _ in range(4):
+                h = torch.tanh(h @ w)
+            if phase == "backward":
+                r.budget = 1 << 20  # the forward fitted; its backward does not
+            h.pow(2).sum().backward()
+    assert r.native == (native == "1")

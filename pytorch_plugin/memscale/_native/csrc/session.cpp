@@ -15,6 +15,7 @@
 #include <c10/util/hash.h>
 
 #include "dispatch_key.h"
+#include "errors.h"
 #include "output_sizes.h"
 #include "wrapper.h"
 
@@ -209,7 +210,10 @@ void Session::set_budgeted(bool budgeted) {
 
 void Session::fail(const std::string& what) const {
   const char* message = abi_.last_error();
-  TORCH_CHECK(false, "memscale.dtr: ", what, ": ", (message && *message) ? message : "no error message recorded");
+  const std::string text = (message && *message) ? message : "no error message recorded";
+  // Go's evict.ErrNoEvictable, as memscale._native.engine tells it apart.
+  if (text.find("nothing evictable") != std::string::npos) throw NoRoomError("memscale.dtr: " + what + ": " + text);
+  TORCH_CHECK(false, "memscale.dtr: ", what, ": ", text);
 }
 
 int64_t Session::usage_now() const {
@@ -444,7 +448,6 @@ void Session::make_inputs_resident(Inputs& in, Held& held) {
 }
 
 namespace {
-bool no_room(const c10::Error& e) { return std::string(e.what()).find("nothing evictable") != std::string::npos; }
 }  // namespace
 
 void Session::rebuild(const CellPtr& cell, Held& held) {
@@ -465,8 +468,8 @@ void Session::rebuild(const CellPtr& cell, Held& held) {
       }
       materialize(cell, held);
       return;
-    } catch (const c10::Error& e) {
-      if (!no_room(e) || restart == kNestedRestarts) throw;
+    } catch (const NoRoomError&) {
+      if (restart == kNestedRestarts) throw;
       chain.assign(room_failed_.begin(), room_failed_.begin() + std::min<size_t>(room_failed_.size(), restart + 1));
       if (engine().abandon_plans(h_) <= 0) throw;
       counters_.nested_restarts++;
@@ -1419,8 +1422,8 @@ void Session::rerun(int64_t op_id) {
   if (budgeted_ && r.fresh_bytes + scratch_bytes) {
     try {
       make_room(r.fresh_bytes + scratch_bytes, "a re-run of " + r.op.schema().name());
-    } catch (const c10::Error& e) {
-      if (no_room(e) && !r.outputs.empty()) room_failed_.push_back(r.outputs.front());
+    } catch (const NoRoomError&) {
+      if (!r.outputs.empty()) room_failed_.push_back(r.outputs.front());
       throw;
     }
   }
