@@ -147,7 +147,7 @@ test-native: native
 
 # The zoo and the model families on the native region: not in make test yet -
 # on the native path a budgeted zoo row goes a few KB over its budget in about
-# one run in five (docs/limits.md), and three families fail their check.
+# one run in five (docs/limits.md).
 test-native-models: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests/test_zoo.py pytorch_plugin/tests/test_families.py

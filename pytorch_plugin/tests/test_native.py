@@ -315,3 +315,82 @@ def test_a_budget_below_the_step_raises_no_room_on_both_paths(
                 r.budget = 1 << 20  # the forward fitted; its backward does not
             h.pow(2).sum().backward()
     assert r.native == (native == "1")
+
+
+# A region tensor holds its storage while resident (issue 28): code that reads
+# data pointers directly works on it, an eviction takes the storage away (and
+# frees it), a rebuild gives it back.
+
+
+def test_data_pointer_while_resident_rebuilt_after_eviction_error_once_gone() -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ext = _ext()
+    x = torch.randn(64, 256)  # 64 KiB, an external (pinned)
+    r = memscale.dtr(1 << 40, heuristic="lru")
+    with r:
+        y = x * 2
+        v = y[1:]
+        assert ext.is_wrapper(y) and ext.is_wrapper(v)
+        assert y.data_ptr() == ext.unwrap(y).data_ptr()
+        assert v.data_ptr() == y.data_ptr() + 256 * 4  # a view: its offset into its base's storage
+        assert v.untyped_storage().data_ptr() == y.data_ptr()
+        w = x * 3  # its data pointer is not taken: evictable
+        freed = StorageWeakRef(ext.unwrap(w).untyped_storage())
+        session = r._session
+        session.native.flush()
+        before = session.status.usage
+        # Room for x, y (locked: its data pointer was taken) and z: w is evicted.
+        r.budget = 3 * x.nbytes + x.nbytes // 2
+        z = x + 1
+        session.native.flush()
+        assert r.summary()["evictions"] > 0
+        assert session.status.usage <= before, "w's bytes are still counted"
+        assert freed.expired(), "a wrapper (or its cell) kept an evicted storage alive"
+        assert y.data_ptr() == ext.unwrap(y).data_ptr()  # y stayed resident
+        r.budget = 1 << 40
+        assert w.data_ptr() == ext.unwrap(w).data_ptr()  # taking it rebuilds it
+        assert torch.equal(w, x * 3)
+        assert session.native.counters()["exposed"] == 3  # y, v and w: locked until released
+        assert torch.equal(torch.nn.functional.max_pool1d(w.unsqueeze(0), 2),
+                           torch.nn.functional.max_pool1d((x * 3).unsqueeze(0), 2))
+        del z
+    assert r.native
+    # Evicted in an entry that exited with an error: nothing can rebuild it.
+    with pytest.raises(ZeroDivisionError):
+        with memscale.dtr(stress=True):
+            gone = x * 4  # evicted as soon as it is made
+            raise ZeroDivisionError
+    for read in (gone.data_ptr, gone.untyped_storage):
+        with pytest.raises((RuntimeError, NotImplementedError), match="evicted its storage"):
+            read()
+
+
+@pytest.mark.parametrize("setting", ["unbudgeted", "stress"])
+def test_ops_that_read_data_pointers(setting: str) -> None:
+    # Canine's max_pool1d without grad on the CPU and wav2vec2's ctc_loss with
+    # tensor lengths read their inputs' data pointers directly (their
+    # CompositeImplicitAutograd fast paths for tensors that are not subclass-like).
+    def program() -> Any:
+        torch.manual_seed(0)
+        chars = torch.randn(2, 8, 32)
+        log_probs = torch.randn(40, 3, 12, requires_grad=True)
+        targets = torch.randint(1, 12, (3, 15))
+        mask = torch.ones(3, 40, dtype=torch.long)
+        mask[1, 30:] = 0
+        label_mask = (targets > 3).long()
+        with torch.no_grad():
+            pooled = torch.nn.functional.max_pool1d(chars.tanh(), kernel_size=4, stride=4)
+        input_lengths = mask.sum(-1)  # region tensors, as wav2vec2 computes them
+        target_lengths = label_mask.sum(-1)
+        loss = torch.nn.functional.ctc_loss(
+            log_probs.log_softmax(2), targets, input_lengths, target_lengths, zero_infinity=True
+        )
+        int_loss = torch.nn.functional.ctc_loss(
+            log_probs.log_softmax(2), targets, input_lengths.int(), target_lengths.int(), reduction="sum"
+        )
+        (loss + int_loss).backward()
+        return [pooled, loss.detach(), int_loss.detach(), log_probs.grad]
+
+    regions = {"unbudgeted": lambda: memscale.dtr(None), "stress": lambda: memscale.dtr(stress=True)}
+    _compare(program, regions[setting])

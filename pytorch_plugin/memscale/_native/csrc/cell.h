@@ -52,6 +52,9 @@ struct Cell : c10::intrusive_ptr_target {
   bool released = false;  // no wrapper or external names it any more
   bool consumed = false;  // a recorded op read it (a pinned one is copied on write)
   bool external = false;  // a plain tensor of the program names it (Session's externals)
+  // A wrapper's data pointer or storage was taken (Session::expose): locked in
+  // the engine until released, as raw pointers into it may outlive the op.
+  bool exposed = false;
   // Wrappers naming this cell; the last one to die queues its release.
   std::atomic<int> wrappers{0};
   // The latest wrapper made for it (to repoint it after an in-place op, and

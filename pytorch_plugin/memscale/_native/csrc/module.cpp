@@ -83,6 +83,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["copies_on_write"] = c.copies_on_write;
         d["externals"] = c.externals;
         d["nested_restarts"] = c.nested_restarts;
+        d["exposed"] = c.exposed;
         return d;
       });
 }

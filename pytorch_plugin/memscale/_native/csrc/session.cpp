@@ -241,8 +241,31 @@ void Session::queue_release(const CellPtr& cell) {
   released_.push_back(cell);
 }
 
+void Session::expose(const CellPtr& cell) {
+  std::lock_guard<std::recursive_mutex> guard(mu_);
+  // Inside an op of this session (this thread) wrappers are the session's to
+  // read: an access there is no pointer handed to the program.
+  if (closed_ || busy_ > 0 || cell->exposed || cell->released || cell->session.load() != this) return;
+  Busy busy(*this);
+  {
+    Held held(*this);
+    rebuild(cell, held);
+  }
+  if (engine().lock(h_, cell->id) < 0) fail("memscale_dtr_lock");
+  cell->exposed = true;
+  counters_.exposed++;
+  after_op();
+}
+
+void Session::unexpose(const CellPtr& cell) {
+  if (!cell->exposed) return;
+  cell->exposed = false;
+  if (engine().unlock(h_, cell->id) < 0) fail("memscale_dtr_unlock");
+}
+
 void Session::release(const CellPtr& cell) {
   if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) return;
+  unexpose(cell);
   cell->released = true;
   release_ids_.push_back(cell->id);
   Group* g = groups_.find(cell->root);
@@ -283,6 +306,7 @@ void Session::release_expired_externals() {
     if (it->second.weak.expired()) {
       const CellPtr& cell = it->second.cell;
       if (!cell->released && cell->wrappers.load() == 0) {
+        unexpose(cell);
         cell->released = true;
         release_ids_.push_back(cell->id);
         Group* g = groups_.find(cell->root);
@@ -302,6 +326,17 @@ void Session::release_expired_externals() {
 void Session::drop(Group& g) {
   g.storage = c10::Storage();
   for (const CellPtr& c : g.cells) c->tensor.reset();
+  share(g);  // the wrappers let go too: nothing keeps the evicted storage alive
+}
+
+void Session::share(Group& g) {
+  for (const CellPtr& c : g.cells) share_storage(*c, g.storage);
+}
+
+const c10::Storage& Session::storage_of(const CellPtr& cell) const {
+  static const c10::Storage none;
+  auto it = groups_.find(cell->root);
+  return it != groups_.end() ? it->second.storage : none;
 }
 
 void Session::carry_out(int64_t root, int32_t action) {
@@ -677,7 +712,8 @@ void Session::wrap_results(c10::IValue* results, Outputs& out, const std::vector
   int owned = -1;
   for (size_t k = 0; k < cells.size(); ++k) {
     auto [r, elem] = out.places[k];
-    at::Tensor wrapper = make_wrapper(cells[k]);
+    // The group may be evicted already (a storage the registration handed out).
+    at::Tensor wrapper = make_wrapper(cells[k], storage_of(cells[k]));
     if (elem >= 0 && r != owned) {
       own_lists(results[r]);
       owned = r;
@@ -1009,7 +1045,7 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
     ops_[cells.front()->op] = std::move(rec);
   }
   w->set_sizes_and_strides(view.sizes(), view.strides(), view.storage_offset());
-  name_cell(w, cells.front());
+  name_cell(w, cells.front(), storage_of(cells.front()));
   c10::IValue* results = stack->data() + (stack->size() - f.n_returns);
   for (size_t r = 0; r < f.n_returns; ++r) {
     int source = f.returns_arg[r];
@@ -1034,13 +1070,16 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
   // tensors, which see the new data, are registered anew. The engine is told
   // of no mutation: to it the old storage stayed resident and pinned, and a
   // new one appeared.
-  Group& g = groups_.at(cell->root);
-  c10::Storage program = g.storage;
-  g.storage = copy;
-  for (const CellPtr& c : g.cells) {
-    if (c->tensor.defined()) c->tensor = view_of(g.storage, *c);
+  c10::Storage program = groups_.at(cell->root).storage;
+  {
+    Group& g = groups_.at(cell->root);
+    g.storage = copy;
+    for (const CellPtr& c : g.cells) {
+      if (c->tensor.defined()) c->tensor = view_of(g.storage, *c);
+    }
   }
-  std::vector<CellPtr> named(g.cells.begin(), g.cells.end());  // the cells the program's tensors name now
+  const auto& now = groups_.at(cell->root).cells;
+  std::vector<CellPtr> named(now.begin(), now.end());  // the cells the program's tensors name now
   CellPtr new_root;
   for (const CellPtr& old : named) {
     if (old->released) continue;
@@ -1079,6 +1118,9 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
     move_externals(old, fresh);
     repoint(old, fresh);
   }
+  // The program's wrappers moved to the new storage; any left on the old
+  // version read the copy, as its cells do.
+  share(groups_.at(cell->root));
 }
 
 void Session::move_externals(const CellPtr& old, const CellPtr& fresh) {
@@ -1103,7 +1145,7 @@ void Session::repoint(const CellPtr& old, const CellPtr& fresh) {
     auto* w = dynamic_cast<DTRTensorImpl*>(impl.get());
     if (w == nullptr || w->cell().get() != old.get()) continue;
     if (fresh->wrapper.has_value()) fresh->others.push_back(*fresh->wrapper);
-    name_cell(w, fresh);
+    name_cell(w, fresh, storage_of(fresh));
   }
 }
 
@@ -1270,13 +1312,19 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     }
     move_externals(old, fresh);
     repoint(old, fresh);
+    if (old->exposed) {
+      // Raw pointers into the storage stay valid: the new version keeps it locked.
+      unexpose(old);
+      if (engine().lock(h_, fresh->id) < 0) fail("memscale_dtr_lock");
+      fresh->exposed = true;
+    }
     // Wrappers of the written argument on the stack name the new version too.
     for (const Slot& s : in.slots) {
       if (s.input != unique[j]) continue;
       for_tensors(originals[s.arg], [&](const at::Tensor& t, int elem) {
         if (elem != s.elem) return;
         if (DTRTensorImpl* w = wrapper_of(t)) {
-          if (w->cell().get() == old.get()) name_cell(w, fresh);
+          if (w->cell().get() == old.get()) name_cell(w, fresh, g.storage);
         }
       });
     }
@@ -1316,12 +1364,18 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
       }
       repoint(alias, view);
       move_externals(alias, view);
+      if (alias->exposed) {
+        unexpose(alias);
+        if (engine().lock(h_, view->id) < 0) fail("memscale_dtr_lock");
+        view->exposed = true;
+      }
       alias->released = true;  // the engine keeps it only as the old version's view
       release_ids_.push_back(alias->id);
       old_group.live--;
     }
     old_group.storage = c10::Storage();
     for (const CellPtr& c : old_group.cells) c->tensor.reset();
+    share(old_group);  // a wrapper still naming an old version (none should) holds nothing
     versions.push_back(fresh);
   }
   if (record != nullptr) {
@@ -1385,6 +1439,7 @@ void Session::swap_in(int64_t root) {
     g.storage = g.host.to(device).storage();
   }
   g.host.reset();
+  share(g);
   if (engine().swapped_in(h_, root) < 0) fail("memscale_dtr_swapped_in");
 }
 
@@ -1486,6 +1541,7 @@ void Session::rerun(int64_t op_id) {
       Group& g = groups_.at(r.outputs[j]->root);
       if (!g.resident()) {
         g.storage = copies[r.mutated[j]];
+        share(g);
         if (verify_) check_rebuilt(r, j, view_of(g.storage, *r.outputs[j]));
       }
     }
@@ -1509,6 +1565,7 @@ void Session::rerun(int64_t op_id) {
       Group& g = groups_.at(c->root);
       if (!g.resident()) {
         g.storage = outs[k].storage();
+        share(g);
         if (verify_) check_rebuilt(r, k, outs[k]);
       }
     }
@@ -1590,6 +1647,9 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
       } else {
         c->tensor.reset();
       }
+      // Detached from the session, a wrapper holds what its cell keeps - the
+      // real tensor's storage, which no engine evicts any more - or nothing.
+      share_storage(*c, c->tensor.defined() ? c->tensor.storage() : c10::Storage());
       c->wrapper.reset();
       c->others.clear();
     }

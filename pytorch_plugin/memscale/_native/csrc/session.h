@@ -69,6 +69,7 @@ struct SessionCounters {
   int64_t copies_on_write = 0;
   int64_t externals = 0;
   int64_t nested_restarts = 0;   // rebuilds started over after nested plans found no room
+  int64_t exposed = 0;           // cells whose data pointer or storage was taken (Session::expose)
 };
 
 class Session {
@@ -83,6 +84,11 @@ class Session {
 
   // The real tensor of a cell of this session, rebuilt if evicted.
   at::Tensor read(const CellPtr& cell);
+
+  // A wrapper's data pointer or storage is taken: the cell is rebuilt if
+  // evicted and locked until released (a raw pointer may be read after later
+  // ops: ctc_loss reads its lengths' after running _ctc_loss).
+  void expose(const CellPtr& cell);
 
   // A wrapper died: its cell is released at the next op (any thread).
   void queue_release(const CellPtr& cell);
@@ -166,8 +172,13 @@ class Session {
   void carry_out(int64_t root, int32_t action);
   void carry_out_handed(const int64_t* pairs, int64_t n);  // (root, action) pairs the engine handed out
   void drop(Group& g);
+  // Every wrapper of the group's cells holds its storage (none while evicted):
+  // called wherever a group's storage changes.
+  void share(Group& g);
+  const c10::Storage& storage_of(const CellPtr& cell) const;  // its group's (none: evicted)
   void take_releases();
   void release(const CellPtr& cell);  // mu_ held
+  void unexpose(const CellPtr& cell);  // its exposure lock goes (before the cell is released)
   void send_releases();
   void release_expired_externals();
   int64_t usage_now() const;
