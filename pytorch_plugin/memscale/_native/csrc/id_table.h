@@ -34,6 +34,8 @@ class IdTable {
     return s.present ? &s.value : nullptr;
   }
 
+  const T* find(int64_t id) const { return const_cast<IdTable*>(this)->find(id); }
+
   // The element for id, which must be present.
   T& at(int64_t id) {
     T* v = find(id);

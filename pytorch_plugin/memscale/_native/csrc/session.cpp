@@ -335,8 +335,8 @@ void Session::share(Group& g) {
 
 const c10::Storage& Session::storage_of(const CellPtr& cell) const {
   static const c10::Storage none;
-  auto it = groups_.find(cell->root);
-  return it != groups_.end() ? it->second.storage : none;
+  const Group* g = groups_.find(cell->root);
+  return g != nullptr ? g->storage : none;
 }
 
 void Session::carry_out(int64_t root, int32_t action) {
