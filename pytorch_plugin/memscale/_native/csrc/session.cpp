@@ -270,7 +270,12 @@ void Session::release(const CellPtr& cell) {
   release_ids_.push_back(cell->id);
   Group* g = groups_.find(cell->root);
   if (g == nullptr) return;
-  if (--g->live <= 0 && !budgeted_) drop(*g);  // the engine frees it anyway: drop the data now
+  if (--g->live > 0) return;
+  if (!budgeted_) {
+    drop(*g);  // the engine frees it anyway: drop the data now
+  } else if (g->resident()) {
+    dead_bytes_ += g->nbytes;  // the engine decides (it may keep it for a rebuild): see dispatch
+  }
 }
 
 void Session::take_releases() {
@@ -298,6 +303,7 @@ void Session::send_releases() {
   w[5] = 0;
   std::memcpy(w + 6, release_ids_.data(), n * sizeof(int64_t));
   release_ids_.clear();
+  dead_bytes_ = 0;
   if (abi_.op(h_, nullptr, w) < 0) fail("memscale_dtr_op (releases)");
 }
 
@@ -596,6 +602,7 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
   p += n_out;
   for (size_t k = 0; k < n_out; ++k) p[k] = aliases[k];
   release_ids_.clear();
+  dead_bytes_ = 0;  // the engine hands back what it freed with this call
   int64_t op_id = abi_.op(h_, f.name.c_str(), w);
   if (op_id < 0) fail("memscale_dtr_op(" + f.name + ")");
   if (trace_ops()) {
@@ -900,6 +907,16 @@ void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   Busy busy(*this);
   TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");
   take_releases();
+  if (dead_bytes_ >= kPromptReleaseBytes) {
+    // Under a budget the engine frees what the program released (the
+    // registrations queued meanwhile carry no releases back): large ones are
+    // sent now, so their memory goes before the next op allocates, as a plain
+    // tensor's would. Left for the next crossing instead, a step's working
+    // set grows by up to kBatchOps outputs: GPT-2 on the CPU ran 1.28x plain's
+    // CPU time at 100 % of its peak (cold caches, page faults), 1.06x without.
+    dead_bytes_ = 0;
+    evict(0, "");
+  }
   if (++ops_since_scan_ >= kScanExternalsEvery) {
     ops_since_scan_ = 0;
     release_expired_externals();

@@ -228,6 +228,10 @@ class Session {
   int64_t next_op_ = 0;
   int64_t next_tensor_ = 0;
   int64_t queued_fresh_ = 0;  // bytes the queued registrations allocated
+  // Under a budget: bytes of resident storages the program released since the
+  // engine last heard of releases; at kPromptReleaseBytes they are sent at once.
+  int64_t dead_bytes_ = 0;
+  static constexpr int64_t kPromptReleaseBytes = 1 << 20;
   std::unordered_map<const OpFacts*, int64_t> name_ids_;
   SessionCounters counters_;
   int64_t ops_since_scan_ = 0;
