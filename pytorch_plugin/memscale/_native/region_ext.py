@@ -119,6 +119,31 @@ def _build(target: Path) -> None:
         os.replace(built, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    prune_builds(target)
+
+
+#: Builds kept per torch, ABI and Python: the newest (this source) and a few
+#: before it (another checkout or version of memscale in use beside it).
+KEEP_BUILDS: Final[int] = 4
+
+
+def prune_builds(target: Path, keep: int = KEEP_BUILDS) -> list[Path]:
+    """Remove this torch's, ABI's and Python's builds of other sources but the
+    ``keep`` newest (``target`` always stays): every source change builds anew,
+    so without this the cache grows by one build per change. Builds for another
+    torch are left alone. A process that loaded a removed build keeps running
+    (the file's data stays until it is unmapped). Returns what was removed."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    others = [p for p in target.parent.glob(f"{build_name()}-*{suffix}") if p != target]
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in others[max(keep - 1, 0) :]:
+        try:
+            old.unlink()
+            removed.append(old)
+        except OSError:
+            pass  # another process removed it first, or it cannot be: harmless
+    return removed
 
 
 def _load() -> ModuleType:

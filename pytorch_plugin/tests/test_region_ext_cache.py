@@ -1,0 +1,38 @@
+"""The native region's build cache: one build per torch, ABI, Python and
+source; older sources' builds pruned to the newest few."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+from pathlib import Path
+
+from memscale._native import region_ext
+
+
+def _build(directory: Path, name: str, mtime: int) -> Path:
+    path = directory / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    path.write_bytes(b"")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_prune_keeps_the_target_and_the_newest_of_this_torch(tmp_path: Path) -> None:
+    name = region_ext.build_name()
+    target = _build(tmp_path, f"{name}-target", 100)  # the oldest mtime: kept all the same
+    olds = [_build(tmp_path, f"{name}-{i:016x}", 1000 + i) for i in range(6)]
+    other_torch = _build(tmp_path, "memscale_region_t0_0_0_abi1_cpython_311-0000000000000000", 1)
+    unrelated = tmp_path / "notes.txt"
+    unrelated.write_text("x")
+
+    removed = region_ext.prune_builds(target, keep=4)
+
+    assert sorted(removed) == sorted(olds[:3])  # the three oldest of the six
+    assert target.exists() and other_torch.exists() and unrelated.exists()
+    assert [p.exists() for p in olds] == [False, False, False, True, True, True]
+
+
+def test_prune_with_nothing_to_remove(tmp_path: Path) -> None:
+    target = _build(tmp_path, f"{region_ext.build_name()}-target", 100)
+    assert region_ext.prune_builds(target) == []
+    assert target.exists()
