@@ -107,6 +107,15 @@ def skip(step: str, reason: str, json_path: str | None, **fields: Any) -> int:
     return 0
 
 
+def skip_without_cuda(step: str, device: str, json_path: str | None) -> int | None:
+    """On ``device`` "cuda" without a usable CUDA: the skip's exit status
+    (a 'skipped' result written, see :func:`skip`); else None (go on)."""
+    if device != "cuda":
+        return None
+    ok, why = cuda_status()
+    return None if ok else skip(step, why, json_path)
+
+
 def driver_or_worker(step: str, a: Any, dry_run: Any, run_worker: Any, driver: Any) -> int:
     """The entry of a script that drives worker processes (``a.worker`` set in
     a worker): the dry run, a skip without CUDA (the worker's result or the

@@ -223,10 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{STEP}: would record {list(RECORD_CONFS)} on CUDA, check the model with {cli}, replay "
               f"{[p.name for p in samples]} + the recordings under {list(GPU_ALLOCATORS)}, run bench replay/micro --backend cuda")
         return 0
-    if args.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            return _common.skip(STEP, why, str(out_json))
+    skipped = _common.skip_without_cuda(STEP, args.device, str(out_json))
+    if skipped is not None:
+        return skipped
     if not cli.exists():
         return _common.skip(STEP, f"{cli} not found (run make here and carry build/)", str(out_json))
     deadline = time.monotonic() + args.time_budget

@@ -119,10 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.compare:
         return compare(a)
-    if a.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            return _common.skip(step, why, a.out)
+    skipped = _common.skip_without_cuda(step, a.device, a.out)
+    if skipped is not None:
+        return skipped
     return run(a, step)
 
 

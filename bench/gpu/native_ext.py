@@ -152,10 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{STEP} --dry-run: would build or load {region_ext.cached_path()} "
               f"(exists: {region_ext.cached_path().exists()}) with torch {torch.__version__}; tools {tools()}")
         return 0
-    if a.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            return _common.skip(STEP, why, a.out)
+    skipped = _common.skip_without_cuda(STEP, a.device, a.out)
+    if skipped is not None:
+        return skipped
     return run(a)
 
 

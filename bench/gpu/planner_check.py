@@ -198,10 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry_run:
         return dry_run(a)
     json_path = str(Path(a.out) / f"{STEP}.json") if a.out else None
-    if a.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            return _common.skip(STEP, why, json_path)
+    skipped = _common.skip_without_cuda(STEP, a.device, json_path)
+    if skipped is not None:
+        return skipped
     import torch
 
     import memscale

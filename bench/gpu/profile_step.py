@@ -195,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     syncs: dict[str, float] = {}
     real_timer = dispatch.CudaTimer
 
+    def measure(name: str) -> None:
+        """A region's steps after the warm-up: median time, CPU, profile, summary, synchronizations."""
+        times[name] = _median_steps(tr, 2, a.steps)
+        cpu_of(name, a.steps)
+        profiles[name] = _profile(tr, 0, a.top)
+        summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
+        syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
+
     class HostTimer:
         """CudaTimer's interface, host time only."""
 
@@ -237,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: FAIL: MEMSCALE_NATIVE=1 but the entries ran on the Python region", flush=True)
             continue
         native_status[name] = "ok"
-        times[name] = _median_steps(tr, 2, a.steps)
-        cpu_of(name, a.steps)
-        profiles[name] = _profile(tr, 0, a.top)
-        summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
-        syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
+        measure(name)
         print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), main thread CPU "
               f"{cpu[name]['thread']:.4f} s per step (plain {cpu['plain']['thread']:.4f}), budget "
               f"{summaries[name].get('budget')}, {summaries[name].get('evictions')} evictions in all", flush=True)
@@ -269,11 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["MEMSCALE_OP_BATCH"] = batch
         tr.region = memscale.dtr(b)
         _median_steps(tr, 0, 2)  # warm-up (and the region's tuning entry)
-        times[name] = _median_steps(tr, 2, a.steps)
-        cpu_of(name, a.steps)
-        profiles[name] = _profile(tr, 0, a.top)
-        summaries[name] = {k: v for k, v in tr.region.summary().items() if isinstance(v, (int, float, str))}
-        syncs[name] = summaries[name].get("synchronizations", 0) / max(1, summaries[name].get("entries", 1))
+        measure(name)
         print(f"{name}: median {times[name]:.4f} s ({times[name] / plain:.2f}x plain), "
               f"budget {summaries[name].get('budget')}, {syncs[name]:.1f} synchronizations per step", flush=True)
     dispatch.CudaTimer = real_timer  # type: ignore[misc]

@@ -548,10 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  torch {torch.__version__}, memscale imports; library {_common.library_path()} "
               f"{'exists' if _common.library_path().exists() else 'MISSING'}")
         return 0
-    if a.device == "cuda":
-        ok, why = _common.cuda_status()
-        if not ok:
-            return _common.skip(STEP, why, a.out)
+    skipped = _common.skip_without_cuda(STEP, a.device, a.out)
+    if skipped is not None:
+        return skipped
     import memscale as ms
     import torch
 
