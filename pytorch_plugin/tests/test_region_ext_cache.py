@@ -36,3 +36,18 @@ def test_prune_with_nothing_to_remove(tmp_path: Path) -> None:
     target = _build(tmp_path, f"{region_ext.build_name()}-target", 100)
     assert region_ext.prune_builds(target) == []
     assert target.exists()
+
+
+def test_prune_removes_stale_build_directories_only(tmp_path: Path) -> None:
+    target = _build(tmp_path, f"{region_ext.build_name()}-target", 100)
+    stale, fresh = tmp_path / "build-stale", tmp_path / "build-fresh"
+    for d in (stale, fresh):
+        d.mkdir()
+        (d / "build.ninja").write_text("")
+    old = 1000  # 1970: far older than STALE_BUILD_DIR_S
+    os.utime(stale, (old, old))
+
+    removed = region_ext.prune_builds(target)
+
+    assert removed == [stale]
+    assert not stale.exists() and fresh.exists()  # a concurrent build's directory is recent

@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -132,7 +133,8 @@ def prune_builds(target: Path, keep: int = KEEP_BUILDS) -> list[Path]:
     ``keep`` newest (``target`` always stays): every source change builds anew,
     so without this the cache grows by one build per change. Builds for another
     torch are left alone. A process that loaded a removed build keeps running
-    (the file's data stays until it is unmapped). Returns what was removed."""
+    (the file's data stays until it is unmapped). Work directories of builds
+    untouched for ``STALE_BUILD_DIR_S`` go too. Returns what was removed."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     others = [p for p in target.parent.glob(f"{build_name()}-*{suffix}") if p != target]
     others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
@@ -143,7 +145,23 @@ def prune_builds(target: Path, keep: int = KEEP_BUILDS) -> list[Path]:
             removed.append(old)
         except OSError:
             pass  # another process removed it first, or it cannot be: harmless
+    # Work directories a build left behind (a killed process, a failure whose
+    # clean-up failed); one still in use by a concurrent build is recent.
+    now = time.time()
+    for work in target.parent.glob("build-*"):
+        try:
+            stale = work.is_dir() and now - work.stat().st_mtime > STALE_BUILD_DIR_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(work, ignore_errors=True)
+            if not work.exists():
+                removed.append(work)
     return removed
+
+
+#: A build directory untouched this long (seconds) is left over, not in use.
+STALE_BUILD_DIR_S: Final[float] = 6 * 3600.0
 
 
 def _load() -> ModuleType:
