@@ -263,6 +263,14 @@ void Session::unexpose(const CellPtr& cell) {
   if (engine().unlock(h_, cell->id) < 0) fail("memscale_dtr_unlock");
 }
 
+void Session::move_exposure(const CellPtr& old, const CellPtr& fresh) {
+  if (!old->exposed) return;
+  // Raw pointers into the storage stay valid: the new version keeps it locked.
+  unexpose(old);
+  if (engine().lock(h_, fresh->id) < 0) fail("memscale_dtr_lock");
+  fresh->exposed = true;
+}
+
 void Session::release(const CellPtr& cell) {
   if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) return;
   unexpose(cell);
@@ -1329,12 +1337,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
     }
     move_externals(old, fresh);
     repoint(old, fresh);
-    if (old->exposed) {
-      // Raw pointers into the storage stay valid: the new version keeps it locked.
-      unexpose(old);
-      if (engine().lock(h_, fresh->id) < 0) fail("memscale_dtr_lock");
-      fresh->exposed = true;
-    }
+    move_exposure(old, fresh);
     // Wrappers of the written argument on the stack name the new version too.
     for (const Slot& s : in.slots) {
       if (s.input != unique[j]) continue;
@@ -1381,11 +1384,7 @@ void Session::register_mutation(const OpFacts& f, const c10::OperatorHandle& op,
       }
       repoint(alias, view);
       move_externals(alias, view);
-      if (alias->exposed) {
-        unexpose(alias);
-        if (engine().lock(h_, view->id) < 0) fail("memscale_dtr_lock");
-        view->exposed = true;
-      }
+      move_exposure(alias, view);
       alias->released = true;  // the engine keeps it only as the old version's view
       release_ids_.push_back(alias->id);
       old_group.live--;

@@ -179,6 +179,7 @@ class Session {
   void take_releases();
   void release(const CellPtr& cell);  // mu_ held
   void unexpose(const CellPtr& cell);  // its exposure lock goes (before the cell is released)
+  void move_exposure(const CellPtr& old, const CellPtr& fresh);  // an in-place op's new version keeps the lock
   void send_releases();
   void release_expired_externals();
   int64_t usage_now() const;
