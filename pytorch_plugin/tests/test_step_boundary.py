@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from _helpers import require_engine
@@ -140,40 +141,40 @@ def test_a_budgeted_region_places_its_steps_by_plan(sim_device: None, installed:
     assert stats["num_step_plans"] >= 1 and stats["step_plan_active"] == 1
 
 
+def _block_steps(model: Any, n: int) -> Any:
+    """``n`` training steps of block-level DTR (1 GiB), then a forward that ends
+    the last; the tracker's summary."""
+    from _blocks_models import batch
+
+    tracker = memscale.blocks(model, budget="1GiB")
+    try:
+        for i in range(n):
+            model(batch(i)).sum().backward()
+        model(batch(n))  # a training forward: the last step is over
+        return tracker.summary()
+    finally:
+        tracker.detach()
+
+
 def test_block_steps_tell_the_allocator(monkeypatch: pytest.MonkeyPatch, installed: None) -> None:
     """Block-level DTR on a model on "device 0" with the memscale allocator
     (stood in for on the CPU): one boundary per step it ends."""
-    from _blocks_models import Net, batch
+    from _blocks_models import Net
 
     monkeypatch.setattr("memscale._blocks.tracker.installed", lambda: object())
     monkeypatch.setattr("memscale._blocks.tracker.module_device_index", lambda model: 0)
-    model = Net()
-    tracker = memscale.blocks(model, budget="1GiB")
     before = _steps()
-    try:
-        for i in range(4):
-            model(batch(i)).sum().backward()
-        model(batch(4))  # a training forward: the last step is over
-        s = tracker.summary()
-    finally:
-        tracker.detach()
+    s = _block_steps(Net(), 4)
     assert s["steps"] == 4
     assert _steps() == before + 4
     assert "step_plan_placed" in s and "step_plan_missed" in s
 
 
 def test_block_steps_on_the_cpu_tell_nothing(installed: None) -> None:
-    from _blocks_models import Net, batch
+    from _blocks_models import Net
 
-    model = Net()
-    tracker = memscale.blocks(model, budget="1GiB")
     before = _steps()
-    try:
-        for i in range(3):
-            model(batch(i)).sum().backward()
-        model(batch(3))
-    finally:
-        tracker.detach()
+    _block_steps(Net(), 3)
     assert _steps() == before
 
 
