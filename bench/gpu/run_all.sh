@@ -129,16 +129,22 @@ bg_wait() {
 	BG_PID=""
 	rc=$(cat "$WORK/$name.rc" 2>/dev/null || echo 1)
 	sed 's/^/    /' "$STEPS/$name.log" | tail -40
+	step_status "$rc" "$BG_MAX"
+	echo "== $name: $status (exit $rc, $(($(date +%s) - BG_T0))s, in the background)"
+	record "$name" "$status" "$rc" "$(($(date +%s) - BG_T0))" "$BG_CMD"
+}
+
+# step_status RC LIMIT: sets status (ok, "timeout after LIMITs" for 124/137,
+# failed) from a step's exit code; FAILED=1 unless ok.
+step_status() {
 	status=ok
-	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-		status="timeout after ${BG_MAX}s"
+	if [ "$1" = 124 ] || [ "$1" = 137 ]; then
+		status="timeout after ${2}s"
 		FAILED=1
-	elif [ "$rc" != 0 ]; then
+	elif [ "$1" != 0 ]; then
 		status=failed
 		FAILED=1
 	fi
-	echo "== $name: $status (exit $rc, $(($(date +%s) - BG_T0))s, in the background)"
-	record "$name" "$status" "$rc" "$(($(date +%s) - BG_T0))" "$BG_CMD"
 }
 
 bg_running() { [ -n "$BG_PID" ] && kill -0 "$BG_PID" 2>/dev/null; }
@@ -171,14 +177,7 @@ step() {
 		"$@" 2>&1 | tee "$STEPS/$name.log"
 	fi
 	rc=${PIPESTATUS[0]}
-	status=ok
-	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-		status="timeout after ${t}s"
-		FAILED=1
-	elif [ "$rc" != 0 ]; then
-		status=failed
-		FAILED=1
-	fi
+	step_status "$rc" "$t"
 	echo "== $name: $status (exit $rc, $(($(date +%s) - t0))s)"
 	record "$name" "$status" "$rc" "$(($(date +%s) - t0))" "$@"
 }
