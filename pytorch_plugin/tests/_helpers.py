@@ -99,3 +99,5 @@ def steady_clock(monkeypatch: Any) -> None:
 
     for module in ("memscale._region.dispatch", "memscale._region.replay", "memscale._blocks.tracker"):
         monkeypatch.setattr(importlib.import_module(module), "perf_ns", now)
+    # The native path times its ops in C++: the same 1 us each.
+    monkeypatch.setattr(importlib.import_module("memscale._region.native"), "TEST_OP_COST", (1000, 0))

@@ -35,6 +35,12 @@ log = logging.getLogger("memscale")
 
 _warned = False
 
+#: Op costs the engine hears on the native path, for tests: (nanoseconds per
+#: op, seed). (0, 0) measures them (the default); (n, 0) makes every op cost n,
+#: as the Python path's tests patch its clock; (n, seed) draws each cost from
+#: [1, 2n] with that seed (``_native/csrc/op_clock.h``).
+TEST_OP_COST: tuple[int, int] = (0, 0)
+
 
 def use_native(region: DTRRegion, sink: Any) -> bool:
     """Whether an entry of ``region`` runs on the native path.
@@ -153,6 +159,7 @@ class NativeSession:
             region.recompute,
             usage_address,
             region.verify_where is not None,
+            *TEST_OP_COST,
         )
         self.closed = False
 

@@ -55,7 +55,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init([](int64_t handle, const std::string& library, bool budgeted, bool recording,
-                       int64_t usage_address, bool verify) {
+                       int64_t usage_address, bool verify, int64_t test_op_cost_ns, uint64_t test_op_cost_seed) {
              memscale::SessionOptions o;
              o.handle = handle;
              o.library = library;
@@ -63,10 +63,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              o.recording = recording;
              o.usage_address = usage_address;
              o.verify = verify;
+             o.test_op_cost_ns = test_op_cost_ns;
+             o.test_op_cost_seed = test_op_cost_seed;
              return std::make_shared<Session>(o);
            }),
            py::arg("handle"), py::arg("library"), py::arg("budgeted"), py::arg("recording"),
-           py::arg("usage_address") = 0, py::arg("verify") = false)
+           py::arg("usage_address") = 0, py::arg("verify") = false, py::arg("test_op_cost_ns") = 0,
+           py::arg("test_op_cost_seed") = 0)
       .def("close", &Session::close, py::arg("ok"))
       .def("set_budgeted", &Session::set_budgeted)
       .def("flush", &Session::flush)

@@ -32,11 +32,6 @@ constexpr int kMaxPlansPerCell = 64;
 constexpr int kNestedRestarts = 4;  // times the outermost rebuild starts over (see Session::rebuild)
 constexpr int64_t kScanExternalsEvery = 1024;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Calls `fn(tensor, elem)` for every tensor of an argument (a tensor, a list
 // of tensors, a list of optional tensors); elem is -1 for a lone tensor.
 template <typename Fn>
@@ -186,6 +181,7 @@ Session::Session(const SessionOptions& o)
       recording_(o.recording),
       usage_live_(o.usage_address ? reinterpret_cast<const std::atomic<int64_t>*>(o.usage_address) : nullptr),
       drain_batch_(o.drain_batch),
+      clock_(o.test_op_cost_ns, o.test_op_cost_seed),
       verify_(o.verify) {
   TORCH_CHECK(status_ != nullptr, "memscale native region: engine handle ", o.handle, " is unknown: ",
               abi_.last_error());
@@ -218,8 +214,10 @@ void Session::fail(const std::string& what) const {
 
 int64_t Session::usage_now() const {
   // With registrations queued the engine's count lags by what they allocated
-  // (their releases are not subtracted: an upper bound, safe for the budget).
-  return usage_live_ != nullptr ? usage_live_->load(std::memory_order_relaxed) : status_->usage + queued_fresh_;
+  // (their releases are not subtracted: an upper bound, safe for the budget),
+  // and by the op's copies on write until they are registered.
+  return usage_live_ != nullptr ? usage_live_->load(std::memory_order_relaxed)
+                                : status_->usage + queued_fresh_ + unregistered_;
 }
 
 // ---------------------------------------------------------------- releases
@@ -371,7 +369,9 @@ void Session::evict(int64_t extra, const std::string& why) {
   int64_t ids[kEvictBatch];
   int32_t actions[kEvictBatch];
   while (true) {
-    int32_t n = engine().evict(h_, extra, ids, actions, kEvictBatch);
+    // The engine makes room beyond its own count: for `extra` and for what
+    // this op allocated that it has not heard of yet.
+    int32_t n = engine().evict(h_, extra + unregistered_, ids, actions, kEvictBatch);
     if (n < 0) fail("memscale_dtr_evict" + (why.empty() ? std::string() : " " + why));
     if (n == 0) return;
     for (int32_t i = 0; i < n; ++i) carry_out(ids[i], actions[i]);
@@ -960,12 +960,12 @@ int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* 
   for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
   fill(args, in.slots, reals);
   reals.clear();
-  int64_t t0 = now_ns();
+  int64_t t0 = clock_.start();
   {
     KernelGuard kernel;
     op.callBoxed(stack);
   }
-  return now_ns() - t0;
+  return clock_.since(t0);
 }
 
 void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
@@ -1054,12 +1054,12 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   at::Tensor view = reals[0];
   std::vector<c10::IValue> originals(args, args + f.n_args);
   fill(args, in.slots, reals);
-  int64_t t0 = now_ns();
+  int64_t t0 = clock_.start();
   {
     KernelGuard kernel;
     op.callBoxed(stack);
   }
-  int64_t cost = now_ns() - t0;
+  int64_t cost = clock_.since(t0);
   Outputs out;
   out.tensors.push_back(view);
   out.places.emplace_back(0, -1);
@@ -1086,7 +1086,11 @@ c10::Storage Session::copy_old_data(const CellPtr& cell) {
   Group& g = groups_.at(cell->root);
   if (budgeted_) make_room(g.nbytes, "the old version of an overwritten external");
   counters_.copies_on_write++;
-  return copy_storage(g.storage, cell->device);
+  c10::Storage copy = copy_storage(g.storage, cell->device);
+  // Counted until move_old_version registers it: room made later for this
+  // op (its outputs, a second copy) must not take this copy's room again.
+  unregistered_ += static_cast<int64_t>(copy.nbytes());
+  return copy;
 }
 
 void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
@@ -1095,6 +1099,7 @@ void Session::move_old_version(const CellPtr& cell, const c10::Storage& copy) {
   // tensors, which see the new data, are registered anew. The engine is told
   // of no mutation: to it the old storage stayed resident and pinned, and a
   // new one appeared.
+  unregistered_ -= static_cast<int64_t>(copy.nbytes());  // registered below, or never used
   c10::Storage program = groups_.at(cell->root).storage;
   {
     Group& g = groups_.at(cell->root);
@@ -1193,6 +1198,12 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   if (in.missing) make_inputs_resident(in, held);
   // Copy-on-write: pinned storages it overwrites whose old data a re-run may need.
   std::vector<std::pair<CellPtr, c10::Storage>> copies;
+  // Copies dropped by an error were never registered: they stop counting.
+  struct Uncount {
+    int64_t& bytes;
+    const int64_t before;
+    ~Uncount() { bytes = before; }
+  } uncount{unregistered_, unregistered_};
   if (recording_) {
     for (int u : unique) {
       const CellPtr& c = in.cells[u];
@@ -1247,12 +1258,12 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   }
   fill(args, in.slots, reals);
   reals.clear();
-  int64_t t0 = now_ns();
+  int64_t t0 = clock_.start();
   {
     KernelGuard kernel;
     op.callBoxed(stack);
   }
-  int64_t cost = now_ns() - t0;
+  int64_t cost = clock_.since(t0);
   std::vector<int> resized;
   for (const Written& w : written) {
     if (w.real.storage().unsafeGetStorageImpl() == w.storage && w.real.sizes().vec() == w.sizes) continue;
@@ -1534,7 +1545,7 @@ void Session::rerun(int64_t op_id) {
     saved = r.generator->get_state();
     r.generator->set_state(r.rng_state);
   }
-  int64_t t0 = now_ns();
+  int64_t t0 = clock_.start();
   try {
     KernelGuard kernel;
     c10::AutoGradMode grad_mode(r.grad_mode);
@@ -1546,7 +1557,7 @@ void Session::rerun(int64_t op_id) {
     }
     throw;
   }
-  int64_t cost = now_ns() - t0;
+  int64_t cost = clock_.since(t0);
   if (saved) {
     std::lock_guard<std::mutex> lock(r.generator->mutex());
     r.generator->set_state(*saved);

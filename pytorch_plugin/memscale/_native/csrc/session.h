@@ -46,6 +46,7 @@
 #include "cell.h"
 #include "engine_abi.h"
 #include "id_table.h"
+#include "op_clock.h"
 #include "op_facts.h"
 
 namespace memscale {
@@ -59,6 +60,8 @@ struct SessionOptions {
   int64_t usage_address = 0;   // the allocator's published usage (usage "allocator"), or 0
   int64_t drain_batch = 256;   // without a budget: freed storages fetched this many at a time
   bool verify = false;         // every rebuild is checked against its first run (memscale.check)
+  int64_t test_op_cost_ns = 0;     // tests: every op costs this (0: measured; op_clock.h)
+  uint64_t test_op_cost_seed = 0;  // tests: nonzero, costs drawn around it from this seed
 };
 
 // Counters of the native path itself (the engine keeps the DTR counters).
@@ -191,6 +194,7 @@ class Session {
   const bool recording_;
   const std::atomic<int64_t>* usage_live_;
   const int64_t drain_batch_;
+  OpClock clock_;
   bool budgeted_ = false;
   int64_t drain_at_ = 1;
   bool closed_ = false;
@@ -229,6 +233,10 @@ class Session {
   int64_t next_op_ = 0;
   int64_t next_tensor_ = 0;
   int64_t queued_fresh_ = 0;  // bytes the queued registrations allocated
+  // Bytes the op under way allocated that the engine has not heard of yet
+  // (copies on write, registered after the op ran): in usage_now() and in
+  // every room the engine is asked to make meanwhile.
+  int64_t unregistered_ = 0;
   // Under a budget: bytes of resident storages the program released since the
   // engine last heard of releases; at kPromptReleaseBytes they are sent at once.
   int64_t dead_bytes_ = 0;
