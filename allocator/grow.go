@@ -314,7 +314,7 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 		// First the granules of plan segments beyond their plan's span,
 		// which the plan never uses.
 		var err error
-		if hs, err = a.stealBeyondPlans(hs, k, plan); err != nil || len(hs) >= k {
+		if hs, err = a.stealBeyondPlans(hs, k, plan, true); err != nil || len(hs) >= k {
 			return hs, err
 		}
 	}

@@ -167,12 +167,21 @@ func TestStepPlanBudgetWithdrawn(t *testing.T) {
 	require.Zero(t, last["num_step_plan_missed"])
 }
 
+// noRestarts turns the plan search's restarts off for the test: the churn
+// of planStep then needs a plan over the bound (with them it fits).
+func noRestarts(t *testing.T) {
+	t.Helper()
+	searchRestarts = 0
+	t.Cleanup(func() { searchRestarts = planRestarts })
+}
+
 // TestStepPlanOverBound: a plan that needs more than the bound (up to
 // planOver x it) is used; the granules it cannot hold at once are remapped
 // within the step, fewer than best fit remaps on this churn, and the
 // allocator stays consistent throughout.
 func TestStepPlanOverBound(t *testing.T) {
 	const budget = 1 << 30
+	noRestarts(t)
 	const steps = 9
 	run := func(boundaries bool) (per []int64, last Stats) {
 		a, _ := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.2})
@@ -208,6 +217,7 @@ func TestStepPlanOverBound(t *testing.T) {
 // (1, 3, 7 ... boundaries) before the next try.
 func TestStepPlanOverDropped(t *testing.T) {
 	const budget = 1 << 30
+	noRestarts(t)
 	a, _ := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.2})
 	for step := 0; step < 3; step++ {
 		a.StepBoundary()
@@ -405,4 +415,30 @@ func TestStepPlanKeptThroughSmallChanges(t *testing.T) {
 		prev = st
 	}
 	require.Positive(t, prev["num_step_plans_reused"])
+}
+
+// TestStepPlanSearchRestarts: the churn of TestStepPlanOverBound, whose
+// plan the search's first rounds leave over the bound, fits it with the
+// search's restarts (noisy blame): from the third step on nothing is
+// remapped and reserved memory stays within the bound (the plan segment's
+// memory beyond the plan is returned at the boundary).
+func TestStepPlanSearchRestarts(t *testing.T) {
+	const budget = 1 << 30
+	a, _ := newTestAllocator(t, Config{Budget: budget, BudgetSlack: 0.2})
+	bound := a.planBound(budget)
+	prev := a.Stats()
+	for step := 0; step < 5; step++ {
+		a.StepBoundary()
+		a.ResetPeakStats()
+		planStep(t, a, budget, 1, 0)
+		require.NoError(t, a.checkInvariants())
+		st := a.Stats()
+		if step >= 2 {
+			require.Zero(t, st["num_remap"]-prev["num_remap"], "step %d remaps nothing", step+1)
+			require.LessOrEqual(t, uint64(st["reserved_bytes.all.peak"]), bound, "step %d: reserved within the bound", step+1)
+		}
+		prev = st
+	}
+	require.Equal(t, int64(1), prev["step_plan_active"])
+	require.LessOrEqual(t, uint64(prev["step_plan_need_bytes"]), bound, "the plan fits the bound")
 }

@@ -89,10 +89,10 @@ func runStorm(t *testing.T, st sweepTrace, ratio float64, cfg stormConfig) storm
 // memory up to the limit), the steady steps of ResNet-32 (50 %, 30 %) and the Transformer
 // (50 %) remap nothing, and over all the runs the budget remaps at most two
 // thirds as many granules as the storm. Told where steps begin as well
-// (StepBoundary: step plans), steps 3-4 of every run but U-Net at 30 %
-// remap nothing with reserved within 1.1 x the budget (step 2 moves memory
-// into the plan's layout), and the steps 3-4 of all the runs remap at most
-// a tenth as many granules as best fit. With
+// (StepBoundary: step plans), steps 3-4 of every run remap nothing with
+// reserved within 1.1 x the budget (step 2 moves memory into the plan's
+// layout), and the steps 3-4 of all the runs remap at most a tenth as many
+// granules as best fit. With
 // MEMSCALE_STORM_OUT set it also sweeps the slack and writes the table:
 //
 //	MEMSCALE_STORM_OUT=$PWD/storm.md go test ./replay -run TestRemapStorm -count=1
@@ -116,7 +116,7 @@ func TestRemapStorm(t *testing.T) {
 	// (step 2 may move memory into the plan's layout).
 	zero := map[string]bool{"resnet32/50%": true, "resnet32/30%": true, "transformer/50%": true}
 	planZero := map[string]bool{"resnet32/50%": true, "resnet32/30%": true, "transformer/50%": true, "lstm/50%": true, "lstm/30%": true,
-		"tv_densenet121/50%": true, "tv_densenet121/30%": true, "transformer/30%": true, "unet/50%": true}
+		"tv_densenet121/50%": true, "tv_densenet121/30%": true, "transformer/30%": true, "unet/50%": true, "unet/30%": true}
 	var runs []stormRun
 	var stormTotal, toldTotal int64
 	var toldLate, plannedLate int64 // steps 3-4
@@ -159,8 +159,11 @@ func TestRemapStorm(t *testing.T) {
 					if cfg == planned && planZero[name] {
 						for _, s := range r.steps[2:] {
 							require.Zero(t, s.Remaps, "%s: steps 3-4 remap nothing", cfg.name)
+							// Step 1 runs best fit, which may pass the bound
+							// (U-Net at 30 %: 1.132 x).
+							require.LessOrEqual(t, float64(s.PeakReserved)/float64(r.budget), 1.1+1e-3,
+								"%s: reserved within budget x 1.1 in steps 3-4", cfg.name)
 						}
-						require.LessOrEqual(t, reserved, 1.1+1e-3, "%s: reserved within budget x 1.1", cfg.name)
 					}
 				}
 			})
