@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 
+	"github.com/google/btree"
 	"github.com/stretchr/testify/require"
 
 	"github.com/memscale/memscale/device"
@@ -48,17 +50,79 @@ type modelEvent struct {
 
 // model is the reference: what must be live, pending and counted, and the
 // streams' busy state with the same event semantics as the devices.
+//
+// Two of its checks are kept incrementally, so that a step costs what the
+// allocator's own walk (checkInvariants) costs rather than a sort of every
+// block: want, the counters, updated at every change of the live and
+// pending sets (expected recomputes them from the sets), and spans, the
+// live and pending blocks by address, each checked against its neighbours
+// when it joins (clash holds the first failure). A set that stays pairwise
+// disjoint under insertions checked against their neighbours is disjoint at
+// every step, which is what checkNoOverlap checks with a full sort; runProperty
+// still runs both full checks (checkFull) every propConfig.fullEvery steps
+// and at the end, and compares them with the incremental state.
 type model struct {
 	live    map[device.Ptr]*modelAlloc
-	order   []device.Ptr // live pointers, for deterministic picks
+	order   []device.Ptr       // live pointers, for deterministic picks
+	pos     map[device.Ptr]int // index in order
 	pending []*modelAlloc
 	busy    map[device.Stream]bool
 	epoch   map[device.Stream]uint64
+	want    [3][5]int64              // what expected returns, kept incrementally
+	spans   *btree.BTreeG[modelSpan] // live and pending blocks, by address
+	clash   string                   // the first misplaced or overlapping block found by addSpan
 }
 
+// modelSpan is a live or pending block's address range.
+type modelSpan struct{ lo, hi uint64 }
+
 func newModel() *model {
-	return &model{live: map[device.Ptr]*modelAlloc{}, busy: map[device.Stream]bool{}, epoch: map[device.Stream]uint64{}}
+	return &model{live: map[device.Ptr]*modelAlloc{}, pos: map[device.Ptr]int{}, busy: map[device.Stream]bool{},
+		epoch: map[device.Stream]uint64{}, spans: btree.NewG(16, func(a, b modelSpan) bool { return a.lo < b.lo })}
 }
+
+// count adds sign times x's share to want: allocation and allocated bytes
+// while live, active, active and requested bytes while live or pending
+// (expected's definition).
+func (m *model) count(x *modelAlloc, live bool, sign int64) {
+	for _, p := range []int{0, 1 + int(x.pool)} {
+		if live {
+			m.want[p][0] += sign
+			m.want[p][1] += sign * int64(x.bsize)
+		}
+		m.want[p][2] += sign
+		m.want[p][3] += sign * int64(x.bsize)
+		m.want[p][4] += sign * int64(x.req)
+	}
+}
+
+// addSpan records x's block and checks it as checkNoOverlap does: aligned,
+// not nil, disjoint from the blocks already live or pending (its neighbours
+// by address suffice: the set is disjoint before it joins).
+func (m *model) addSpan(x *modelAlloc) {
+	s := modelSpan{uint64(x.p), uint64(x.p) + x.bsize}
+	if m.clash != "" {
+		return
+	}
+	if s.lo%MinBlockSize != 0 || s.lo == 0 {
+		m.clash = fmt.Sprintf("pointer %#x is nil or not aligned to %d", s.lo, MinBlockSize)
+		return
+	}
+	var below, above modelSpan
+	var hasBelow, hasAbove bool
+	m.spans.DescendLessOrEqual(s, func(o modelSpan) bool { below, hasBelow = o, true; return false })
+	m.spans.AscendGreaterOrEqual(modelSpan{lo: s.lo + 1}, func(o modelSpan) bool { above, hasAbove = o, true; return false })
+	switch {
+	case hasBelow && below.hi > s.lo:
+		m.clash = fmt.Sprintf("blocks [%#x, %#x) and [%#x, %#x) overlap", below.lo, below.hi, s.lo, s.hi)
+	case hasAbove && s.hi > above.lo:
+		m.clash = fmt.Sprintf("blocks [%#x, %#x) and [%#x, %#x) overlap", s.lo, s.hi, above.lo, above.hi)
+	default:
+		m.spans.ReplaceOrInsert(s)
+	}
+}
+
+func (m *model) dropSpan(x *modelAlloc) { m.spans.Delete(modelSpan{lo: uint64(x.p)}) }
 
 func (m *model) eventDone(e modelEvent) bool {
 	return !e.busy || !m.busy[e.stream] || m.epoch[e.stream] != e.epoch
@@ -75,8 +139,12 @@ func (m *model) complete() {
 		}
 		if !done {
 			keep = append(keep, x)
+		} else {
+			m.count(x, false, -1)
+			m.dropSpan(x)
 		}
 	}
+	clear(m.pending[len(keep):])
 	m.pending = keep
 }
 
@@ -89,20 +157,32 @@ func (m *model) setBusy(s device.Stream, busy bool) {
 
 func (m *model) add(x *modelAlloc) {
 	m.live[x.p] = x
+	m.pos[x.p] = len(m.order)
 	m.order = append(m.order, x.p)
+	m.count(x, true, 1)
+	m.addSpan(x)
 }
 
+// remove takes p out of the live set (the last pointer of order takes its
+// place) and out of the counters; free puts it back as pending (pend) when
+// it waits on recorded streams.
 func (m *model) remove(p device.Ptr) *modelAlloc {
 	x := m.live[p]
 	delete(m.live, p)
-	for i, q := range m.order {
-		if q == p {
-			m.order[i] = m.order[len(m.order)-1]
-			m.order = m.order[:len(m.order)-1]
-			break
-		}
-	}
+	i, last := m.pos[p], m.order[len(m.order)-1]
+	m.order[i] = last
+	m.pos[last] = i
+	m.order = m.order[:len(m.order)-1]
+	delete(m.pos, p)
+	m.count(x, true, -1)
 	return x
+}
+
+// pend makes x, just removed, a pending free: active until its events
+// complete.
+func (m *model) pend(x *modelAlloc) {
+	m.pending = append(m.pending, x)
+	m.count(x, false, 1)
 }
 
 func (m *model) anyBusy() bool {
@@ -125,7 +205,8 @@ var modelKeys = func() (k [3][5]string) {
 }()
 
 // expected returns the counters the allocator must report, per pool index
-// (0 = all) in the order of modelKeys.
+// (0 = all) in the order of modelKeys, recomputed from the live and pending
+// sets (want is the same kept incrementally).
 func (m *model) expected() (want [3][5]int64) {
 	add := func(x *modelAlloc, live bool) {
 		for _, p := range []int{0, 1 + int(x.pool)} {
@@ -164,6 +245,10 @@ type propConfig struct {
 	// chaos, when set, is run on about one step in 200: budget changes and
 	// injected device faults (soak_test.go). It returns what it did.
 	chaos func(a *Allocator, d propDevice, r source) string
+	// fullEvery: the full recomputations of the model's incremental checks
+	// (checkFull) run every fullEvery steps and after the last (0 or 1:
+	// every step).
+	fullEvery int
 }
 
 // source is where the property driver takes its decisions from: a seeded
@@ -237,7 +322,9 @@ func runProperty(t *testing.T, pc propConfig) {
 			for _, s := range x.streams {
 				x.events = append(x.events, modelEvent{stream: s, busy: m.busy[s], epoch: m.epoch[s]})
 			}
-			m.pending = append(m.pending, x)
+			m.pend(x)
+		} else {
+			m.dropSpan(x)
 		}
 	}
 	pick := func() device.Ptr { return m.order[r.IntN(len(m.order))] }
@@ -350,9 +437,11 @@ func runProperty(t *testing.T, pc propConfig) {
 		require.NoError(t, a.checkInvariants(), "step %d %s", step, what)
 		require.Empty(t, d.problems(), "step %d %s: device saw bad calls", step, what)
 		st := a.Stats()
-		want := m.expected()
-		for p := range want {
-			for i, v := range want[p] {
+		if step == pc.steps-1 || pc.fullEvery <= 1 || step%pc.fullEvery == 0 {
+			checkFull(t, m, step, what)
+		}
+		for p := range m.want {
+			for i, v := range m.want[p] {
 				if k := modelKeys[p][i]; st[k] != v {
 					t.Fatalf("step %d %s: %s = %d, model says %d", step, what, k, st[k], v)
 				}
@@ -370,7 +459,9 @@ func runProperty(t *testing.T, pc propConfig) {
 			overLimit = false
 		}
 		prevPhys = phys
-		checkNoOverlap(t, m, step, what)
+		if m.clash != "" { // checkNoOverlap's verdict, kept incrementally
+			t.Fatalf("step %d %s: %s", step, what, m.clash)
+		}
 	}
 
 	// Drain: everything freed, every stream idle, the cache emptied.
@@ -383,6 +474,9 @@ func runProperty(t *testing.T, pc propConfig) {
 	}
 	require.NoError(t, a.EmptyCache())
 	require.NoError(t, a.checkInvariants())
+	m.complete()
+	checkFull(t, m, pc.steps, "drain")
+	require.Zero(t, m.spans.Len(), "drain: blocks left in the model")
 	st := a.Stats()
 	for _, k := range []string{"allocated_bytes.all.current", "active_bytes.all.current", "requested_bytes.all.current",
 		"reserved_bytes.all.current", "physical_bytes", "pending_frees"} {
@@ -407,11 +501,47 @@ func containsStream(ss []device.Stream, s device.Stream) bool {
 	return false
 }
 
-// checkNoOverlap verifies that live and pending blocks are 512-byte aligned
-// and disjoint.
-func checkNoOverlap(t *testing.T, m *model, step int, what string) {
+// checkFull runs the model's full checks and compares them with its
+// incremental state: the counters recomputed from the live and pending sets
+// (expected) against want, the blocks sorted and checked pairwise
+// (checkNoOverlap) and against spans.
+func checkFull(t *testing.T, m *model, step int, what string) {
 	t.Helper()
-	type span struct{ lo, hi uint64 }
+	if want := m.expected(); want != m.want {
+		t.Fatalf("step %d %s: model counters kept incrementally %v, recomputed %v", step, what, m.want, want)
+	}
+	spans := checkNoOverlap(t, m, step, what)
+	var kept []modelSpan
+	m.spans.Ascend(func(s modelSpan) bool { kept = append(kept, s); return true })
+	if !slices.Equal(spans, kept) {
+		t.Fatalf("step %d %s: the model's %d blocks by address differ from its %d live and pending blocks", step, what, len(kept), len(spans))
+	}
+	if len(m.pos) != len(m.order) {
+		t.Fatalf("step %d %s: %d positions for %d live blocks", step, what, len(m.pos), len(m.order))
+	}
+	for i, p := range m.order {
+		if m.pos[p] != i {
+			t.Fatalf("step %d %s: live block %#x at %d, position %d", step, what, p, i, m.pos[p])
+		}
+	}
+}
+
+// checkNoOverlap verifies that live and pending blocks are 512-byte aligned
+// and disjoint, and returns them sorted by address.
+func checkNoOverlap(t *testing.T, m *model, step int, what string) []modelSpan {
+	t.Helper()
+	spans, problem := overlapProblem(m)
+	if problem != "" {
+		t.Fatalf("step %d %s: %s", step, what, problem)
+	}
+	return spans
+}
+
+// overlapProblem sorts the live and pending blocks by address and says what
+// is wrong with them: a nil or misaligned pointer, or two overlapping blocks
+// ("" when nothing is).
+func overlapProblem(m *model) ([]modelSpan, string) {
+	type span = modelSpan
 	spans := make([]span, 0, len(m.order)+len(m.pending))
 	for _, p := range m.order {
 		x := m.live[p]
@@ -423,12 +553,72 @@ func checkNoOverlap(t *testing.T, m *model, step int, what string) {
 	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
 	for i, s := range spans {
 		if s.lo%MinBlockSize != 0 || s.lo == 0 {
-			t.Fatalf("step %d %s: pointer %#x is nil or not aligned to %d", step, what, s.lo, MinBlockSize)
+			return spans, fmt.Sprintf("pointer %#x is nil or not aligned to %d", s.lo, MinBlockSize)
 		}
 		if i > 0 && spans[i-1].hi > s.lo {
-			t.Fatalf("step %d %s: blocks [%#x, %#x) and [%#x, %#x) overlap", step, what, spans[i-1].lo, spans[i-1].hi, s.lo, s.hi)
+			return spans, fmt.Sprintf("blocks [%#x, %#x) and [%#x, %#x) overlap", spans[i-1].lo, spans[i-1].hi, s.lo, s.hi)
 		}
 	}
+	return spans, ""
+}
+
+// TestModelIncrementalChecks checks the model's incremental checks against
+// the full ones over random histories of live, pending and completed blocks,
+// many of them misplaced or overlapping: after every operation the counters
+// kept (want) equal those recomputed (expected), the blocks kept by address
+// equal the live and pending ones, and addSpan has found a problem exactly
+// when the full sort finds one (each history ends at its first problem:
+// runProperty fails there).
+func TestModelIncrementalChecks(t *testing.T) {
+	problems, checked, completed := 0, 0, 0
+	for seed := uint64(1); seed <= 300; seed++ {
+		r := rand.New(rand.NewPCG(seed, 7))
+		m := newModel()
+		const s1 = device.Stream(1)
+		for step := 0; step < 400; step++ {
+			switch op := r.IntN(10); {
+			case op < 5 || len(m.order) == 0:
+				p := device.Ptr(r.Uint64N(1<<(16+seed%14))) &^ (MinBlockSize - 1) // room for 2^7 to 2^20 blocks
+				if r.IntN(2000) == 0 {
+					p += device.Ptr(1 + r.Uint64N(MinBlockSize-1))
+				}
+				if _, dup := m.live[p]; dup {
+					continue // the allocator's pointer map holds one block per address
+				}
+				bs := MinBlockSize * (1 + r.Uint64N(8))
+				m.add(&modelAlloc{p: p, req: 1 + r.Uint64N(bs), bsize: bs, pool: poolKind(r.IntN(2))})
+			case op < 8:
+				x := m.remove(m.order[r.IntN(len(m.order))])
+				if r.IntN(2) == 0 {
+					x.events = []modelEvent{{stream: s1, busy: m.busy[s1], epoch: m.epoch[s1]}}
+					m.pend(x)
+				} else {
+					m.dropSpan(x)
+				}
+			case op < 9:
+				m.setBusy(s1, !m.busy[s1])
+			default:
+				n := len(m.pending)
+				m.complete()
+				completed += n - len(m.pending)
+			}
+			checked++
+			require.Equal(t, m.expected(), m.want, "seed %d step %d", seed, step)
+			spans, problem := overlapProblem(m)
+			require.Equal(t, problem != "", m.clash != "", "seed %d step %d: full check %q, incremental %q", seed, step, problem, m.clash)
+			if problem != "" {
+				problems++
+				break
+			}
+			var kept []modelSpan
+			m.spans.Ascend(func(s modelSpan) bool { kept = append(kept, s); return true })
+			require.True(t, slices.Equal(spans, kept), "seed %d step %d: blocks %v, kept %v", seed, step, spans, kept)
+		}
+	}
+	t.Logf("%d operations checked, %d pending frees completed, %d histories ended by a problem", checked, completed, problems)
+	require.Greater(t, problems, 100, "many histories end at a misplaced or overlapping block")
+	require.Greater(t, checked, 40000)
+	require.Greater(t, completed, 5000)
 }
 
 func TestPropertyFake(t *testing.T) {

@@ -64,9 +64,14 @@ func TestSoakAllocator(t *testing.T) {
 	total, err := soak.Ops(30000, 0.1)
 	require.NoError(t, err)
 	const capacity = 8 << 30
-	steps := 3000
+	// fullEvery: in the long mode the model's full recomputations (checkFull:
+	// counters from the live and pending sets, every block sorted and checked
+	// pairwise) run every 256 steps and at the end of each run, its
+	// incremental checks at every step; the short slice runs both at every
+	// step.
+	steps, fullEvery := 3000, 1
 	if soak.Long() {
-		steps = 20000
+		steps, fullEvery = 20000, 256
 	}
 	type cfg struct {
 		name string
@@ -91,6 +96,7 @@ func TestSoakAllocator(t *testing.T) {
 			runProperty(t, propConfig{
 				seed: seed, steps: n, capacity: capacity, maxSize: 1 << 30, streams: 3, vmm: c.vmm,
 				slack: []float64{0, -1, 0.25}[seed%3], newDev: newDev, chaos: soakChaos(capacity),
+				fullEvery: fullEvery,
 			})
 		})
 		if !ok {

@@ -2,6 +2,7 @@ package evict
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -230,10 +231,14 @@ func checkSoftHolds(t *testing.T, e *Engine, what string) {
 			for i := h.top[s]; i != 0; i = h.uses[i-1].below {
 				stack = append(stack, softUse{seq: h.uses[i-1].seq, step: h.uses[i-1].step})
 			}
-			require.Zero(t, h.first[s], "%s: HoldPlan's scratch of storage %d", what, s)
+			if h.first[s] != 0 { // require only on a mismatch: it costs a stack walk a call (the soak)
+				require.Zero(t, h.first[s], "%s: HoldPlan's scratch of storage %d", what, s)
+			}
 		}
-		require.Equal(t, w, got, "%s: soft holds of storage %d", what, s)
-		require.Equal(t, stacks[s], stack, "%s: the plans that read storage %d next", what, s)
+		if w != got || !slices.Equal(stacks[s], stack) {
+			require.Equal(t, w, got, "%s: soft holds of storage %d", what, s)
+			require.Equal(t, stacks[s], stack, "%s: the plans that read storage %d next", what, s)
+		}
 		live += len(stack)
 	}
 	free := 0

@@ -1,7 +1,7 @@
 package evict
 
 import (
-	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/memscale/memscale/internal/soak"
@@ -31,7 +31,7 @@ func TestSoakEngine(t *testing.T) {
 			done++
 			if w.rng.Intn(50) == 0 {
 				b := max(w.idx.Budget()/2+uint64(w.rng.Intn(int(w.idx.Budget()+1))), 500)
-				w.both(fmt.Sprintf("set budget %d", b), func(e *Engine) error { e.SetBudget(b); return nil })
+				w.bothArg("set budget", int64(b), func(e *Engine) error { e.SetBudget(b); return nil })
 				changes++
 				if !w.evict(0) {
 					break
@@ -42,7 +42,7 @@ func TestSoakEngine(t *testing.T) {
 				break
 			}
 			if i%16 == 0 {
-				checkSoftHolds(t, w.idx, fmt.Sprintf("seed %d step %d", seed, i))
+				checkSoftHolds(t, w.idx, "seed "+strconv.FormatInt(seed, 10)+" step "+strconv.Itoa(i))
 			}
 		}
 		require.Equal(t, w.idx.Stats().Evictions, w.scan.Stats().Evictions, "seed %d", seed)
