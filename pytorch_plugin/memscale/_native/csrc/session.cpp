@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string_view>
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
@@ -105,11 +107,58 @@ uint64_t kind_of(const c10::IValue& v) {
   if (v.isBool()) return 4;
   if (v.isIntList()) return 5;
   if (v.isNone()) return 6;
+  if (v.isBoolList()) return 9;
+  if (v.isDoubleList()) return 10;
+  if (v.isTensorList()) return 11;
+  if (v.isString()) return 12;
   if (v.isList()) return 7;
   return 8;
 }
 
 uint64_t mix(uint64_t seed, uint64_t v) { return c10::hash_combine(seed, v); }
+
+// What of an argument decides what an op allocates, mixed into `h`: a
+// tensor's sizes, strides and dtype, a scalar's value, every element of a
+// list (convolution_backward's output_mask decides which gradients it
+// allocates), a string's text (padding="same"); other objects their kind only.
+uint64_t mix_signature(uint64_t h, const c10::IValue& v) {
+  h = mix(h, kind_of(v));
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return mix(h, 0);
+    // Strides too: what an op allocates can depend on them (contiguous()
+    // of a contiguous tensor is a view, of a transposed one a copy).
+    for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
+    for (int64_t s : t.strides()) h = mix(h, static_cast<uint64_t>(s) * 31 + 7);
+    return mix(h, static_cast<uint64_t>(t.scalar_type()));
+  }
+  if (v.isInt()) return mix(h, static_cast<uint64_t>(v.toInt()));
+  if (v.isDouble()) {
+    double d = v.toDouble();
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    return mix(h, bits);
+  }
+  if (v.isBool()) return mix(h, v.toBool());
+  if (v.isString()) return mix(h, std::hash<std::string_view>()(v.toStringView()));
+  if (v.isIntList()) {
+    for (int64_t x : v.toIntList()) h = mix(h, static_cast<uint64_t>(x));
+    return mix(h, v.toIntList().size());
+  }
+  if (v.isBoolList()) {
+    for (bool x : v.toBoolList()) h = mix(h, x ? 2 : 1);
+    return mix(h, v.toBoolList().size());
+  }
+  if (v.isList() || v.isTensorList() || v.isDoubleList()) {
+    size_t n = 0;
+    for (const c10::IValue& x : v.toListRef()) {
+      h = mix_signature(h, x);
+      ++n;
+    }
+    return mix(h, n);
+  }
+  return h;
+}
 
 // MEMSCALE_NATIVE_TRACE=1: one line per registered op on stderr (debugging).
 bool trace_ops() {
@@ -787,31 +836,7 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
 
 void Session::signature(const c10::OperatorHandle& op, const OpFacts& f, const c10::IValue* args, uint64_t* key) {
   uint64_t h = reinterpret_cast<uintptr_t>(&op.schema());
-  for (size_t i = 0; i < f.n_args; ++i) {
-    const c10::IValue& v = args[i];
-    h = mix(h, kind_of(v));
-    if (v.isInt()) {
-      h = mix(h, static_cast<uint64_t>(v.toInt()));
-    } else if (v.isDouble()) {
-      double d = v.toDouble();
-      uint64_t bits;
-      std::memcpy(&bits, &d, sizeof(bits));
-      h = mix(h, bits);
-    } else if (v.isBool()) {
-      h = mix(h, v.toBool());
-    } else if (v.isIntList()) {
-      for (int64_t x : v.toIntVector()) h = mix(h, static_cast<uint64_t>(x));
-    } else {
-      for_tensors(v, [&](const at::Tensor& t, int) {
-        if (!t.defined()) return;
-        // Strides too: what an op allocates can depend on them (contiguous()
-        // of a contiguous tensor is a view, of a transposed one a copy).
-        for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
-        for (int64_t s : t.strides()) h = mix(h, static_cast<uint64_t>(s) * 31 + 7);
-        h = mix(h, static_cast<uint64_t>(t.scalar_type()));
-      });
-    }
-  }
+  for (size_t i = 0; i < f.n_args; ++i) h = mix_signature(h, args[i]);
   *key = h;
 }
 
