@@ -223,11 +223,16 @@ func TestStepPlanOverDropped(t *testing.T) {
 		a.StepBoundary()
 		planStep(t, a, budget, 1, 0)
 	}
+	// Read under the lock, checked after it (a failing require under a.mu
+	// would leave the cleanup's Close waiting on it forever).
 	a.mu.Lock()
 	p := a.plans
-	require.True(t, p.active)
-	require.Greater(t, p.lastNeed, a.planBound(budget), "the plan is over the bound")
-	require.GreaterOrEqual(t, p.activeSteps, 1)
+	active, need, bound, activeSteps := p.active, p.lastNeed, a.planBound(budget), p.activeSteps
+	a.mu.Unlock()
+	require.True(t, active)
+	require.Greater(t, need, bound, "the plan is over the bound")
+	require.GreaterOrEqual(t, activeSteps, 1)
+	a.mu.Lock()
 	p.cur.runs = max(p.cur.runs, 1)
 	// The step just ended remapped more than best fit did.
 	p.fitRemaps = 1
@@ -238,9 +243,10 @@ func TestStepPlanOverDropped(t *testing.T) {
 	st := a.Stats()
 	require.Zero(t, st["step_plan_active"], "dropped")
 	a.mu.Lock()
-	require.Equal(t, 1, p.overFails)
-	require.Equal(t, 1, p.overSkip)
+	overFails, overSkip := p.overFails, p.overSkip
 	a.mu.Unlock()
+	require.Equal(t, 1, overFails)
+	require.Equal(t, 1, overSkip)
 	planStep(t, a, budget, 1, 0)
 	a.StepBoundary() // waits one boundary
 	require.Zero(t, a.Stats()["step_plan_active"])
