@@ -16,7 +16,7 @@ try:
 
     from memscale import dtr
     from memscale._native.engine import Engine, dtr_lib
-    from memscale._region import session as session_module
+    from memscale._region import state as state_module
 
     dtr_lib()
 except (ImportError, MemscaleError) as exc:  # pragma: no cover - without torch or the engine
@@ -54,10 +54,10 @@ def _chain(y: torch.Tensor, n: int) -> torch.Tensor:
 @pytest.mark.parametrize("batch", [None, "1", "7"])
 def test_a_chain_crosses_once_per_batch(batch: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     if batch is None:
-        monkeypatch.delenv(session_module.OP_BATCH_ENV, raising=False)
+        monkeypatch.delenv(state_module.OP_BATCH_ENV, raising=False)
     else:
-        monkeypatch.setenv(session_module.OP_BATCH_ENV, batch)
-    size = session_module.OP_BATCH if batch is None else int(batch)
+        monkeypatch.setenv(state_module.OP_BATCH_ENV, batch)
+    size = state_module.OP_BATCH if batch is None else int(batch)
     crossings = _Crossings(monkeypatch)
     x = torch.ones(16, 16)
     with dtr(None):
@@ -73,7 +73,7 @@ def test_a_chain_crosses_once_per_batch(batch: str | None, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("batch", ["1", "32"])
 def test_budgeted_steps_are_bitwise_and_within_the_budget(batch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(session_module.OP_BATCH_ENV, batch)
+    monkeypatch.setenv(state_module.OP_BATCH_ENV, batch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(128, 128), torch.nn.Tanh())])
     x = torch.randn(1024, 128)
@@ -104,7 +104,7 @@ def test_a_malformed_batch_size_is_refused_at_entry(raw: str, monkeypatch: pytes
     from memscale._native import lib
 
     lib.check_configuration()  # the library reads its variables once, before this test's
-    monkeypatch.setenv(session_module.OP_BATCH_ENV, raw)
+    monkeypatch.setenv(state_module.OP_BATCH_ENV, raw)
     region = dtr(None)
     # The library checks the variable too, at the region's engine creation:
     # whichever speaks first names the variable, the value and the range.

@@ -312,10 +312,10 @@ class _Rooted:
 
 
 def test_parking_takes_the_outer_levels_outermost_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memscale._region import session as session_module
+    from memscale._region import state as state_module
     from memscale._region.session import Session
 
-    monkeypatch.setattr(session_module, "copy_to_host", lambda g: setattr(g, "copied", True))
+    monkeypatch.setattr(state_module, "copy_to_host", lambda g: setattr(g, "copied", True))
     outer = [_Rooted(1), _Rooted(2), _Rooted(3, resident=False)]
     middle = [_Rooted(4), _Rooted(5)]
     inner = [_Rooted(5), _Rooted(6)]  # shares storage 5 with the middle level

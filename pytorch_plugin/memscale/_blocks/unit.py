@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -41,10 +41,24 @@ from torch.utils._pytree import tree_leaves
 from ..errors import MemscaleError
 
 if TYPE_CHECKING:
-    from .tracker import BlockDTR
+    from .device import DeviceShare
 
 _Tensor = torch.Tensor
 _AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+class BlockOwner(Protocol):
+    """What a unit asks of the tracker that owns it
+    (:class:`~memscale._blocks.tracker.BlockDTR`, which sits above this module)."""
+
+    device_share: DeviceShare | None
+
+    def rebuild(self, unit: Unit) -> None: ...
+
+    def recomputing(self, unit: Unit | None, hooks: Any) -> None: ...
+
+    def unit_done(self, unit: Unit) -> None: ...
+
 
 #: ``(size, dtype, stride, storage offset)`` of a saved tensor.
 Meta = tuple[torch.Size, torch.dtype, tuple[int, ...], int]
@@ -102,7 +116,7 @@ class Unit:
     """One forward call of a tracked block (see the module doc).
 
     Attributes:
-        owner: the :class:`BlockDTR` that tracks the block.
+        owner: the :class:`~memscale._blocks.tracker.BlockDTR` that tracks the block.
         block: the module.
         name: the block's name in the model (for messages).
         args / kwargs: the call's arguments, as the block's hooks got them
@@ -127,7 +141,7 @@ class Unit:
         "rng", "cuda_rng", "autocast", "hooks", "started_ns", "released", "signature", "entry_versions", "__weakref__",
     )
 
-    def __init__(self, owner: BlockDTR, block: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, owner: BlockOwner, block: torch.nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.owner = owner
         self.block = block
         self.name = name

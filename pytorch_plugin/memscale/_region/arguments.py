@@ -13,24 +13,28 @@ signature) by running the op on ``meta`` tensors and corrected by every real
 run.
 
 Holds no engine state: registering a plain tensor as an external is the
-session's (``Session.cell_of``).
+session's (``Session.cell_of``, reached through :class:`CellSource`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import torch
 
 from .cells import Cell
 from .schema import ArgKey, OpInfo
 
-if TYPE_CHECKING:
-    from .session import Session
-
 _Tensor = torch.Tensor
+
+
+class CellSource(Protocol):
+    """Where :func:`collect` gets an argument's cell (the session, which
+    registers a plain tensor as an external on first sight)."""
+
+    def cell_of(self, x: Any) -> Cell | None: ...
 
 
 @dataclass(slots=True)
@@ -61,7 +65,7 @@ class Arguments:
         self.args, self.kwargs = refill(self.template_args, self.template_kwargs, info)
 
 
-def collect(session: Session, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Arguments:
+def collect(session: CellSource, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Arguments:
     """Collect an op's arguments; plain tensors are registered as externals."""
     cells: list[Cell] = []
     keys: list[ArgKey] = []

@@ -21,13 +21,15 @@ Invariants (kept by the session, the dispatcher and the rebuilder):
 :class:`HeldCells` is the one way cells are locked for a piece of work: a
 context manager that unlocks what it holds however the work ends.
 
-Holds data only (and the locks of :class:`HeldCells`); no dispatch.
+Holds data only (and the locks of :class:`HeldCells`); no dispatch. The
+bottom of the region's modules with :mod:`.schema`: a cell names its entry
+through :class:`Owner`, the little it needs of :class:`~.session.Session`.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import torch
 
@@ -35,7 +37,6 @@ from ..errors import MemscaleError
 
 if TYPE_CHECKING:
     from .._native.engine import Engine
-    from .session import Session
 
 #: Kinds of recorded ops (how a re-run runs them).
 RERUN_CALL: Final[int] = 0  # re-run func; outputs map to the op's output cells
@@ -46,6 +47,19 @@ RERUN_VIEW: Final[int] = 2  # re-derive a view of a storage from its geometry
 #: a view sits in its storage and how its data is read (a lazily conjugated or
 #: negated view reads the same memory as its source).
 Geometry = tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int, bool, bool]
+
+
+class Owner(Protocol):
+    """What a cell's wrapper needs of the entry the cell belongs to
+    (:class:`~.session.Session`): whether it is closed, a read that rebuilds an
+    evicted cell, and the op path for ops on wrappers outside the mode
+    (:func:`~.tensor.dispatch_outside`)."""
+
+    closed: bool
+
+    def read(self, cell: Cell) -> torch.Tensor | None: ...
+
+    def dispatch(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any: ...
 
 
 class Cell:
@@ -74,7 +88,7 @@ class Cell:
         tensor: torch.Tensor | None,
         root: int,
         op_id: int,
-        session: Session | None,
+        session: Owner | None,
         pinned: bool = False,
     ) -> None:
         self.tensor_id = tensor_id

@@ -29,7 +29,7 @@ from .device import sync_count
 from .tensor import hand_back
 
 if TYPE_CHECKING:
-    from .region import DTRRegion
+    from .state import RegionSettings as DTRRegion
 
 log = logging.getLogger("memscale")
 

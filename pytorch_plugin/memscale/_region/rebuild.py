@@ -57,7 +57,7 @@ from .replay import rerun
 from .tensor import EvictedTensorError
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .state import SessionState
 
 #: Plans tried for one cell before giving up: each new plan means the budget
 #: loop took back something the previous one rebuilt.
@@ -74,7 +74,7 @@ FREE_ROUNDS: Final[int] = 4
 NESTED_RESTARTS: Final[int] = 4
 
 
-def materialize(s: Session, cell: Cell) -> None:
+def materialize(s: SessionState, cell: Cell) -> None:
     """Make ``cell`` resident; returns with ``cell`` locked once (caller unlocks).
 
     The outermost rebuild: starts over when nested plans ran out of room.
@@ -82,7 +82,7 @@ def materialize(s: Session, cell: Cell) -> None:
     _restarting(s, lambda: _materialize(s, cell), _nothing_to_undo)
 
 
-def _restarting(s: Session, rebuild: Callable[[], None], undo: Callable[[], None]) -> None:
+def _restarting(s: SessionState, rebuild: Callable[[], None], undo: Callable[[], None]) -> None:
     """Run the outermost ``rebuild``; start over when nested plans ran out of room.
 
     On a :class:`NoRoomError` raised while plans were open: ``undo`` unlocks
@@ -121,7 +121,7 @@ def _nothing_to_undo() -> None:
     """``undo`` of a rebuild that holds nothing when it fails."""
 
 
-def _materialize(s: Session, cell: Cell) -> None:
+def _materialize(s: SessionState, cell: Cell) -> None:
     """:func:`materialize` without starting over (a rebuild inside a rebuild);
     notes the cells whose rebuilds failed for room, innermost first."""
     try:
@@ -131,7 +131,7 @@ def _materialize(s: Session, cell: Cell) -> None:
         raise
 
 
-def _materialize_once(s: Session, cell: Cell) -> None:
+def _materialize_once(s: SessionState, cell: Cell) -> None:
     s.sync()
     plans = 0
     while cell.tensor is None:
@@ -160,7 +160,7 @@ def _materialize_once(s: Session, cell: Cell) -> None:
     s.engine.lock(cell.tensor_id)
 
 
-def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
+def make_resident(s: SessionState, cells: list[Cell], held: HeldCells) -> None:
     """Rebuild the evicted ``cells``, then lock the resident ones; all end up
     in ``held``. The outermost rebuild: starts over when nested plans ran out
     of room (the cells it locked so far are unlocked first).
@@ -181,9 +181,9 @@ def make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
 
 
 @contextmanager
-def _level(s: Session, cells: list[Cell]) -> Iterator[None]:
+def _level(s: SessionState, cells: list[Cell]) -> Iterator[None]:
     """One level of a rebuild: ``cells`` are what it reads (see
-    :meth:`.session.Session.park_outer_levels`)."""
+    :meth:`.state.SessionState.park_outer_levels`)."""
     s.levels.append(cells)
     try:
         yield
@@ -191,7 +191,7 @@ def _level(s: Session, cells: list[Cell]) -> Iterator[None]:
         s.levels.pop()
 
 
-def _unpark(s: Session, cells: list[Cell], held: HeldCells) -> None:
+def _unpark(s: SessionState, cells: list[Cell], held: HeldCells) -> None:
     """Bring back what an inner level parked of ``cells`` (locked, in ``held``)
     while it rebuilt the others: each comes back with a swap-in, which parks
     nothing of this level (a cell the budget loop evicted meanwhile is rebuilt
@@ -212,7 +212,7 @@ def _unpark(s: Session, cells: list[Cell], held: HeldCells) -> None:
                 held.adopt(cell)
 
 
-def _make_resident(s: Session, cells: list[Cell], held: HeldCells) -> None:
+def _make_resident(s: SessionState, cells: list[Cell], held: HeldCells) -> None:
     """:func:`make_resident` without starting over.
 
     Rebuilding first keeps the resident inputs evictable while a rebuild
@@ -282,14 +282,14 @@ def _roomiest_rebuild(cells: list[Cell], rest: list[Cell], room: dict[int, int])
     return best
 
 
-def make_all_resident(s: Session, cells: list[Cell]) -> None:
+def make_all_resident(s: SessionState, cells: list[Cell]) -> None:
     """Make every cell resident at once (all locked until the last is rebuilt)."""
     with HeldCells(s.engine) as held:
         make_resident(s, cells, held)
 
 
 def run_step(
-    s: Session, op: RecordedOp, op_id: int, report: bool = True, keep: list[Cell] | None = None
+    s: SessionState, op: RecordedOp, op_id: int, report: bool = True, keep: list[Cell] | None = None
 ) -> HeldCells:
     """Re-run one op with its inputs resident and locked.
 
@@ -327,13 +327,13 @@ def run_step(
     return kept
 
 
-def _output_bytes(s: Session, op: RecordedOp) -> int:
+def _output_bytes(s: SessionState, op: RecordedOp) -> int:
     """Bytes of the storages ``op`` makes (its outputs that are roots)."""
     groups = s.groups
     return sum(groups[c.root].nbytes for c in op.outputs if c.root == c.tensor_id and c.root in groups)
 
 
-def _run_plan(s: Session, target: Cell, steps: list[tuple[int, int]]) -> bool:
+def _run_plan(s: SessionState, target: Cell, steps: list[tuple[int, int]]) -> bool:
     """Run the engine's plan for ``target``, steps in order, ancestors first.
 
     Returns whether ``target`` was produced and is left locked once.
@@ -370,7 +370,7 @@ def _run_plan(s: Session, target: Cell, steps: list[tuple[int, int]]) -> bool:
     return got
 
 
-def swap_in(s: Session, root: int) -> list[Cell]:
+def swap_in(s: SessionState, root: int) -> list[Cell]:
     """Copy swapped-out storage ``root`` back; returns the cells it re-made."""
     group = s.groups.get(root)
     if group is None:

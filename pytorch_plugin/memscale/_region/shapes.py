@@ -27,12 +27,12 @@ from .schema import OpInfo
 from .tensor import DTRTensor, unwrap
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .externals import SessionExternals
 
 _Tensor = torch.Tensor
 
 
-def dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+def dispatch_inplace_view(s: SessionExternals, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     """An op that changes its argument's shape, strides or offset in place
     (``squeeze_``, ``transpose_``, ``as_strided_``, ``detach_``...), as
     PyTorch's own decompositions do on their intermediates.
@@ -93,7 +93,7 @@ def dispatch_inplace_view(s: Session, func: Any, info: OpInfo, args: Any, kwargs
     return target
 
 
-def follow_resize(s: Session, info: OpInfo, wrapper: DTRTensor) -> None:
+def follow_resize(s: SessionExternals, info: OpInfo, wrapper: DTRTensor) -> None:
     """An in-place op may resize its output (``addbmm_`` on a one-element
     ``self``): the wrapper takes the new shape when the data stayed in its
     storage; a grown storage is an error (the region cannot account for it)."""

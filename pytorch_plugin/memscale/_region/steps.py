@@ -32,26 +32,38 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .tensor import unwrap
 
-if TYPE_CHECKING:
-    from .region import DTRRegion
+
+class SteppedRegion(Protocol):
+    """What the optimizer's hooks need of a region (:class:`~.region.DTRRegion`,
+    which sits above this module and registers its entries here)."""
+
+    step_boundaries: bool
+
+    @property
+    def is_entered(self) -> bool: ...
+
+    def end_step(self) -> None: ...
+
+    def suspend(self, suspended: bool = True) -> None: ...
+
 
 _local = threading.local()
 _hook_lock = threading.Lock()
 _hook: Any = None
 
 
-def _stack() -> list[DTRRegion]:
-    stack: list[DTRRegion] | None = getattr(_local, "regions", None)
+def _stack() -> list[SteppedRegion]:
+    stack: list[SteppedRegion] | None = getattr(_local, "regions", None)
     if stack is None:
         stack = _local.regions = []
     return stack
 
 
-def entered(region: DTRRegion) -> None:
+def entered(region: SteppedRegion) -> None:
     """``region`` was entered on this thread."""
     global _hook
     _stack().append(region)
@@ -69,20 +81,20 @@ def entered(region: DTRRegion) -> None:
                 )
 
 
-def open_region() -> DTRRegion | None:
+def open_region() -> SteppedRegion | None:
     """The region entered on this thread, if any (regions do not nest)."""
     stack = _stack()
     return stack[-1] if stack else None
 
 
-def exited(region: DTRRegion) -> None:
+def exited(region: SteppedRegion) -> None:
     """``region`` was exited on this thread."""
     stack = _stack()
     if region in stack:
         stack.remove(region)
 
 
-def _ends_steps(region: DTRRegion) -> bool:
+def _ends_steps(region: SteppedRegion) -> bool:
     return region.step_boundaries and region.is_entered
 
 

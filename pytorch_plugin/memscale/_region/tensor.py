@@ -23,8 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..errors import MemscaleError
 
 if TYPE_CHECKING:
-    from .cells import Cell
-    from .session import Session
+    from .cells import Cell, Owner
 
 
 class EvictedTensorError(MemscaleError):
@@ -151,7 +150,7 @@ def unwrap_tree(x: Any) -> Any:
     return x
 
 
-def _open_session_of(x: Any) -> Session | None:
+def _open_session_of(x: Any) -> Owner | None:
     if type(x) is DTRTensor:
         session = x._c.session
         if session is not None and not session.closed:
