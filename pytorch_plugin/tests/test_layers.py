@@ -1,7 +1,12 @@
 """The package's layers (docs/architecture.md): a module imports only from the
-layers below it, and no import circle exists outside the region. Read from the
-sources (function-level imports included, ``if TYPE_CHECKING:`` blocks not), so
-a lazy import that closes a circle fails here too."""
+layers below it, and no module imports itself back through others (no import
+circle anywhere, the region's modules included). Read from the sources with
+:mod:`ast`: function-level imports count (a lazy import that only dodges a
+circle at run time is still a circle), and so do ``if TYPE_CHECKING:`` imports
+for the circle test (a module that names an upper module's class in its
+annotations depends on that module's design; ``from __future__ import
+annotations`` only hides it at run time). A lower module that needs an upper
+object takes it as an argument, typed by a ``Protocol`` of its own."""
 
 from __future__ import annotations
 
@@ -33,13 +38,14 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _imports(modules: dict[str, tuple[Path, bool]]) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (not its own ancestors)."""
+def _imports(modules: dict[str, tuple[Path, bool]], typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (not its own ancestors);
+    ``typing``: with those imported under ``if TYPE_CHECKING:``."""
     graph: dict[str, set[str]] = {}
     for name, (path, is_package) in modules.items():
         base = name if is_package else name.rpartition(".")[0]
         tree = ast.parse(path.read_text())
-        typing_only = {
+        typing_only = set() if typing else {
             id(node)
             for block in ast.walk(tree)
             if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
@@ -86,9 +92,9 @@ def test_every_import_points_down_or_sideways() -> None:
     assert not upward, "imports against the layers of docs/architecture.md:\n" + "\n".join(upward)
 
 
-def test_no_import_circle_outside_the_region() -> None:
-    graph = _imports(_modules())
-    # Tarjan's strongly connected components.
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` larger than one module
+    (Tarjan's algorithm), each sorted, largest first."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -99,7 +105,7 @@ def test_no_import_circle_outside_the_region() -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in graph[v]:
+        for w in sorted(graph[v]):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -116,8 +122,56 @@ def test_no_import_circle_outside_the_region() -> None:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for v in graph:
+    for v in sorted(graph):
         if v not in index:
             visit(v)
-    outside = [c for c in circles if not all(m.startswith("memscale._region") for m in c)]
-    assert not outside, f"import circles outside the region: {outside}"
+    return sorted(circles, key=lambda c: (-len(c), c))
+
+
+def test_no_import_circle() -> None:
+    graph = _imports(_modules(), typing=True)
+    circles = import_circles(graph)
+    report = []
+    for circle in circles:
+        members = set(circle)
+        report.append(f"{len(circle)} modules:")
+        report += [f"  {m} -> {', '.join(sorted(graph[m] & members))}" for m in circle]
+    assert not circles, "import circles (type-only and function-level imports included):\n" + "\n".join(report)
+
+
+#: The region's modules, bottom to top (``memscale/_region/__init__.py``'s
+#: docstring): each imports only from the groups below its own, never from its
+#: own group (type-only imports included).
+REGION_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("schema", "cells", "volatile", "reclaim", "entry", "counters"),
+    ("tensor", "device", "arguments"),
+    ("replay", "verify", "steps"),
+    ("state",),
+    ("rebuild", "native"),
+    ("externals",),
+    ("outputs", "shapes"),
+    ("inplace",),
+    ("dispatch",),
+    ("session",),
+    ("mode",),
+    ("region",),
+    ("check",),
+)
+
+
+def test_region_modules_import_downward() -> None:
+    graph = _imports(_modules(), typing=True)
+    region = "memscale._region."
+    level = {f"{region}{name}": i for i, group in enumerate(REGION_LAYERS) for name in group}
+    members = {m for m in graph if m.startswith(region)}
+    assert members == set(level), (
+        f"region modules missing from REGION_LAYERS: {sorted(members - set(level))}; "
+        f"listed but absent: {sorted(set(level) - members)}"
+    )
+    wrong = sorted(
+        f"{module} -> {dep}"
+        for module in members
+        for dep in graph[module]
+        if dep in level and level[dep] >= level[module]
+    )
+    assert not wrong, "region imports not pointing to a lower group of REGION_LAYERS:\n" + "\n".join(wrong)

@@ -88,30 +88,50 @@ CUDA an op's cost is approximate (:mod:`.device`).
 
 Map
 ---
-============  ===============================================================
-module        holds
-============  ===============================================================
-schema        :class:`OpInfo`: what an ATen overload's schema says (cached)
-cells         cells, storage groups, recorded ops, :class:`HeldCells` (locks)
-tensor        :class:`DTRTensor`, :func:`unwrap`, ops on wrappers outside a mode
-arguments     argument collection, templates for re-runs, output-size prediction
-replay        re-running a recorded op (RNG state, copies, scratch arguments)
-device        op timing on CUDA, host bandwidth, swap copies
-session       the per-step session: engine, bookkeeping, releases, externals,
-              evictions, exit
-dispatch      pure and in-place ops inside a region
-shapes        in-place ops that change a tensor's shape (views, resizes)
-rebuild       materializing from the engine's plans
-reclaim       allocation failures ask the open sessions to evict
-verify        fingerprints checking that every rebuild is bitwise its first run
-steps         optimizer steps inside a region end a training step
-entry         what an entry changes around the program (compiler stance,
-              frozen collector heap, autograd queue drained on an error)
-mode          the dispatch mode of an entry (suspended ops, failed backwards)
-region        :class:`DTRRegion`, :func:`dtr`
-native        the native path's session and mode (``MEMSCALE_NATIVE=1``: the
-              per-op path in C++, ``memscale/_native/csrc``)
-============  ===============================================================
+The modules in layers, bottom to top: a module imports only from the groups
+below its own (type-only imports included; ``tests/test_layers.py`` checks
+it). A lower module that needs an upper object takes it as an argument typed
+by a ``Protocol`` of its own (:class:`.cells.Owner`, :class:`.arguments.CellSource`,
+:class:`.state.RegionSettings`, :class:`.steps.SteppedRegion`,
+:class:`.counters.Entry`); the session is a stack of classes, one module each
+(:class:`.state.SessionState`, :class:`.externals.SessionExternals`,
+:class:`.session.Session`), so the modules between them work on the layer
+below and never import the session.
+
+==========  ============  =====================================================
+layer       module        holds
+==========  ============  =====================================================
+facts       schema        :class:`OpInfo`: what an ATen overload's schema says (cached)
+            cells         cells, storage groups, recorded ops, :class:`HeldCells` (locks)
+            volatile      storages freed behind the region's back (FSDP)
+            reclaim       allocation failures ask the open sessions to evict
+            entry         what an entry changes around the program (compiler
+                          stance, frozen collector heap, autograd queue drained
+                          on an error)
+            counters      a region's counters over its entries, the tuning
+                          carried between them
+tensors     tensor        :class:`DTRTensor`, :func:`unwrap`, ops on wrappers outside a mode
+            device        op timing on CUDA, host bandwidth, swap copies
+            arguments     argument collection, templates for re-runs, output-size prediction
+re-runs     replay        re-running a recorded op (RNG state, copies, scratch arguments)
+            verify        fingerprints checking that every rebuild is bitwise its first run
+            steps         optimizer steps inside a region end a training step
+session     state         the session's state: engine, tables, budget,
+                          evictions, releases (:class:`~.state.SessionState`)
+            rebuild       materializing from the engine's plans
+            native        the native path's session and mode (``MEMSCALE_NATIVE=1``: the
+                          per-op path in C++, ``memscale/_native/csrc``)
+            externals     plain tensors as pinned externals, pinned gradients,
+                          reads (:class:`~.externals.SessionExternals`)
+op path     outputs       registering an op's outputs, their wrappers
+            shapes        in-place ops that change a tensor's shape (views, resizes)
+            inplace       in-place ops: new versions, aliases, copy-on-write
+            dispatch      one op inside a region (the mode's ``__torch_dispatch__``)
+            session       :class:`Session`: the op path and the exit
+region      mode          the dispatch mode of an entry (suspended ops, failed backwards)
+            region        :class:`DTRRegion`, :func:`dtr`
+            check         :func:`memscale.check`: a model under the stress setting
+==========  ============  =====================================================
 
 The drop-in API (:mod:`memscale._dropin.api`) opens one region per training step; the
 trace recorder (:mod:`memscale.trace`) listens to a region's registrations.

@@ -2,7 +2,8 @@
 
 :class:`DTRRegion` is what the user holds: its settings, the table of op facts
 shared by its entries, the counters accumulated over entries, and the engine's
-tuning carried from one entry to the next. Each ``with region:`` creates a
+tuning carried from one entry to the next (those two kept by
+:class:`~.counters.Counters`). Each ``with region:`` creates a
 :class:`~.session.Session` (an engine instance) and pushes a
 :class:`~.mode.RegionMode` that hands every ATen op to it; ``__exit__`` closes the
 session and folds its counters into :meth:`DTRRegion.summary`.
@@ -15,7 +16,6 @@ the engine's tuning choice forward.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Final
 
 import torch
@@ -24,11 +24,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .._allocator.budget import THRESHOLD, Budget, default_budget
 from .._allocator.boundary import step_boundary
 from .._allocator.stats import Granules
-from .._stats import SUMMED_KEYS, overhead
 from ..config import check_heuristic, parse_size
 from ..errors import ConfigError, MemscaleError
 from .device import host_bandwidth, sync_count
 from . import entry, steps
+from .counters import Counters
 from .dispatch import dispatch
 from .mode import RegionMode
 from .native import NativeMode, NativeSession, is_native_tensor, unwrap_native, use_native
@@ -37,9 +37,6 @@ from .session import Session
 from .tensor import DTRTensor, unwrap
 from .verify import Where
 
-log = logging.getLogger("memscale")
-
-
 
 #: The name of the engine's tuning policy: what a budgeted region with no
 #: heuristic given (argument or ``MEMSCALE_HEURISTIC``) runs. Such an entry
@@ -47,34 +44,6 @@ log = logging.getLogger("memscale")
 #: the engine replays the recording with every candidate configuration
 #: (``memscale_dtr_tune``) and later entries run the configuration it chose.
 DEFAULT_HEURISTIC: Final[str] = "auto"
-
-#: What later entries run when tuning failed: the engine's default heuristic,
-#: not recording (tuning is not retried every step).
-_UNTUNED: Final[dict[str, Any]] = {"heuristic": "default"}
-
-#: Keys of a tuning report kept in :meth:`DTRRegion.summary`'s ``"tuning"``.
-_TUNING_KEYS: Final[tuple[str, ...]] = (
-    "choice",
-    "feasible",
-    "overhead",
-    "default_overhead",
-    "wall_ns",
-    "instructions",
-    "config",
-)
-
-
-#: The lower bound of a feasible budget before any op ran.
-_NO_FLOOR: Final[dict[str, Any]] = {"min_budget": 0, "parts": {}}
-
-
-def _higher_floor(floor: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
-    """The higher of ``floor`` and the engine's ``min_budget`` in ``stats``."""
-    nbytes = int(stats.get("min_budget", 0))
-    if nbytes <= floor["min_budget"]:
-        return floor
-    return {"min_budget": nbytes, "parts": dict(stats.get("min_budget_parts") or {})}
-
 
 def _allocator_installed() -> bool:
     try:
@@ -173,18 +142,8 @@ class DTRRegion:
         #: When set, every rebuild is checked against a fingerprint of the
         #: first run, and this says where an op ran (see :mod:`.verify`).
         self.verify_where: Where | None = None
-        self._totals: dict[str, int] = dict.fromkeys(SUMMED_KEYS, 0)
-        self._syncs = 0
-        self._restarts = 0
-        self._peak = 0
-        self._graph_size: dict[str, int] | None = None  # the last entry's ops, tensors, storages
-        self._floor: dict[str, Any] = _NO_FLOOR
-        self._entries = 0
-        self._last: dict[str, Any] = {}
-        # The engine's tuning: the keys merged into later entries' config
-        # (None: not tuned), and what summary() reports.
-        self._tuned_config: dict[str, Any] | None = None
-        self._tuning: dict[str, Any] | None = None
+        #: Counters over the entries, and the engine's tuning between them.
+        self._counters = Counters()
 
     # ------------------------------------------------------------- settings
 
@@ -235,8 +194,7 @@ class DTRRegion:
         nbytes = resolved.nbytes
         self._budget_source = resolved.source
         if nbytes != self._budget:
-            self._tuned_config = None
-            self._tuning = None
+            self._counters.forget_tuning()
         self._budget = nbytes
         if self._session is not None:
             self._session.set_budget(nbytes)
@@ -261,12 +219,12 @@ class DTRRegion:
         }
         if self._stress:
             config["stress"] = True
-        if self._graph_size is not None:
-            config["reserve"] = self._graph_size
+        if self._counters.graph_size is not None:
+            config["reserve"] = self._counters.graph_size
         if usage == "allocator":
             config["device"] = torch.cuda.current_device()
-        if self._tuned_config is not None:
-            config.update(self._tuned_config)
+        if self._counters.tuned_config is not None:
+            config.update(self._counters.tuned_config)
         return config
 
     # ------------------------------------------------------------ lifecycle
@@ -324,8 +282,8 @@ class DTRRegion:
             if not self._step_ended:  # a step ends here (once: end_step told the allocator already)
                 step_boundary(session.config.get("device"))
             self._granules.stop()
-            self._accumulate(stats, session.config, session)
-            self._keep_tuning(session)
+            self._counters.accumulate(stats, session.config, session, self._budget)
+            self._counters.keep_tuning(session, self._budget)
             if self._sink is not None:
                 self._sink.stop()
             if exc_type is not None:
@@ -369,8 +327,8 @@ class DTRRegion:
                 self._sink.start(fresh)
             self._session = fresh
             mode.session = fresh
-        self._accumulate(stats, session.config, session)
-        self._keep_tuning(session)
+        self._counters.accumulate(stats, session.config, session, self._budget)
+        self._counters.keep_tuning(session, self._budget)
         step_boundary(session.config.get("device"))
         self._step_ended = True
 
@@ -379,52 +337,6 @@ class DTRRegion:
         update between two steps: parameters and optimizer state stay plain)."""
         if self._mode is not None:
             self._mode.suspended = suspended
-
-    def _keep_tuning(self, session: Session) -> None:
-        """Carry the engine's choice (or a tuning failure) to later entries."""
-        if session.tuning is not None:
-            report = session.tuning
-            self._tuned_config = dict(report.get("config") or {})
-            self._tuning = {key: report.get(key) for key in _TUNING_KEYS}
-            log.info(
-                "memscale.dtr: tuned for budget %d bytes in %.1f ms: %s (overhead %.3f, default heuristic %.3f)",
-                self._budget,
-                (report.get("wall_ns") or 0) / 1e6,
-                report.get("choice"),
-                report.get("overhead") or 0.0,
-                report.get("default_overhead") or 0.0,
-            )
-        elif session.tune_error is not None:
-            self._tuned_config = dict(_UNTUNED)
-            self._tuning = {"error": session.tune_error}
-            log.warning(
-                "memscale.dtr: tuning failed (%s); later entries use the engine's default heuristic",
-                session.tune_error,
-            )
-
-    def _accumulate(self, stats: dict[str, Any], config: dict[str, Any], session: Session) -> None:
-        self._entries += 1
-        last: dict[str, Any] = {key: int(stats.get(key, 0)) for key in SUMMED_KEYS}
-        last["synchronizations"] = session.synchronizations()
-        self._syncs += last["synchronizations"]
-        last["nested_restarts"] = session.nested_restarts
-        self._restarts += session.nested_restarts
-        for key in SUMMED_KEYS:
-            self._totals[key] += last[key]
-        last["peak_usage"] = int(stats.get("peak_usage", 0))
-        # The next entry's engine makes room for as large a graph up front.
-        self._graph_size = {key: int(stats.get(key, 0)) for key in ("ops", "tensors", "storages")}
-        last["budget"] = int(stats.get("budget", self._budget))
-        self._peak = max(self._peak, last["peak_usage"])
-        last["min_budget"] = int(stats.get("min_budget", 0))
-        self._floor = _higher_floor(self._floor, stats)
-        last["overhead"] = overhead(last["base_cost_ns"], last["remat_cost_ns"])
-        last["engine"] = stats
-        engine_config = stats.get("config")
-        last["config"] = (
-            dict(engine_config) if isinstance(engine_config, dict) else {k: v for k, v in config.items() if v is not None}
-        )
-        self._last = last
 
     # -------------------------------------------------------------- results
 
@@ -462,44 +374,18 @@ class DTRRegion:
         step plans placed, and those that fell back to best fit (the region
         tells the allocator where each step ends, at exit or ``end_step``).
         """
-        totals = dict(self._totals)
-        peak = self._peak
-        floor = self._floor
-        session = self._session
-        if session is not None:
-            current = session.engine.stats()
-            for key in SUMMED_KEYS:
-                totals[key] += int(current.get(key, 0))
-            peak = max(peak, int(current.get("peak_usage", 0)))
-            floor = _higher_floor(floor, current)
-        out: dict[str, Any] = dict(totals)
-        out["overhead"] = overhead(totals["base_cost_ns"], totals["remat_cost_ns"])
-        out["peak_usage"] = peak
-        out["min_budget"] = floor["min_budget"]
-        out["min_budget_parts"] = dict(floor["parts"])
-        out["budget"] = self._budget
-        out["budget_source"] = self._budget_source
-        out["entries"] = self._entries + (1 if session is not None else 0)
-        out["tuning"] = None if self._tuning is None else dict(self._tuning)
-        out["synchronizations"] = self._syncs + (session.synchronizations() if session is not None else 0)
-        out["nested_restarts"] = self._restarts + (session.nested_restarts if session is not None else 0)
+        out = self._counters.summary(self._session, self._budget, self._budget_source)
         out.update(self._granules.totals())
         return out
 
     def last_summary(self) -> dict[str, Any]:
         """The counters of the last completed entry (``engine``: its raw stats;
         ``config``: the configuration its engine ran with, defaults applied)."""
-        return dict(self._last)
+        return self._counters.last_summary()
 
     def reset_summary(self) -> None:
         """Forget the counters of past entries."""
-        self._totals = dict.fromkeys(SUMMED_KEYS, 0)
-        self._syncs = 0
-        self._restarts = 0
-        self._peak = 0
-        self._floor = _NO_FLOOR
-        self._entries = 0
-        self._last = {}
+        self._counters.reset()
 
     # ------------------------------------------------------------ tensors
 
