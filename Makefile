@@ -138,8 +138,8 @@ native: $(LIB) $(STAMP)
 	  "from memscale._native import region_ext as r; m = r.extension(); print('native region:', r.cached_path() if m else r.unavailable_reason()); raise SystemExit(m is None)"
 
 # The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
-# path's own tests and op_db (every 8th op).
-NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py
+# path's own tests, op_db (every 8th op) and the budget's accounting.
+NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py pytorch_plugin/tests/test_budget_accounting.py
 
 test-native: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \

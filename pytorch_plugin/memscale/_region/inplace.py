@@ -45,6 +45,14 @@ _grad_enabled = torch.is_grad_enabled
 def dispatch_mutating(s: SessionExternals, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     if info.inplace_view:
         return dispatch_inplace_view(s, func, info, args, kwargs)
+    unregistered = s.unregistered
+    try:
+        return _dispatch_mutating(s, func, info, args, kwargs)
+    finally:
+        s.unregistered = unregistered  # copies an error dropped were never registered
+
+
+def _dispatch_mutating(s: SessionExternals, func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     registered = s.externals_registered
     a = collect(s, info, args, kwargs)
     mutated = [j for j, key in enumerate(a.keys) if key in info.mutated]
@@ -135,7 +143,8 @@ def _copies_on_write(s: SessionExternals, info: OpInfo, a: Arguments, mutated: l
             s.externals_registered += 1  # dispatch re-checks the inputs' residency
         if copies is None:
             copies = {}
-        copies[cell] = copy_storage_of(cell.tensor)
+        copies[cell] = copy = copy_storage_of(cell.tensor)
+        s.unregistered += copy.untyped_storage().nbytes()  # until _move_old_versions registers it
     return copies
 
 
@@ -151,6 +160,7 @@ def _move_old_versions(s: SessionExternals, copies: dict[Cell, _Tensor]) -> list
     """
     moved: list[tuple[Cell, Cell]] = []
     for old, copy in copies.items():
+        s.unregistered -= copy.untyped_storage().nbytes()  # registered below
         group = s.groups[old.root]
         program = old.tensor
         assert program is not None

@@ -139,6 +139,11 @@ class SessionState:
         #: without asking the engine: it counts the usage itself, or the
         #: allocator publishes it.
         self.usage_known = self.usage_exact or self.usage_live is not None
+        #: Bytes the op under way allocated that the engine has not heard of
+        #: yet (copies on write of pinned storages, registered after the op
+        #: ran): in :meth:`usage_now` and in every room asked meanwhile, so
+        #: the op's results (or a second copy) do not take their room again.
+        self.unregistered = 0
         #: Inputs of the op whose kernel is running (locked if the allocator
         #: asks this session to evict meanwhile, see :mod:`.reclaim`).
         self.running: list[Cell] = []
@@ -243,7 +248,9 @@ class SessionState:
         """The usage the budget is compared with, as far as it is known
         without an engine call (see :attr:`usage_known`)."""
         live = self.usage_live
-        return self.status.usage + self.engine.queued_bytes if live is None else live.value
+        if live is not None:
+            return live.value
+        return self.status.usage + self.engine.queued_bytes + self.unregistered
 
     # --------------------------------------------------------- evictions
 
@@ -264,8 +271,10 @@ class SessionState:
             self.evict()
 
     def evict(self, extra: int = 0, why: str = "") -> None:
-        """Run the engine's budget loop and carry out its decisions."""
-        self._carry_out(self.engine.evict(extra, why))
+        """Run the engine's budget loop and carry out its decisions: room for
+        ``extra`` bytes and for what the op under way allocated that the engine
+        has not heard of yet (:attr:`unregistered`)."""
+        self._carry_out(self.engine.evict(extra + self.unregistered, why))
 
     def drop_freed(self, freed: list[int]) -> None:
         """Free the storages an op's registration handed out
