@@ -29,7 +29,7 @@ from .device import sync_count
 from .tensor import hand_back
 
 if TYPE_CHECKING:
-    from .state import RegionSettings as DTRRegion
+    from .state import RegionSettings
 
 log = logging.getLogger("memscale")
 
@@ -42,7 +42,7 @@ _warned = False
 TEST_OP_COST: tuple[int, int] = (0, 0)
 
 
-def use_native(region: DTRRegion, sink: Any) -> bool:
+def use_native(region: RegionSettings, sink: Any) -> bool:
     """Whether an entry of ``region`` runs on the native path.
 
     ``MEMSCALE_NATIVE=1`` requires it (an error says why it cannot be used),
@@ -127,7 +127,7 @@ def _read_data_through_wrappers() -> None:
     _patched = True
 
 
-def _lacking(region: DTRRegion, sink: Any) -> str | None:
+def _lacking(region: RegionSettings, sink: Any) -> str | None:
     if sink is not None:
         return "trace recording (memscale record)"
     return None
@@ -136,7 +136,7 @@ def _lacking(region: DTRRegion, sink: Any) -> str | None:
 class NativeSession:
     """One native entry: the engine instance and the C++ session on it."""
 
-    def __init__(self, region: DTRRegion, config: dict[str, Any]) -> None:
+    def __init__(self, region: RegionSettings, config: dict[str, Any]) -> None:
         ext = region_ext.extension()
         assert ext is not None
         self.region = region
