@@ -394,3 +394,46 @@ def test_ops_that_read_data_pointers(setting: str) -> None:
 
     regions = {"unbudgeted": lambda: memscale.dtr(None), "stress": lambda: memscale.dtr(stress=True)}
     _compare(program, regions[setting])
+
+
+
+def test_a_backward_pass_that_raised_ends_the_watched_entry() -> None:
+    """With ``ends_on_failed_backward`` a backward pass of the entry that
+    raised (the program caught it) is seen in C++ at the next op: that op and
+    every op after it run plainly, and ``failed_backward`` says so; a pass
+    that completes, or an entry not watching, changes nothing."""
+    import test_api
+    from memscale._region.native import is_native_tensor
+
+    def entry(watch: bool, raises: bool) -> tuple[bool, bool, bool]:
+        region = memscale.dtr(None)
+        region.ends_on_failed_backward = watch
+        x = torch.randn(64, 8, requires_grad=True)
+        with region:
+            y = test_api._FailsInBackward.apply(x * 2.0)
+            test_api._FailsInBackward.armed = raises
+            try:
+                y.sum().backward()
+            except RuntimeError as exc:
+                assert "simulated" in str(exc)
+            finally:
+                test_api._FailsInBackward.armed = False
+            made = torch.ones(16) * 3.0
+            failed = region.failed_backward is not None
+            again = torch.ones(16) + made
+            seen = failed, is_native_tensor(made), is_native_tensor(again)  # at exit they become plain
+        assert region.native
+        return seen
+
+    assert entry(watch=True, raises=True) == (True, False, False)
+    assert entry(watch=True, raises=False) == (False, True, True)
+    assert entry(watch=False, raises=True) == (False, True, True)
+
+
+def test_a_step_whose_backward_raised_ends_on_the_native_path() -> None:
+    """The drop-in step watches its backward passes in C++: one that raised
+    (and the loop caught) ends the step, and what the loop does next runs
+    plainly, bitwise the plain loop (test_api's test, on the native path)."""
+    import test_api
+
+    test_api.test_a_step_whose_backward_raised_is_over_when_the_loop_goes_on(None)

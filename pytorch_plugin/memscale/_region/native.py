@@ -10,8 +10,8 @@ happens in C++ (``memscale/_native/csrc/session.h``).
 
 What the native path does not do yet chooses the Python region at entry
 (never in the middle of a step): a trace recorder (``sink``). It does not
-watch for a backward pass that raised (the drop-in steps' early end of such
-a step) nor park nested rebuilds in host memory.
+park nested rebuilds in host memory. A backward pass that raised ends the
+drop-in step as on the Python path (:attr:`NativeMode.watch_backward`).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class NativeMode:
     def __init__(self, session: NativeSession) -> None:
         self._session = session
         self._was_included = False
-        self.watch_backward = False
+        self._watch_backward = False
 
     @property
     def session(self) -> NativeSession:
@@ -224,6 +224,7 @@ class NativeMode:
         assert ext is not None
         ext.leave(self._session.native, self._was_included)
         self._session = fresh
+        fresh.native.watch_backward = self._watch_backward
         self._was_included = ext.enter(fresh.native)
 
     def __enter__(self) -> NativeMode:
@@ -249,10 +250,24 @@ class NativeMode:
         self._session.native.suspended = on
         ext.set_included(not on)
 
+    @property
+    def watch_backward(self) -> bool:
+        """Whether a backward pass of the entry that raised ends the step
+        (``DTRRegion.ends_on_failed_backward``; watched in C++ per op,
+        ``_native/csrc/backward_watch.h``)."""
+        return self._watch_backward
+
+    @watch_backward.setter
+    def watch_backward(self, on: bool) -> None:
+        self._watch_backward = on
+        self._session.native.watch_backward = on
+
     def backward_failure(self) -> BaseException | None:
-        """Not watched on the native path: a backward pass that raised and was
-        caught leaves the step open until the program's next step boundary
-        (its ops stay correct; the step's memory is held longer)."""
+        """An error when a watched backward pass of the entry raised (the
+        program caught it: the step is over, every op after it ran as outside
+        the region); else ``None``."""
+        if self._watch_backward and self._session.native.backward_failed():
+            return MemscaleError("the step's backward pass raised (the error went to the program)")
         return None
 
 

@@ -77,6 +77,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "suspended", [](const Session& s) { return s.suspended.load(); },
           [](Session& s, bool on) { s.suspended.store(on); })
       .def_property_readonly("closed", &Session::closed)
+      .def_property(
+          "watch_backward", [](const Session& s) { return s.watch_backward.load(); },
+          [](Session& s, bool on) { s.watch_backward.store(on); })
+      .def("backward_failed", &Session::backward_failed,
+           "Whether a watched backward pass of this entry raised (the step is over then)")
       .def("counters", [](const Session& s) {
         const auto& c = s.counters();
         py::dict d;

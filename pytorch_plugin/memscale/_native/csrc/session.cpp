@@ -935,7 +935,36 @@ void Session::check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& reb
 
 // ------------------------------------------------------------------ dispatch
 
+bool Session::after_failed_backward() {
+  if (!watch_backward.load(std::memory_order_relaxed)) return false;
+  switch (backward_.see()) {
+    case BackwardWatch::Verdict::kRunning:
+      return false;
+    case BackwardWatch::Verdict::kFailed:
+      return true;
+    case BackwardWatch::Verdict::kRaised:
+      break;
+  }
+  // The step is over: what it planned goes, and its budget binds no more.
+  std::lock_guard<std::recursive_mutex> guard(mu_);
+  if (!closed_) {
+    flush();
+    abi_.abandon_plans(h_);
+    abi_.finish(h_);
+  }
+  return true;
+}
+
+bool Session::backward_failed() {
+  after_failed_backward();
+  return backward_.failed();
+}
+
 void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (after_failed_backward()) {
+    run_outside(op, stack);
+    return;
+  }
   std::lock_guard<std::recursive_mutex> guard(mu_);
   Busy busy(*this);
   TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");

@@ -43,6 +43,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include "backward_watch.h"
 #include "cell.h"
 #include "engine_abi.h"
 #include "id_table.h"
@@ -110,6 +111,14 @@ class Session {
 
   // While suspended (an optimizer step) ops run as outside the region.
   std::atomic<bool> suspended{false};
+
+  // Set by the drop-in steps (DTRRegion.ends_on_failed_backward): a backward
+  // pass that ran ops of this entry and raised (the program caught the
+  // error) ends the step - its plans abandoned, the engine finished - and
+  // every op after it runs as outside the region (backward_watch.h).
+  std::atomic<bool> watch_backward{false};
+  // Whether such a pass raised, first looking (outside any pass) for one.
+  bool backward_failed();
 
  private:
   struct Inputs;
@@ -187,6 +196,8 @@ class Session {
   void release_expired_externals();
   int64_t usage_now() const;
   [[noreturn]] void fail(const std::string& what) const;
+  // Whether this op runs as outside the region: a watched backward pass raised.
+  bool after_failed_backward();
 
   const EngineAbi& abi_;
   const int64_t h_;
@@ -243,6 +254,7 @@ class Session {
   static constexpr int64_t kPromptReleaseBytes = 1 << 20;
   std::unordered_map<const OpFacts*, int64_t> name_ids_;
   SessionCounters counters_;
+  BackwardWatch backward_;
   int64_t ops_since_scan_ = 0;
   std::vector<CellPtr> room_failed_;  // cells whose nested rebuilds found no room, innermost first
 };
