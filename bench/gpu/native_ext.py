@@ -90,11 +90,11 @@ def run(a: argparse.Namespace) -> int:
     state: dict[str, Any] = {"built": False}
     build = getattr(region_ext, "_build", None)
     if build is not None:  # keep the whole of a failed build's output (the reason is its first line)
-        def timed_build(target: Any) -> None:
+        def timed_build(target: Any) -> Any:
             state["built"] = True
             t0 = time.monotonic()
             try:
-                build(target)
+                return build(target)
             except BaseException:
                 state["build_error"] = traceback.format_exc()[-6000:]
                 raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 from pathlib import Path
+from typing import Any
 
 from memscale._native import region_ext
 
@@ -51,3 +52,45 @@ def test_prune_removes_stale_build_directories_only(tmp_path: Path) -> None:
 
     assert removed == [stale]
     assert not stale.exists() and fresh.exists()  # a concurrent build's directory is recent
+
+
+
+def test_a_build_compiles_a_snapshot_and_is_named_by_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """The compiler reads a copy of the sources taken when the build starts,
+    and the build is filed under that copy's digest: a source edited during
+    the minutes a build takes cannot put the old code under the new name (it
+    once did: a stale extension cached for the edited sources)."""
+    from torch.utils import cpp_extension
+
+    sources = tmp_path / "csrc"
+    sources.mkdir()
+    (sources / "a.cpp").write_text('#include "a.h"\n')
+    (sources / "a.h").write_text("// v1\n")
+    monkeypatch.setattr(region_ext, "SOURCES_DIR", sources)
+    monkeypatch.setattr(region_ext, "prune_builds", lambda target: [])
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+    def named(digest: str) -> Path:
+        return tmp_path / f"{region_ext.build_name()}-{digest}{suffix}"
+
+    edits: list[str] = []  # written into a.h while "compiling"
+    compiled: list[str] = []
+
+    def fake_load(name: str, sources: list[str], build_directory: str, **_: Any) -> None:
+        for text in edits:
+            (region_ext.SOURCES_DIR / "a.h").write_text(text)
+        compiled.append(Path(sources[0]).with_name("a.h").read_text())
+        Path(build_directory, f"{name}{suffix}").write_bytes(b"so")
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    v1 = region_ext.source_digest()
+
+    edits[:] = ["// v2\n"]  # edited during the build
+    assert region_ext._build(named(v1)) == named(v1)
+    assert compiled[-1] == "// v1\n" and named(v1).read_bytes() == b"so"
+
+    edits[:] = []  # edited between naming the build and starting it
+    v2 = region_ext.source_digest()
+    assert v2 != v1
+    assert region_ext._build(named(v1)) == named(v2)
+    assert compiled[-1] == "// v2\n"

@@ -67,10 +67,6 @@ def choice() -> bool | None:
     raise ConfigError(f"{NATIVE_ENV}={raw!r}: expected 1 (the native region) or 0 (the Python region), or unset")
 
 
-def _sources() -> list[Path]:
-    return sorted(SOURCES_DIR.glob("*.cpp"))
-
-
 def build_name() -> str:
     """The extension's module name for this torch, C++ ABI and Python."""
     import torch
@@ -81,14 +77,30 @@ def build_name() -> str:
     return f"memscale_region_t{version}_abi{abi}_{tag}"
 
 
-def source_digest() -> str:
-    """A hash of the extension's sources (a changed source builds anew)."""
+def _source_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in (".cpp", ".h"))
+
+
+def source_digest(directory: Path | None = None) -> str:
+    """A hash of the extension's sources (a changed source builds anew), or
+    of a copy of them in ``directory``."""
     digest = hashlib.sha256()
-    for path in sorted(SOURCES_DIR.iterdir()):
-        if path.suffix in (".cpp", ".h"):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for path in _source_files(directory or SOURCES_DIR):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _snapshot_sources(work: Path) -> Path:
+    """A copy of the sources in ``work`` for the compiler to read: what is
+    compiled is what the build is named by, even when a source changes during
+    the minutes a build takes (compiled from the live directory, an edit
+    mid-build once cached the old code under the new sources' name)."""
+    snapshot = work / "src"
+    snapshot.mkdir()
+    for path in _source_files(SOURCES_DIR):
+        shutil.copyfile(path, snapshot / path.name)
+    return snapshot
 
 
 def cached_path() -> Path:
@@ -97,7 +109,7 @@ def cached_path() -> Path:
     return cache_dir() / "torch-extensions" / f"{build_name()}-{source_digest()}{suffix}"
 
 
-def _build(target: Path) -> None:
+def _build(target: Path) -> Path:
     """Build the extension into ``target``: in a fresh directory of its own
     (no lock shared with another process, none left behind by one that was
     killed), then renamed into place, so concurrent first uses are safe."""
@@ -106,9 +118,16 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
     try:
+        snapshot = _snapshot_sources(work)
+        digest = source_digest(snapshot)
+        if not target.name.startswith(f"{build_name()}-{digest}"):
+            # The sources changed since the target was named: the build is
+            # filed under what it compiles (the caller's next lookup builds
+            # the newer sources, if they stay).
+            target = target.with_name(f"{build_name()}-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
         cpp_extension.load(
             name=build_name(),
-            sources=[str(p) for p in _sources()],
+            sources=[str(p) for p in sorted(snapshot.glob("*.cpp"))],
             build_directory=str(work),
             extra_cflags=["-O2"],
             verbose=os.environ.get("MEMSCALE_DEBUG") == "1",
@@ -121,6 +140,7 @@ def _build(target: Path) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     prune_builds(target)
+    return target
 
 
 #: Builds kept per torch, ABI and Python: the newest (this source) and a few
@@ -171,7 +191,7 @@ def _load() -> ModuleType:
     target = cached_path()
     if not target.exists():
         log.info("memscale: building the native region's extension into %s (once per torch and source)", target)
-        _build(target)
+        target = _build(target)
     name = build_name()
     module = sys.modules.get(name)
     if module is None:
