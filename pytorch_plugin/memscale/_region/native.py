@@ -195,12 +195,20 @@ class NativeSession:
             self._sync_end = sync_count()
             self.engine.close()
         # A view's wrapper references its base's: go round until a round hands back nothing.
-        pending = list(handed)
-        while pending:
-            left = [(w, t) for w, t in pending if not hand_back(w, t)]
-            if len(left) == len(pending):
-                break
-            pending = left
+        # Inside a running entry (end_step) the region's key is still on: the
+        # hand-back's ops must not reach this closed session.
+        ext = region_ext.extension()
+        assert ext is not None
+        was_included = ext.set_included(False)
+        try:
+            pending = list(handed)
+            while pending:
+                left = [(w, t) for w, t in pending if not hand_back(w, t)]
+                if len(left) == len(pending):
+                    break
+                pending = left
+        finally:
+            ext.set_included(was_included)
         return stats
 
 
