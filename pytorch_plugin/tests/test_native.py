@@ -437,3 +437,30 @@ def test_a_step_whose_backward_raised_ends_on_the_native_path() -> None:
     import test_api
 
     test_api.test_a_step_whose_backward_raised_is_over_when_the_loop_goes_on(None)
+
+
+def test_device_events_give_the_engine_each_ops_device_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where an op's results live on a device with timing events (CUDA), the
+    engine hears its device time, read from events without waiting: the first
+    result starts the timer, the first calls of an op and one in 32 after
+    are timed, the others cost what their (op, size) last measured; the host
+    time when it is larger. On the CPU the test's events say 7 us per call
+    against 1 us of host time (device_timer.h)."""
+    import memscale._region.native as native
+
+    x = torch.randn(64, 64)
+
+    def costs(device_ns: int) -> tuple[int, int]:
+        monkeypatch.setattr(native, "TEST_OP_COST", (1000, 0))
+        monkeypatch.setattr(native, "TEST_DEVICE_NS", device_ns)
+        region = memscale.dtr(None)
+        with region:
+            y = x
+            for _ in range(40):
+                y = y * 1.0001
+            timed = region._session.counters()["device_timed"]
+        return int(region.summary()["base_cost_ns"]), timed
+
+    assert costs(0) == (40 * 1000, 0)  # host times only
+    # The first call starts the timer (host time); calls 2-5 and 34 are timed; all later ones cost 7 us.
+    assert costs(7000) == (1000 + 39 * 7000, 5)

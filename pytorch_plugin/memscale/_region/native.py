@@ -40,6 +40,9 @@ _warned = False
 #: as the Python path's tests patch its clock; (n, seed) draws each cost from
 #: [1, 2n] with that seed (``_native/csrc/op_clock.h``).
 TEST_OP_COST: tuple[int, int] = (0, 0)
+#: For tests on the CPU: ops timed with device events that each say this
+#: many nanoseconds, as CUDA's would (0: only CUDA results are timed so).
+TEST_DEVICE_NS: int = 0
 
 
 def use_native(region: RegionSettings, sink: Any) -> bool:
@@ -160,6 +163,7 @@ class NativeSession:
             usage_address,
             region.verify_where is not None,
             *TEST_OP_COST,
+            TEST_DEVICE_NS,
         )
         self.closed = False
 

@@ -55,7 +55,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init([](int64_t handle, const std::string& library, bool budgeted, bool recording,
-                       int64_t usage_address, bool verify, int64_t test_op_cost_ns, uint64_t test_op_cost_seed) {
+                       int64_t usage_address, bool verify, int64_t test_op_cost_ns, uint64_t test_op_cost_seed,
+                       int64_t test_device_ns) {
              memscale::SessionOptions o;
              o.handle = handle;
              o.library = library;
@@ -65,11 +66,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              o.verify = verify;
              o.test_op_cost_ns = test_op_cost_ns;
              o.test_op_cost_seed = test_op_cost_seed;
+             o.test_device_ns = test_device_ns;
              return std::make_shared<Session>(o);
            }),
            py::arg("handle"), py::arg("library"), py::arg("budgeted"), py::arg("recording"),
            py::arg("usage_address") = 0, py::arg("verify") = false, py::arg("test_op_cost_ns") = 0,
-           py::arg("test_op_cost_seed") = 0)
+           py::arg("test_op_cost_seed") = 0, py::arg("test_device_ns") = 0)
       .def("close", &Session::close, py::arg("ok"))
       .def("set_budgeted", &Session::set_budgeted)
       .def("flush", &Session::flush)
@@ -92,6 +94,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["externals"] = c.externals;
         d["nested_restarts"] = c.nested_restarts;
         d["exposed"] = c.exposed;
+        d["device_timed"] = c.device_timed;
         return d;
       });
 }

@@ -231,6 +231,7 @@ Session::Session(const SessionOptions& o)
       usage_live_(o.usage_address ? reinterpret_cast<const std::atomic<int64_t>*>(o.usage_address) : nullptr),
       drain_batch_(o.drain_batch),
       clock_(o.test_op_cost_ns, o.test_op_cost_seed),
+      test_device_ns_(o.test_device_ns),
       verify_(o.verify) {
   TORCH_CHECK(status_ != nullptr, "memscale native region: engine handle ", o.handle, " is unknown: ",
               abi_.last_error());
@@ -1022,6 +1023,20 @@ int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* 
   return clock_.since(t0);
 }
 
+int64_t Session::device_cost(const c10::OperatorHandle& op, const at::Tensor& first,
+                             std::unique_ptr<DeviceEvent> started, int64_t host_ns) {
+  if (device_timer_) return device_timer_->stop(&op.schema(), first.nbytes(), std::move(started), first.device(), host_ns);
+  if (first.is_cuda()) {
+    device_timer_ = std::make_unique<DeviceTimer>(make_cuda_event);
+    timer_device_ = first.device();
+  } else if (test_device_ns_ > 0) {
+    const int64_t ns = test_device_ns_;
+    device_timer_ = std::make_unique<DeviceTimer>([ns] { return make_fixed_event(ns); });
+    timer_device_ = first.device();
+  }
+  return host_ns;  // the calls after this one are timed
+}
+
 void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
   c10::IValue* args = stack->data() + (stack->size() - f.n_args);
   Inputs in;
@@ -1042,6 +1057,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
     room_for_op(f, extra, in, held);
   }
   std::unique_ptr<RecordedOp> rec = recording_ ? start_record(op, f, args, in) : nullptr;
+  std::unique_ptr<DeviceEvent> started = device_timer_ ? device_timer_->start(&op.schema(), timer_device_) : nullptr;
   if (f.shape_only) {
     // `self` gives metadata only: its own data if resident, else a stand-in.
     const at::Tensor self = args[0].toTensor();
@@ -1062,6 +1078,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   Outputs out;
   flatten_results(results, f.n_returns, out);
   if (out.tensors.empty()) return;
+  cost = device_cost(op, out.tensors.front(), std::move(started), cost);
   int64_t fresh = 0;
   std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
   if (predicted) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);

@@ -45,6 +45,7 @@
 
 #include "backward_watch.h"
 #include "cell.h"
+#include "device_timer.h"
 #include "engine_abi.h"
 #include "id_table.h"
 #include "op_clock.h"
@@ -63,6 +64,7 @@ struct SessionOptions {
   bool verify = false;         // every rebuild is checked against its first run (memscale.check)
   int64_t test_op_cost_ns = 0;     // tests: every op costs this (0: measured; op_clock.h)
   uint64_t test_op_cost_seed = 0;  // tests: nonzero, costs drawn around it from this seed
+  int64_t test_device_ns = 0;      // tests: CPU ops timed with events that say this (device_timer.h)
 };
 
 // Counters of the native path itself (the engine keeps the DTR counters).
@@ -74,6 +76,7 @@ struct SessionCounters {
   int64_t externals = 0;
   int64_t nested_restarts = 0;   // rebuilds started over after nested plans found no room
   int64_t exposed = 0;           // cells whose data pointer or storage was taken (Session::expose)
+  int64_t device_timed = 0;      // calls whose device time was read from events (device_timer.h)
 };
 
 class Session {
@@ -107,7 +110,11 @@ class Session {
   // Sends the queued registrations (before Python calls the engine itself).
   void flush();
   bool closed() const { return closed_; }
-  const SessionCounters& counters() const { return counters_; }
+  SessionCounters counters() const {
+    SessionCounters c = counters_;
+    c.device_timed = device_timer_ ? device_timer_->measured() : 0;
+    return c;
+  }
 
   // While suspended (an optimizer step) ops run as outside the region.
   std::atomic<bool> suspended{false};
@@ -148,6 +155,10 @@ class Session {
   // The paths of dispatch.
   void room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Held& held);
   int64_t run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::IValue* args, const Inputs& in);
+  // An op's cost for the engine: its device time where events measure it
+  // (the first result on CUDA starts the timer), else `host_ns`.
+  int64_t device_cost(const c10::OperatorHandle& op, const at::Tensor& first, std::unique_ptr<DeviceEvent> started,
+                      int64_t host_ns);
   void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
@@ -206,6 +217,9 @@ class Session {
   const std::atomic<int64_t>* usage_live_;
   const int64_t drain_batch_;
   OpClock clock_;
+  const int64_t test_device_ns_;
+  std::unique_ptr<DeviceTimer> device_timer_;  // from the first result on a timed device
+  c10::Device timer_device_{c10::kCPU};
   bool budgeted_ = false;
   int64_t drain_at_ = 1;
   bool closed_ = false;
