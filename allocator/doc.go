@@ -78,7 +78,10 @@
 //  2. cached free granules whose stream has finished with them, smallest
 //     free blocks first (steal): the fragments that serve few requests go,
 //     the large free runs the next large request needs stay;
-//  3. new ones, up to the limit.
+//  3. new ones, up to the limit;
+//  4. at the limit, the cached free granules beside the growth's own window
+//     (the part of a free run it cuts that lies outside it, a free block
+//     bordering a hole it maps), which the steal leaves alone.
 //
 // Where a segment grows (planGrow): among all windows of the request's size
 // that hold no block in use - cached free blocks and unmapped holes alike,
