@@ -101,3 +101,51 @@ def steady_clock(monkeypatch: Any) -> None:
         monkeypatch.setattr(importlib.import_module(module), "perf_ns", now)
     # The native path times its ops in C++: the same 1 us each.
     monkeypatch.setattr(importlib.import_module("memscale._region.native"), "TEST_OP_COST", (1000, 0))
+
+
+def native_region() -> bool:
+    """Whether this run asks for the native region (``MEMSCALE_NATIVE=1``)."""
+    return os.environ.get("MEMSCALE_NATIVE") == "1"
+
+
+def python_region_only(reason: str) -> Any:
+    """Mark a test that checks what only the Python region has by design:
+    skipped under ``MEMSCALE_NATIVE=1``; ``reason`` names what the native region lacks."""
+    import pytest
+
+    return pytest.mark.skipif(native_region(), reason=f"the native region has no {reason}")
+
+
+def is_region_tensor(t: Any) -> bool:
+    """Whether ``t`` is a tensor of a DTR region, on either path: the Python
+    region's wrapper (``DTRTensor``) or the native region's (a plain
+    ``torch.Tensor`` whose TensorImpl is the extension's wrapper)."""
+    import torch
+
+    from memscale._native import region_ext
+    from memscale._region.tensor import DTRTensor
+
+    if isinstance(t, DTRTensor):
+        return True
+    # The extension as loaded by a native entry (None if none ran: then no
+    # tensor can be its wrapper); never built or loaded from here.
+    ext = region_ext._module
+    return ext is not None and isinstance(t, torch.Tensor) and bool(ext.is_wrapper(t))
+
+
+def is_plain_tensor(t: Any) -> bool:
+    """Whether ``t`` is a plain ``torch.Tensor``, not a tensor of a region on
+    either path (the native wrapper's type is ``torch.Tensor`` too)."""
+    import torch
+
+    return type(t) is torch.Tensor and not is_region_tensor(t)
+
+
+def region_kind(t: Any) -> str:
+    """``"region"`` for a tensor of a DTR region (either path), ``"plain"`` for
+    any other tensor, and the type's name for what is not a tensor (``"NoneType"``)."""
+    import torch
+
+    if is_region_tensor(t):
+        return "region"
+    return "plain" if isinstance(t, torch.Tensor) else type(t).__name__

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import require_engine
+from _helpers import region_kind, require_engine
 
 import memscale
 from memscale import Config, MemscaleError
@@ -48,7 +48,7 @@ def _mlp() -> nn.Module:
 
 
 def _train(model: nn.Module, batch_sizes: list[int]) -> tuple[list[float], list[str], dict[str, torch.Tensor]]:
-    """Losses, the type name of each step's output, and the final parameters."""
+    """Losses, each step's output's kind (``region_kind``), and the final parameters."""
     g = torch.Generator().manual_seed(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses, kinds = [], []
@@ -56,7 +56,7 @@ def _train(model: nn.Module, batch_sizes: list[int]) -> tuple[list[float], list[
         x, y = torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
         opt.zero_grad()
         out = model(x)
-        kinds.append(type(out).__name__)
+        kinds.append(region_kind(out))
         loss = nn.functional.cross_entropy(out, y)
         loss.backward()
         losses.append(loss.item())
@@ -80,8 +80,8 @@ def test_fitting_steps_run_untracked_and_bitwise() -> None:
     summary = memscale.summary(model)
     assert summary.steps == 6
     assert summary.untracked_steps == 6 - CONFIRMATIONS
-    assert got[1][:CONFIRMATIONS] == ["DTRTensor"] * CONFIRMATIONS  # tracked
-    assert got[1][CONFIRMATIONS:] == ["Tensor"] * (6 - CONFIRMATIONS)  # plain PyTorch
+    assert got[1][:CONFIRMATIONS] == ["region"] * CONFIRMATIONS  # tracked
+    assert got[1][CONFIRMATIONS:] == ["plain"] * (6 - CONFIRMATIONS)  # plain PyTorch
     assert f"({6 - CONFIRMATIONS} untracked" in str(summary)
 
 
@@ -91,7 +91,7 @@ def test_new_shapes_are_tracked_again() -> None:
     model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
     got = _train(model, sizes)
     _assert_bitwise(plain, got)
-    assert got[1] == ["DTRTensor", "DTRTensor", "Tensor", "DTRTensor", "DTRTensor", "Tensor", "Tensor"]
+    assert got[1] == ["region", "region", "plain", "region", "region", "plain", "plain"]
     assert memscale.summary(model).untracked_steps == 3
 
 
@@ -104,7 +104,7 @@ def test_steps_that_evict_stay_tracked() -> None:
     summary = memscale.summary(model)
     assert summary.evictions > 0
     assert summary.untracked_steps == 0
-    assert "DTRTensor" in got[1][-1]
+    assert got[1][-1] == "region"
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_untracked_steps_can_be_turned_off(
         monkeypatch.setenv(UNTRACKED_ENV, env)
     model = memscale.wrap(_mlp(), config)
     _, kinds, _ = _train(model, [64] * 4)
-    assert kinds == ["DTRTensor"] * 4
+    assert kinds == ["region"] * 4
     assert memscale.summary(model).untracked_steps == 0
 
 
@@ -287,7 +287,7 @@ def _train_accumulating(model: nn.Module, steps: list[list[int]]) -> tuple[list[
         for n in sizes:
             x, y = torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
             out = model(x)
-            step_kinds.append(type(out).__name__)
+            step_kinds.append(region_kind(out))
             total = total + nn.functional.cross_entropy(out, y) / len(sizes)
         total.backward()
         losses.append(total.item())
@@ -302,16 +302,16 @@ def test_accumulation_meeting_other_shapes_is_tracked_from_that_forward() -> Non
     model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
     got = _train_accumulating(model, steps)
     _assert_bitwise(plain, got)
-    tracked, untracked = ["DTRTensor"] * 2, ["Tensor"] * 2
+    tracked, untracked = ["region"] * 2, ["plain"] * 2
     assert got[1] == [
         tracked,
         tracked,
         untracked,
-        ["Tensor", "DTRTensor"],  # the 32-row micro-batch: tracked from there
+        ["plain", "region"],  # the 32-row micro-batch: tracked from there
         tracked,  # the shapes fit twice again before running untracked
         tracked,
         untracked,
-        ["Tensor", "Tensor", "DTRTensor"],  # a third forward the fits did not have
+        ["plain", "plain", "region"],  # a third forward the fits did not have
     ]
     summary = memscale.summary(model)
     assert (summary.untracked_steps, summary.untracked_promoted) == (2, 2)
@@ -411,7 +411,7 @@ def test_an_untracked_step_measured_over_the_budget_is_tracked_again(
     model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
     with caplog.at_level(logging.WARNING, logger="memscale"):
         _, kinds, _ = _train(model, [64] * 6)
-    assert kinds == ["DTRTensor", "DTRTensor", "Tensor", "DTRTensor", "DTRTensor", "DTRTensor"]
+    assert kinds == ["region", "region", "plain", "region", "region", "region"]
     summary = memscale.summary(model)
     assert (summary.untracked_steps, summary.untracked_over_budget) == (1, 1)
     assert summary.peak_usage == 2 << 30
@@ -429,6 +429,6 @@ def test_untracked_steps_end_at_a_step_boundary(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(steps, "_cuda_device", lambda: 0)
     model = memscale.wrap(_mlp(), Config(threshold=ROOMY))
     _, kinds, _ = _train(model, [16] * 5)
-    untracked = sum(kind == "Tensor" for kind in kinds)
+    untracked = sum(kind == "plain" for kind in kinds)
     assert untracked >= 2, kinds
     assert told == [0] * untracked
