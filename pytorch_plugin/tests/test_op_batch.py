@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from _helpers import python_region_only
 
 from memscale import ConfigError, MemscaleError
 
@@ -51,6 +52,7 @@ def _chain(y: torch.Tensor, n: int) -> torch.Tensor:
     return y
 
 
+@python_region_only("Python Engine.op/flush crossings to count (it batches from C++ through the C ABI)")
 @pytest.mark.parametrize("batch", [None, "1", "7"])
 def test_a_chain_crosses_once_per_batch(batch: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     if batch is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _helpers import python_region_only
 
 from memscale import MemscaleError
 
@@ -54,6 +55,7 @@ def x() -> Iterator[torch.Tensor]:
     yield torch.ones(N)
 
 
+@python_region_only("Python output-size table (OUTPUT_SIZES: its predictions are learned in C++)")
 def test_an_unbudgeted_entry_teaches_the_budgeted_ones(x: torch.Tensor) -> None:
     op = _op("ws_taught")
     ref = _step(op, x)
@@ -68,6 +70,7 @@ def test_an_unbudgeted_entry_teaches_the_budgeted_ones(x: torch.Tensor) -> None:
     assert s["evictions"] > 0 and s["peak_usage"] <= 8 * MB, s
 
 
+@python_region_only("Python output-size table (OUTPUT_SIZES: its predictions are learned in C++)")
 def test_a_budgeted_entry_learns_from_its_first_run(x: torch.Tensor) -> None:
     op = _op("ws_learned")
     func = torch.ops.memscale_test.ws_learned.default

@@ -10,11 +10,14 @@ import pytest
 import torch
 
 import memscale
+from _helpers import python_region_only
 from memscale._cli import native_command
 from memscale._plan.costs import DEVICES, lookup_device
 from memscale._plan.record import resize_batch
 
 pytestmark = pytest.mark.skipif(native_command() is None, reason="build/memscale not built (make cli)")
+#: plan() records the step (memscale record), which the native region refuses.
+RECORDING = python_region_only("trace recording (memscale record), which plan() runs")
 
 
 def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
@@ -23,6 +26,7 @@ def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     return model, (torch.randn(32, 64), torch.randint(0, 10, (32,)))
 
 
+@RECORDING
 def test_plan_on_meta_with_budgets_devices_and_batches(tmp_path) -> None:
     model, batch = _mlp()
     opt = torch.optim.Adam(model.parameters())
@@ -47,6 +51,7 @@ def test_plan_on_meta_with_budgets_devices_and_batches(tmp_path) -> None:
     assert p.plot_path is not None and p.plot_path.stat().st_size > 1000
 
 
+@RECORDING
 def test_plan_measured_on_cpu(tmp_path) -> None:
     model, batch = _mlp()
     p = memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, out=tmp_path, plot=False)
@@ -106,6 +111,7 @@ def test_cost_model_views_cost_no_kernel() -> None:
     assert inplace == int(3 * 4 * 2**20 / bw * 1e9) + LAUNCH_NS  # read both, write self
 
 
+@RECORDING
 def test_meta_value_read_names_the_way_out(tmp_path) -> None:
     """A step that reads a value on meta (transformers' packed-sequence check when the
     batch has no attention_mask and use_cache is off) fails in one line naming the way

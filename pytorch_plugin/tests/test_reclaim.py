@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 import pytest
-from _helpers import require_engine, run_child
+from _helpers import python_region_only, require_engine, run_child
 
 torch = pytest.importorskip("torch")
 
@@ -24,6 +24,8 @@ from memscale import dtr  # noqa: E402
 require_engine()
 
 MB = 1 << 20
+#: The region's side of the allocator's reclaim (Session.reclaim, the registry).
+RECLAIM = python_region_only("allocator reclaim (Session.reclaim) or Python cells (t._c)")
 
 
 def test_allocation_succeeds_after_the_engine_evicts_then_fails_clearly() -> None:
@@ -92,6 +94,7 @@ def _x() -> Any:
     return torch.arange(256 * 1024, dtype=torch.float32)  # 1 MiB
 
 
+@RECLAIM
 def test_session_reclaim_evicts_what_was_asked_and_values_survive() -> None:
     x = _x()
     region = dtr(1 << 40, heuristic="lru")  # the budget never evicts: only reclaim does
@@ -109,6 +112,7 @@ def test_session_reclaim_evicts_what_was_asked_and_values_survive() -> None:
     assert session.reclaim(MB) == 0  # a closed session frees nothing
 
 
+@RECLAIM
 def test_running_inputs_are_never_reclaimed() -> None:
     x = _x()
     region = dtr(1 << 40, heuristic="lru")
@@ -123,6 +127,7 @@ def test_running_inputs_are_never_reclaimed() -> None:
         assert torch.equal(a + b, x * 5)
 
 
+@RECLAIM
 def test_a_reclaim_from_another_thread_waits_for_nothing_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     x = _x()
     region = dtr(1 << 40, heuristic="lru")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import python_region_only
 
 from memscale import MemscaleError
 
@@ -57,6 +58,7 @@ def _record_cnn(path: Path) -> trace.TraceRecorder:
     return rec
 
 
+@python_region_only("trace recording (memscale record)")
 def test_recorded_step_is_self_consistent(tmp_path: Path) -> None:
     path = tmp_path / "cnn.log"
     rec = _record_cnn(path)
@@ -90,6 +92,7 @@ def test_recorded_step_is_self_consistent(tmp_path: Path) -> None:
     assert summary.peak_bytes == rec.region.summary()["peak_usage"]
 
 
+@python_region_only("trace recording (memscale record)")
 def test_lines_have_the_reference_shape(tmp_path: Path) -> None:
     path = tmp_path / "cnn.log.gz"
     _record_cnn(path)
@@ -108,6 +111,7 @@ def test_lines_have_the_reference_shape(tmp_path: Path) -> None:
             assert all(isinstance(m, int) for m in obj["MUTATE"])
 
 
+@python_region_only("trace recording (memscale record)")
 def test_gpt2_step_records_and_replays(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
