@@ -45,6 +45,7 @@ const EngineAbi& EngineAbi::load(const std::string& path) {
   bind(handle, "memscale_dtr_abandon_plans", abi.abandon_plans, path);
   bind(handle, "memscale_dtr_rematerialized", abi.rematerialized, path);
   bind(handle, "memscale_dtr_swapped_in", abi.swapped_in, path);
+  bind(handle, "memscale_dtr_park", abi.park, path);
   bind(handle, "memscale_dtr_finish", abi.finish, path);
   bind(handle, "memscale_dtr_status_of", abi.status_of, path);
   bind(handle, "memscale_last_error", abi.last_error, path);

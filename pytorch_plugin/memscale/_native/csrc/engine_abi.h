@@ -48,6 +48,7 @@ struct EngineAbi {
   int (*abandon_plans)(int64_t h);
   int (*rematerialized)(int64_t h, int64_t op, int64_t cost_ns);
   int (*swapped_in)(int64_t h, int64_t t);
+  int (*park)(int64_t h, int64_t t);
   int (*finish)(int64_t h);
   const EngineStatus* (*status_of)(int64_t h);
   const char* (*last_error)();

@@ -93,6 +93,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["copies_on_write"] = c.copies_on_write;
         d["externals"] = c.externals;
         d["nested_restarts"] = c.nested_restarts;
+        d["parked"] = c.parked;
         d["exposed"] = c.exposed;
         d["device_timed"] = c.device_timed;
         return d;

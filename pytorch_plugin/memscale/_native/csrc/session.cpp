@@ -430,7 +430,64 @@ void Session::evict(int64_t extra, const std::string& why) {
 
 void Session::make_room(int64_t extra, const std::string& what) {
   if (usage_now() + extra <= status_->budget) return;
-  evict(extra, "making room for " + std::to_string(extra) + " bytes of " + what);
+  const std::string why = "making room for " + std::to_string(extra) + " bytes of " + what;
+  try {
+    evict(extra, why);
+  } catch (const NoRoomError&) {
+    if (!park_outer_levels(extra)) throw;
+    evict(extra, why);
+  }
+}
+
+class Session::Level {
+ public:
+  Level(Session& s, c10::ArrayRef<CellPtr> cells) : s_(s) { s_.levels_.push_back(cells); }
+  ~Level() { s_.levels_.pop_back(); }
+  Level(const Level&) = delete;
+  Level& operator=(const Level&) = delete;
+
+ private:
+  Session& s_;
+};
+
+bool Session::park_outer_levels(int64_t extra) {
+  if (levels_.size() < 2) return false;
+  std::unordered_set<int64_t> seen;  // the innermost level's storages, then each one tried
+  for (const CellPtr& c : levels_.back()) seen.insert(c->root);
+  bool parked = false;
+  for (size_t l = 0; l + 1 < levels_.size(); ++l) {
+    for (const CellPtr& cell : levels_[l]) {
+      if (!cell->tensor.defined() || !seen.insert(cell->root).second) continue;
+      Group* g = groups_.find(cell->root);
+      if (g == nullptr || !g->resident()) continue;
+      int took = engine().park(h_, cell->root);
+      if (took < 0) fail("memscale_dtr_park(" + std::to_string(cell->root) + ")");
+      if (took == 0) continue;  // parking off, pinned, over the offload limit
+      carry_out(cell->root, kActionSwap);
+      counters_.parked++;
+      parked = true;
+      if (usage_now() + extra <= status_->budget) return true;
+    }
+  }
+  return parked;
+}
+
+void Session::unpark(c10::ArrayRef<CellPtr> cells, Held& held) {
+  // A cell the budget loop evicted meanwhile is rebuilt by its plan, which
+  // may park the others again: a bounded number of rounds, then an error.
+  size_t rounds = 0;
+  for (bool missing = true; missing;) {
+    missing = false;
+    for (const CellPtr& c : cells) {
+      if (derive(c)) continue;
+      missing = true;
+      TORCH_CHECK(++rounds <= cells.size() * kMaxPlansPerCell, "memscale.dtr: the inputs of a rebuild could not be ",
+                  "made resident together (", cells.size(), " tensors; each rebuild took back another): the budget ",
+                  "is too small for this step; raise it (summary()['min_budget'] of an unbudgeted run is a lower ",
+                  "bound)");
+      materialize(c, held);
+    }
+  }
 }
 
 void Session::after_op() {
@@ -536,6 +593,7 @@ bool Session::derive(const CellPtr& cell, bool view_planned) {
 }
 
 void Session::make_inputs_resident(Inputs& in, Held& held) {
+  Level level(*this, in.cells);
   for (const CellPtr& c : in.cells) {
     if (derive(c)) {
       held.lock(c->id);
@@ -543,6 +601,7 @@ void Session::make_inputs_resident(Inputs& in, Held& held) {
       rebuild(c, held);
     }
   }
+  unpark(in.cells, held);
   in.missing = false;
 }
 
@@ -1547,6 +1606,7 @@ void Session::rerun(int64_t op_id) {
               ", which was not recorded");
   RecordedOp& r = **found;
   Held held(*this);
+  Level level(*this, r.inputs);
   for (const CellPtr& c : r.inputs) {
     if (derive(c)) {
       held.lock(c->id);
@@ -1554,6 +1614,7 @@ void Session::rerun(int64_t op_id) {
       materialize(c, held);
     }
   }
+  unpark(r.inputs, held);
   if (r.kind == RerunKind::kView) {
     // Its base is resident now: the view is derived from it.
     for (const CellPtr& c : r.outputs) derive(c, true);
@@ -1691,6 +1752,26 @@ at::Tensor Session::read(const CellPtr& cell) {
 
 // --------------------------------------------------------------------- close
 
+void Session::room_to_leave(const std::vector<CellPtr>& escaping, Held& held) {
+  // Under a budget: room for every escaping storage at once, before any is
+  // rebuilt - the resident ones locked, the others' bytes requested - so a
+  // rebuild of one never evicts another that leaves (rebuilt one by one, an
+  // escaping storage evicted after finish was planned as resident), and a
+  // budget below what leaves the step fails here, naming that bound.
+  if (!budgeted_ || status_->budget <= 0) return;
+  std::unordered_set<int64_t> seen;
+  int64_t missing = 0;
+  for (const CellPtr& c : escaping) {
+    if (!seen.insert(c->root).second) continue;
+    if (derive(c)) {
+      held.lock(c->id);
+    } else if (const Group* g = groups_.find(c->root); g != nullptr && !g->resident()) {
+      missing += g->nbytes;
+    }
+  }
+  if (missing > 0) make_room(missing, "what leaves the step");
+}
+
 std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
   std::lock_guard<std::recursive_mutex> guard(mu_);
   Busy busy(*this);
@@ -1711,6 +1792,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
       // engine lets usage exceed the budget after finish, but still evicts
       // what is unlocked to stay within it).
       Held held(*this);
+      room_to_leave(escaping, held);
       for (const CellPtr& c : escaping) rebuild(c, held);
       // Gradients of the parameters seen: plain tensors again.
       for (auto& weak : leaves_) {

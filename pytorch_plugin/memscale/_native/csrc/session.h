@@ -75,6 +75,7 @@ struct SessionCounters {
   int64_t copies_on_write = 0;
   int64_t externals = 0;
   int64_t nested_restarts = 0;   // rebuilds started over after nested plans found no room
+  int64_t parked = 0;            // storages outer levels of a rebuild held, parked in host memory
   int64_t exposed = 0;           // cells whose data pointer or storage was taken (Session::expose)
   int64_t device_timed = 0;      // calls whose device time was read from events (device_timer.h)
 };
@@ -177,7 +178,18 @@ class Session {
 
   // Rebuilding.
   void materialize(const CellPtr& cell, Held& held);
+  // Parking (memscale/_region/rebuild.py's): each level of a rebuild (the
+  // running op's inputs, then each re-run step's) is on levels_ while it
+  // makes its inputs resident. The innermost level that finds nothing
+  // evictable has the storages the outer levels hold copied to host memory,
+  // outermost first (it reads them last), their locks kept; each level
+  // brings back what was parked of its inputs before reading them. So a
+  // rebuild needs room for one level's working set at a time.
+  class Level;
+  bool park_outer_levels(int64_t extra);
+  void unpark(c10::ArrayRef<CellPtr> cells, Held& held);
   void rebuild(const CellPtr& cell, Held& held);
+  void room_to_leave(const std::vector<CellPtr>& escaping, Held& held);  // the exit, under a budget
   bool derive(const CellPtr& cell, bool view_planned = false);
   void rerun(int64_t op_id);
   void swap_in(int64_t root);
@@ -271,6 +283,7 @@ class Session {
   BackwardWatch backward_;
   int64_t ops_since_scan_ = 0;
   std::vector<CellPtr> room_failed_;  // cells whose nested rebuilds found no room, innermost first
+  std::vector<c10::ArrayRef<CellPtr>> levels_;  // what each open level of a rebuild reads, outermost first
 };
 
 // The session ops go to, or null (set by the region's entry, process-wide:
