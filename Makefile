@@ -32,7 +32,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' 2>/dev/null) go.mo
 
 .DELETE_ON_ERROR:
 
-.PHONY: all lib cli venv wheel test test-slow test-all test-go test-c test-python test-python-slow test-native test-native-models native test-wheel demo bench bench-go bench-c clean fmt vet
+.PHONY: all lib cli venv wheel test test-slow test-all test-go test-c test-python test-python-slow test-native test-native-models test-native-more native test-wheel demo bench bench-go bench-c clean fmt vet
 
 all: lib cli
 
@@ -70,7 +70,7 @@ vet:
 
 test: test-go test-c test-python test-native test-wheel
 
-test-slow: test-python-slow test-native-models
+test-slow: test-python-slow test-native-models test-native-more
 
 test-all: test test-slow
 
@@ -154,6 +154,18 @@ test-native: native
 test-native-models: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests/test_zoo.py pytorch_plugin/tests/test_families.py
+
+# More of the plugin's suites on the native region (about 90 s; in test-slow):
+# the files that pass there as they are (fifth session's triage; the others
+# have known native gaps, docs/limits.md, or check the Python region only).
+NATIVE_MORE := $(addprefix pytorch_plugin/tests/,test_check.py test_distributed.py test_escapes.py \
+  test_untracked_steps.py test_compat.py test_dtr_engine.py test_dtr_models.py test_dtr_compile.py \
+  test_save_copy.py test_stats.py test_step_boundary.py test_hf.py test_rebuild_rounds.py \
+  test_swap_ordering.py test_auto_steps.py test_api.py test_blocks_drop_in.py)
+
+test-native-more: native
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
+	  $(VPY) -m pytest -q -m "not slow" $(NATIVE_MORE)
 
 # The tests marked slow (pytest -m slow): each takes tens of seconds on 2 cores.
 test-python-slow: $(LIB) $(CLI) $(STAMP)

@@ -23,7 +23,7 @@ import torch
 
 from .._native import lib as _lib
 from .._native import region_ext
-from .._native.engine import Engine
+from .._native.engine import Engine, NoRoomError
 from ..errors import MemscaleError
 from .device import sync_count
 from .tensor import hand_back
@@ -186,7 +186,14 @@ class NativeSession:
         """Make what escapes resident, hand it back, destroy the engine; returns its stats."""
         stats: dict[str, Any] = {}
         try:
-            handed = self.native.close(ok)
+            try:
+                handed = self.native.close(ok)
+            except NoRoomError as exc:
+                # What leaves the step does not fit: the error carries the
+                # step's stats (its minimum budget is the one it names), as
+                # the Python session's does; the region's exit records them.
+                exc.stats = self.engine.stats()  # type: ignore[attr-defined]
+                raise
             self.nested_restarts = int(self.native.counters()["nested_restarts"])
             stats = self.engine.stats()
             if ok and stats.get("auto"):

@@ -8,6 +8,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/op_registration.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include "dispatch_key.h"
 #include "session.h"
 
@@ -17,7 +19,11 @@ namespace {
 
 void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   Session* s = active_session();
-  if (s != nullptr && !s->suspended.load(std::memory_order_relaxed)) {
+  // Under torch.inference_mode ops run as outside the region: a wrapper made
+  // there is an inference tensor, which autograd's view tracking refuses for
+  // views of normal tensors ("Cannot set version_counter for inference
+  // tensor"); plain results are what inference code gets without memscale.
+  if (s != nullptr && !s->suspended.load(std::memory_order_relaxed) && !c10::InferenceMode::is_enabled()) {
     s->dispatch(op, stack);
   } else {
     run_outside(op, stack);
