@@ -464,3 +464,30 @@ def test_device_events_give_the_engine_each_ops_device_time(monkeypatch: pytest.
     assert costs(0) == (40 * 1000, 0)  # host times only
     # The first call starts the timer (host time); calls 2-5 and 34 are timed; all later ones cost 7 us.
     assert costs(7000) == (1000 + 39 * 7000, 5)
+
+
+def test_inference_mode_runs_as_outside_the_region() -> None:
+    """Under torch.inference_mode the native region's ops run plainly (a
+    wrapper would be an inference tensor, which autograd's view tracking
+    refuses for a view of a normal tensor, as linear's weight.t() is)."""
+    from memscale._region.native import is_native_tensor
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with torch.inference_mode(), memscale.dtr(None) as region:
+        y = torch.nn.functional.linear(x, w)
+        inside = is_native_tensor(y)
+    assert region.native and not inside
+    assert torch.equal(y, x @ w.T)
+
+
+def test_an_exit_that_cannot_fit_what_leaves_carries_the_steps_stats() -> None:
+    """What leaves the step does not fit the budget: the NoRoomError says so
+    and carries the step's stats, as on the Python path."""
+    from memscale._native.engine import NoRoomError
+
+    mib = 1 << 20
+    x = torch.randn(mib // 4)
+    with pytest.raises(NoRoomError, match="is below what leaves this step") as err:
+        with memscale.dtr(budget=3 * mib, heuristic="lru"):
+            kept = [x * float(k + 2) for k in range(4)]  # noqa: F841 - four 1 MiB results leave
+    assert int(err.value.stats["peak_usage"]) > 0  # type: ignore[attr-defined]
