@@ -395,3 +395,21 @@ def test_summary_line_names_parked_tensors(fields: dict[str, int], text: str) ->
     s = memscale.Summary(steps=1, **fields)
     assert text in str(s)
     assert s.as_dict()["parked"] == fields.get("parked", 0)
+
+
+def test_a_wrapped_module_dropped_without_detach_takes_its_hooks_with_it() -> None:
+    """A program that wraps a model and drops it without detach() leaves no
+    backward listener behind: torch.autograd.backward is the original again
+    (a listener left there kept every later test's originals wrapped)."""
+    import gc
+
+    from memscale._dropin import backward
+
+    original = torch.autograd.backward
+    model = memscale.wrap(_mlp(), Config(threshold="1GiB", log_summary=False))
+    assert torch.autograd.backward is not original and backward._listeners
+    model(torch.randn(4, 32)).sum().backward()
+    del model
+    gc.collect()
+    assert not backward._listeners
+    assert torch.autograd.backward is original

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 
 import warnings
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +169,7 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
 
             _global_optimizer_hook = register_optimizer_step_pre_hook(_on_any_optimizer_step)
         attached[module] = Attachment(steps=steps, hooks=hooks, kind="module")
+        weakref.finalize(module, _dropped_unwrapped, hooks)
         return module
     if _is_trainer(trainer_or_module):
         return _wrap_trainer(trainer_or_module, config)
@@ -181,6 +183,19 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
         "memscale.wrap: expected a torch.nn.Module, a transformers.Trainer or a Lightning Trainer, "
         f"got {type(trainer_or_module).__name__}"
     )
+
+
+def _dropped_unwrapped(hooks: Hooks) -> None:
+    """A wrapped module was garbage-collected without :func:`detach`: its
+    hooks go with it - the backward listener above all, which would otherwise
+    keep ``torch.autograd.backward`` wrapped and its steps alive for good
+    (nothing after it can detach a module that is gone). After detach this
+    removes nothing."""
+    global _global_optimizer_hook
+    hooks.remove()
+    if _global_optimizer_hook is not None and not any(a.kind == "module" for a in attached.values()):
+        _global_optimizer_hook.remove()
+        _global_optimizer_hook = None
 
 
 def _wrap_trainer(trainer: Any, config: Config) -> Any:
