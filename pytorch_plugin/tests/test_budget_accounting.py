@@ -8,14 +8,14 @@ budget's victims, and the peak, depend on the program alone.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 import memscale
-from _helpers import require_engine, steady_clock
+from _helpers import native_region, require_engine, steady_clock
 
 require_engine()
 
@@ -28,15 +28,48 @@ def _steady(monkeypatch: pytest.MonkeyPatch) -> None:
     steady_clock(monkeypatch)
 
 
-def _program(bn: torch.nn.BatchNorm1d, x: torch.Tensor, links: int) -> list[Any]:
-    """A chain of kept activations up to near the budget, then batch norm in
-    training mode: it overwrites its running statistics (pinned, so their old
-    data is copied first: the copies on write) and allocates fresh results."""
+def _chain(x: torch.Tensor, links: int) -> list[torch.Tensor]:
+    """Activations up to near the budget, all kept by the caller until its
+    program returns."""
     kept = [x]
     for _ in range(links):
         kept.append(kept[-1] * 1.0001)
-    y = bn(kept[-1])
-    return [y.sum(), bn.running_mean.clone(), bn.running_var.clone()]
+    return kept
+
+
+def _overs(prepare: Callable[[], Callable[[], list[Any]]], budgets: range) -> list[str]:
+    """Run the program ``prepare()`` returns (prepared outside any region:
+    its module's parameters and buffers are the program's tensors) plainly,
+    then in a region at each budget on the path the environment chooses:
+    bitwise the plain results every time; returns the budgets the engine's
+    peak count passed."""
+    plain = prepare()()
+    over = []
+    for budget in budgets:
+        program = prepare()
+        region = memscale.dtr(budget)
+        with region:
+            got = program()
+        assert region.native == native_region(), f"the entry ran on the {'native' if region.native else 'Python'} path"
+        assert all(torch.equal(a, b) for a, b in zip(plain, got)), f"results differ at a budget of {budget} bytes"
+        peak = int(region.summary()["peak_usage"])
+        if peak > budget:
+            over.append(f"budget {budget}: peak {peak} (+{peak - budget})")
+    return over
+
+
+def _batch_norm(x: torch.Tensor) -> Callable[[], list[Any]]:
+    """Kept activations, then batch norm in training mode with running
+    statistics made before the region (pinned, so their old data is copied
+    before they are overwritten: the copies on write) and fresh results."""
+    bn = torch.nn.BatchNorm1d(CHANNELS)
+
+    def program() -> list[Any]:
+        kept = _chain(x, 6)
+        y = bn(kept[-1])
+        return [y.sum(), bn.running_mean.clone(), bn.running_var.clone()]
+
+    return program
 
 
 def test_copies_on_write_and_the_ops_results_share_one_room() -> None:
@@ -49,38 +82,20 @@ def test_copies_on_write_and_the_ops_results_share_one_room() -> None:
     copies need when batch norm starts."""
     torch.manual_seed(0)
     x = torch.randn(ROWS, CHANNELS)
-    activation = x.nbytes
-    native = os.environ.get("MEMSCALE_NATIVE") == "1"
-    bn = torch.nn.BatchNorm1d(CHANNELS)
-    plain = _program(bn, x, 6)
-    over = []
-    for slack_kib in range(0, 1024 + 1, 64):
-        bn = torch.nn.BatchNorm1d(CHANNELS)
-        budget = 5 * activation + slack_kib * 1024
-        region = memscale.dtr(budget)
-        with region:
-            got = _program(bn, x, 6)
-        assert region.native == native, f"the entry ran on the {'native' if region.native else 'Python'} path"
-        assert all(torch.equal(a, b) for a, b in zip(plain, got)), f"results differ at a budget of {budget} bytes"
-        peak = int(region.summary()["peak_usage"])
-        if peak > budget:
-            over.append(f"budget {budget}: peak {peak} (+{peak - budget})")
+    over = _overs(lambda: _batch_norm(x), range(5 * x.nbytes, 5 * x.nbytes + (1 << 20) + 1, 64 << 10))
     assert not over, "the engine's count passed the budget:\n" + "\n".join(over)
 
 
-def _gradients(masks: list[list[bool]], x: torch.Tensor, w: torch.Tensor, links: int) -> list[Any]:
-    """Kept activations up to near the budget, then ``convolution_backward``
-    on the same tensors with each output mask in turn: what it allocates
-    depends on the mask (which gradients it computes) alone."""
-    kept = [x]
-    for _ in range(links):
-        kept.append(kept[-1] * 1.0001)
-    grad_out = torch.nn.functional.conv2d(kept[-1], w, padding=1)
+def _gradients(masks: list[list[bool]], x: torch.Tensor, w: torch.Tensor) -> list[Any]:
+    """Kept activations, then ``convolution_backward`` on the same tensors
+    with each output mask in turn: what it allocates depends on the mask
+    (which gradients it computes) alone."""
+    kept = _chain(x, 4)
+    last = kept[-1]
+    grad_out = torch.nn.functional.conv2d(last, w, padding=1)
     results: list[Any] = []
     for mask in masks:
-        got = torch.ops.aten.convolution_backward(
-            grad_out, kept[-1], w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
-        )
+        got = torch.ops.aten.convolution_backward(grad_out, last, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
         results += [t.sum() for t in got if t is not None]
     return results
 
@@ -95,17 +110,5 @@ def test_a_bool_list_argument_is_part_of_what_an_op_allocates() -> None:
     x = torch.randn(4, 16, 32, 32)
     w = torch.randn(16, 16, 3, 3)
     masks = [[False, True, False], [True, True, False]]
-    plain = _gradients(masks, x, w, 4)
-    native = os.environ.get("MEMSCALE_NATIVE") == "1"
-    over = []
-    for slack_kib in range(0, 512 + 1, 32):
-        budget = 6 * x.nbytes + slack_kib * 1024
-        region = memscale.dtr(budget)
-        with region:
-            got = _gradients(masks, x, w, 4)
-        assert region.native == native
-        assert all(torch.equal(a, b) for a, b in zip(plain, got)), f"results differ at a budget of {budget} bytes"
-        peak = int(region.summary()["peak_usage"])
-        if peak > budget:
-            over.append(f"budget {budget}: peak {peak} (+{peak - budget})")
+    over = _overs(lambda: lambda: _gradients(masks, x, w), range(6 * x.nbytes, 6 * x.nbytes + (512 << 10) + 1, 32 << 10))
     assert not over, "the engine's count passed the budget:\n" + "\n".join(over)
