@@ -191,8 +191,13 @@ def _dropped_unwrapped(hooks: Hooks) -> None:
     keep ``torch.autograd.backward`` wrapped and its steps alive for good
     (nothing after it can detach a module that is gone). After detach this
     removes nothing."""
-    global _global_optimizer_hook
     hooks.remove()
+    _drop_optimizer_hook_if_unused()
+
+
+def _drop_optimizer_hook_if_unused() -> None:
+    """Remove the process-wide optimizer-step hook once no wrapped module is left."""
+    global _global_optimizer_hook
     if _global_optimizer_hook is not None and not any(a.kind == "module" for a in attached.values()):
         _global_optimizer_hook.remove()
         _global_optimizer_hook = None
@@ -228,7 +233,6 @@ def detach(obj: Any) -> Any:
         The same object. One that is not wrapped is returned unchanged, with a
         warning (as memscale 0.1 did).
     """
-    global _global_optimizer_hook
     attachment = attached.get(obj)
     if attachment is None or attachment.kind == "optimize":
         warnings.warn(f"memscale.detach: {type(obj).__name__} is not wrapped by memscale.wrap()", stacklevel=2)
@@ -245,9 +249,7 @@ def detach(obj: Any) -> Any:
             obj.remove_callback(attachment.callback)
         detached[obj] = attachment.steps.summary()
         del attached[obj]
-        if _global_optimizer_hook is not None and not any(a.kind == "module" for a in attached.values()):
-            _global_optimizer_hook.remove()
-            _global_optimizer_hook = None
+        _drop_optimizer_hook_if_unused()
     attachment.steps.log_summary("detach")
     return obj
 
