@@ -1755,9 +1755,9 @@ at::Tensor Session::read(const CellPtr& cell) {
 void Session::room_to_leave(const std::vector<CellPtr>& escaping, Held& held) {
   // Under a budget: room for every escaping storage at once, before any is
   // rebuilt - the resident ones locked, the others' bytes requested - so a
-  // rebuild of one never evicts another that leaves (rebuilt one by one, an
-  // escaping storage evicted after finish was planned as resident), and a
-  // budget below what leaves the step fails here, naming that bound.
+  // rebuild of one never evicts another that leaves, and a budget below what
+  // leaves the step fails here, naming that bound (the Python session's
+  // _room_to_leave).
   if (!budgeted_ || status_->budget <= 0) return;
   std::unordered_set<int64_t> seen;
   int64_t missing = 0;
