@@ -376,8 +376,9 @@ func (a *Allocator) steal(hs []device.Handle, k int, plan *growPlan) ([]device.H
 // that run outside the window held the granules it lacked (issue 32, soak
 // seed 1380: 74 such granules, 25 missing, a spurious out-of-memory). With
 // this pass a growth whose streams are done with the cache fails only when
-// the granules live blocks touch plus the window's exceed the limit. The granules furthest from the window go
-// first, so that what stays free joins the grown block. Unmapped next to an
+// the granules live blocks touch plus the window's exceed the limit. The
+// granules furthest from the window go first, so that what stays free joins
+// the grown block. Unmapped next to an
 // unmapped block the plan maps, they merge with it, so the plan's ranges
 // are looked up again.
 func (a *Allocator) stealNearWindow(hs []device.Handle, k int, plan *growPlan) ([]device.Handle, error) {
