@@ -152,3 +152,26 @@ def test_enable_auto_puts_blocks_on_models_with_blocks_and_regions_on_the_others
     # auto decides per step: the blocks' steps end with their backward, as the regions'
     assert total.unit_steps == {"block": 3, "op": 3} and total.steps == 6, total
     assert total.rematerializations == blocks.rematerializations + regions.rematerializations
+
+
+@pytest.mark.parametrize("how", ["wrap", "enable"])
+def test_block_summaries_count_every_step_the_last_included(how: str) -> None:
+    """``unit="block"`` (not auto): a step is counted when its last unit is
+    told to the engine, which the next step's first block call did - the
+    run's last step, with no next step, was missing from the summary."""
+    torch.manual_seed(0)
+    config = memscale.Config(unit="block", mode="aggressive", log_summary=False)
+    if how == "wrap":
+        model = memscale.wrap(Net(), config)
+        train(model, steps=3)
+        s = memscale.summary(model)
+        memscale.detach(model)
+    else:
+        enabled = memscale.enable(config)
+        try:
+            train(Net(), steps=3)
+            s = enabled.summary()
+        finally:
+            enabled.disable()
+    assert s.steps == 3, s
+    assert f"{s.steps} steps" in str(s)

@@ -209,7 +209,13 @@ class BlockDTR:
                 self._engine.set_budget(nbytes)
 
     def summary(self) -> dict[str, Any]:
-        """Counters over every step so far (the running step's included)."""
+        """Counters over every step so far (the running step's included).
+
+        A step ends when its last unit is told to the engine, which the next
+        step's first block call does: the units autograd released since are
+        told here first, so a step whose backward is over is counted (the
+        last step of a run had no next step to end it)."""
+        self._flush()
         with self._lock:
             totals = dict(self._totals)
             peak = self._peak
