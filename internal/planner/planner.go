@@ -45,6 +45,9 @@ type ModelInfo struct {
 	Costs string `json:"costs,omitempty"`
 	// RecordedOn is the device the step was recorded on ("meta", "cpu").
 	RecordedOn string `json:"recorded_on,omitempty"`
+	// Pins are the gradients the recorded region pinned (the trace's text
+	// format has no line for a pin); the replays pin them where it did.
+	Pins []Pin `json:"pins,omitempty"`
 }
 
 // Budget is a memory budget the user tracks ("24GiB"): the type memscale
@@ -63,7 +66,10 @@ type Options struct {
 	// Devices are checked: does the step fit natively, and under DTR at
 	// what overhead.
 	Devices []Device
-	// Heuristic is the engine's policy for the replays (0: auto).
+	// Heuristic is the engine's policy for the replays (0: auto): Auto is
+	// the region's (its first step recorded and tuned, region.go), any
+	// other is run as given; every replay runs the region's engine
+	// configuration and rebuilds (RegionConfig, replay.Options.Plans).
 	Heuristic evict.Heuristic
 	// OverheadLimit abandons a replay past it (0: replay's default, 2x).
 	OverheadLimit float64
@@ -87,10 +93,19 @@ func Analyze(ctx context.Context, name string, tr *rc.Trace, info ModelInfo, opt
 		opt.Heuristic = evict.Auto
 	}
 	rep := &Report{Name: name, Source: "dtr-trace", Info: info, MaxOverhead: opt.MaxOverhead}
+	tr, err := withPins(tr, info.Pins)
+	if err != nil {
+		return nil, fmt.Errorf("plan %s: %w", name, err)
+	}
 
-	// The baseline: the schedule's lifetimes, peak, compute, lower bound.
+	// The baseline: the schedule's lifetimes, peak, compute, lower bound
+	// (the region's: its minimum evictee size, the pinned gradients).
+	cfg, err := RegionConfig(0, evict.Default)
+	if err != nil {
+		return nil, fmt.Errorf("plan %s: %w", name, err)
+	}
 	life := &lifetimes{}
-	base, err := replay.Run(tr, replay.Options{OverheadLimit: -1, Memory: life})
+	base, err := replay.Run(tr, replay.Options{OverheadLimit: -1, Memory: life, Engine: cfg})
 	if err != nil {
 		return nil, fmt.Errorf("plan %s: baseline replay: %w", name, err)
 	}
@@ -156,14 +171,13 @@ func Analyze(ctx context.Context, name string, tr *rc.Trace, info ModelInfo, opt
 	slices.Sort(all)
 	runs := map[uint64]sweep.RunResult{}
 	if len(all) > 0 {
-		sr, err := sweep.Run(ctx, []sweep.Input{{Name: name, Path: name, Trace: tr}}, sweep.Config{
-			Ratios: all, Heuristics: []evict.Heuristic{opt.Heuristic}, OverheadLimit: opt.OverheadLimit, Workers: opt.Workers,
-		})
+		limit := opt.OverheadLimit
+		if limit == 0 {
+			limit = replay.DefaultOverheadLimit
+		}
+		runs, err = regionReplays(ctx, tr, opt.Heuristic, all, m.TracePeak, limit, opt.Workers)
 		if err != nil {
 			return nil, fmt.Errorf("plan %s: DTR replays: %w", name, err)
-		}
-		for _, r := range sr.Traces[0].Runs {
-			runs[r.Budget] = r
 		}
 	}
 	rep.fill(runs, opt)
@@ -199,11 +213,16 @@ func (r *Report) place(bufs []placement.Buffer) error {
 const bisectionSteps = 12
 
 // minFeasible returns the least budget (bytes of the trace) under which a
-// replay with the default heuristic finishes within the overhead limit,
-// searched between the engine's lower bound and the peak.
+// replay with the default heuristic (the region's first step) finishes
+// within the overhead limit, searched between the engine's lower bound and
+// the peak.
 func minFeasible(tr *rc.Trace, lower, peak uint64, limit float64) (uint64, error) {
 	run := func(b uint64) (bool, error) {
-		res, err := replay.Run(tr, replay.Options{Budget: b, OverheadLimit: limit})
+		cfg, err := RegionConfig(b, evict.Default)
+		if err != nil {
+			return false, err
+		}
+		res, err := replay.Run(tr, replay.Options{Budget: b, Engine: cfg, OverheadLimit: limit, Plans: true})
 		if err != nil {
 			return false, fmt.Errorf("replay at %d bytes: %w", b, err)
 		}

@@ -29,15 +29,66 @@ __all__ = ["StepRecording", "record_step", "resize_batch"]
 
 class _BufferedSink(_Sink):
     """memscale.trace's sink, keeping the records so their costs can be set
-    after the op returned; written out at the end."""
+    after the op returned; written out at the end. It also notes the tensors
+    the region pins (a parameter's accumulated gradient): the trace format
+    has no line for a pin, and a replay that may evict a gradient the region
+    keeps predicts another step (:func:`pins`)."""
 
     def __init__(self) -> None:
         super().__init__(io.StringIO())
         self.records: list[dict[str, Any]] = []
+        #: (records written before the pin, the pinned reference's name)
+        self.pinned: list[tuple[int, str]] = []
 
     def _w(self, obj: dict[str, Any]) -> None:
         self.records.append(obj)
         self.lines += 1
+
+    def start(self, entry: Any) -> None:
+        super().start(entry)
+        engine = entry.engine
+        pin = engine.pin
+
+        def noted(t: int) -> None:
+            name = self.names.get(t)
+            if name is not None:
+                self.pinned.append((len(self.records), name))
+            pin(t)
+
+        engine.pin = noted
+
+
+def pins(records: list[dict[str, Any]], pinned: list[tuple[int, str]]) -> list[dict[str, int]]:
+    """The pins of ``pinned`` as the planner reads them (``ModelInfo.Pins``):
+    after line ``after_line`` of the trace (1-based), the tensor made by line
+    ``line`` - output ``out`` of a CALL (its RESULT index) or of a MUTATE (the
+    index into its MUTATE list), 0 for a COPY or CONSTANT - is pinned. The
+    name's latest definition before the pin is the tensor it names then."""
+    out: list[dict[str, int]] = []
+    made: dict[str, tuple[int, int]] = {}
+    todo = sorted(pinned)
+    k = 0
+    for i, rec in enumerate(records):
+        while k < len(todo) and todo[k][0] <= i:
+            at, name = todo[k]
+            if name in made:
+                out.append({"after_line": at, "line": made[name][0], "out": made[name][1]})
+            k += 1
+        kind = rec.get("INSTRUCTION")
+        if kind == "CALL":
+            for j, n in enumerate(rec["RESULT"]):
+                made[n] = (i + 1, j)
+        elif kind == "MUTATE":
+            for j, a in enumerate(rec["MUTATE"]):
+                made[rec["ARGS"][a]] = (i + 1, j)
+        elif kind == "COPY":
+            made[rec["DST"]] = (i + 1, 0)
+        elif kind == "CONSTANT":
+            made[rec["NAME"]] = (i + 1, 0)
+    for at, name in todo[k:]:
+        if name in made:
+            out.append({"after_line": at, "line": made[name][0], "out": made[name][1]})
+    return out
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -252,6 +303,7 @@ def record_step(
         "optimizer_step_peak_bytes": opt_peak,
         "costs": costs.label if costs is not None else f"measured on {next(iter(params)).device.type if params else 'cpu'}",
         "recorded_on": "meta" if on_meta else (str(params[0].device) if params else "cpu"),
+        "pins": pins(sink.records, sink.pinned),
     }
     Path(str(path) + ".info.json").write_text(json.dumps(info, indent=1))
     return StepRecording(path, info)
