@@ -325,7 +325,8 @@
 //     step (checked against a scan of the plans by the property tests); a
 //     candidate's key is a reserve key exactly when the count is positive.
 //   - pending[pendAt:] are the victims not handed out yet, in the order
-//     they left memory (queue, Evict).
+//     they left memory (queue, Evict); none is resident (a re-run or a
+//     swap-in takes a storage that comes back out of it: unqueueResident).
 //   - pinnedReg + pinnedLater is the sum of the sizes of the resident
 //     storages with Pins > 0, each in the total flagRegPin says; small is
 //     that of the resident storages with Pins == 0 and 0 < Size <

@@ -121,6 +121,56 @@ func TestEagerEvictionOnRelease(t *testing.T) {
 	assert.ErrorContains(t, e.Retain(ts[0]), "no references")
 }
 
+// A storage freed at a release waits in the pending queue until the caller's
+// next op or Evict. A plan made meanwhile rebuilds it (the caller still
+// holds its data); it must not be handed out after that, or the caller drops
+// data the engine counts resident (the native region's exit failed that way:
+// "the engine holds storage N resident, but the region has no data for it").
+func TestRebuiltPendingStorageIsNotHandedOut(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		handOut  func(e *Engine) []Victim
+		evictMid bool // evicted again after the rebuild: handed out once
+	}{
+		{"evict", func(e *Engine) []Victim { return evictAll(t, e, 0) }, false},
+		{"hand out pending", func(e *Engine) []Victim {
+			var buf [4]Victim
+			return buf[:e.HandOutPending(buf[:])]
+		}, false},
+		{"evicted again", func(e *Engine) []Victim { return evictAll(t, e, 0) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, Config{Budget: 1 << 30, Heuristic: LRU})
+			x := e.NewTensor(100, true)
+			ts := chain(t, e, x, 3, 100)
+			require.NoError(t, e.Release(ts[0])) // eager: dropped, queued
+			require.Equal(t, 1, e.Pending())
+			steps, err := e.Plan(ts[0], nil)
+			require.NoError(t, err)
+			require.Len(t, steps, 1)
+			require.NoError(t, e.HoldPlan(steps))
+			require.NoError(t, e.Rematerialized(steps[0].Op, -1))
+			require.Equal(t, rc.Resident, e.Graph().StorageOf(ts[0]).State)
+			assert.Equal(t, 0, e.Pending(), "the rebuilt storage left the queue")
+			var want []Victim
+			wantUsage := uint64(400)
+			if tc.evictMid {
+				// Released and only rebuilt: the first victim of a lower budget.
+				e.SetBudget(300)
+				want = []Victim{{Tensor: ts[0], Action: Drop, Size: 100}}
+				wantUsage = 300
+			}
+			got := tc.handOut(e)
+			if want == nil {
+				assert.Empty(t, got)
+			} else {
+				assert.Equal(t, want, got, "handed out once, for the new eviction")
+			}
+			assert.Equal(t, wantUsage, e.Usage())
+		})
+	}
+}
+
 func TestBanishing(t *testing.T) {
 	e := newEngine(t, Config{Budget: 1 << 30})
 	w := e.NewTensor(1000, true) // a parameter

@@ -58,6 +58,9 @@ func (e *Engine) RematerializedFor(op rc.OpID, target rc.TensorID, cost int64) e
 	for _, s := range newly {
 		e.countPinned(s, e.g.Storage(s))
 	}
+	if len(newly) > 0 {
+		e.unqueueResident()
+	}
 	e.markRebuilt(newly...)
 	e.noteFloor(o.Name, o.Inputs, o.Outputs)
 	e.tr.resident(newly)
@@ -105,6 +108,7 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 		return fmt.Errorf("evict: swapped in: storage of tensor %d is %s, not swapped", t, st.State)
 	}
 	e.g.SwapIn(x.Storage)
+	e.unqueueResident()
 	e.countPinned(x.Storage, st)
 	e.markRebuilt(x.Storage)
 	e.grow(st.Size)
@@ -117,4 +121,24 @@ func (e *Engine) SwappedIn(t rc.TensorID) error {
 		}
 	}
 	return nil
+}
+
+// unqueueResident takes out of the pending queue the storages that are
+// resident again. A storage the engine freed on its own (an eager eviction at
+// a release) waits in the queue until the caller hears of it with its next
+// op or Evict; a plan made meanwhile rebuilds it (the caller, which has not
+// freed it yet, keeps the data it holds), and handing it out after that
+// would make the caller drop data the engine counts resident. It costs
+// O(pending) and runs only when a storage comes back.
+func (e *Engine) unqueueResident() {
+	if e.pendAt == len(e.pending) {
+		return
+	}
+	kept := e.pending[:e.pendAt]
+	for _, v := range e.pending[e.pendAt:] {
+		if e.g.Storage(e.g.Tensor(v.Tensor).Storage).State != rc.Resident {
+			kept = append(kept, v)
+		}
+	}
+	e.pending = kept
 }
