@@ -16,16 +16,31 @@ file is kept; the CPU mode likewise keeps that section).
 The plain run's peak: after a warm-up step (the optimizer's state exists),
 the bytes live at the start of a step (parameters, optimizer state, the
 batch) plus the highest net allocation of the CPU allocator during forward,
-backward and ``optimizer.step()`` (torch.profiler, profile_memory). The
-real budgeted run: ``memscale.dtr(budget)`` around forward and backward at
-half the region's unbudgeted peak, 3 steps, the last step's
-``(base + remat) / base`` of measured op costs.
+backward and ``optimizer.step()`` (torch.profiler, profile_memory).
+
+The overhead at 50 %: the budget is half the step's peak with nothing
+evicted (the trace's peak, which is the unbudgeted region's ``peak_usage``
+byte for byte). Predicted: ``memscale.plan(..., heuristic="auto",
+repeats=3)``, the step recorded 3 times on the CPU (each op's median time)
+and replayed as the region runs it (its engine configuration, rebuilds and
+pinned gradients; a first step with the default heuristic, tuned, the
+reported step with the choice). Measured: ``memscale.dtr(budget)`` entered
+for STEPS steps; the first records and tunes, the median of the others'
+``(base + remat) / base`` (each step's own measured op costs,
+``last_summary()``) is the measured overhead. A cell where both refuse the
+budget (the planner: the region's first step does not finish; the region:
+it raised) is an agreement, reported as such. Torch runs one thread
+(``--threads``): the machine has 2 cores shared with other jobs, and two
+threads per op against them made op times vary 5x between two recordings
+of the same step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -104,14 +119,34 @@ def measured_peak(model: Any, batch: Any, loss_fn: Any, opt: Any) -> int:
     return base + top
 
 
-def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tuple[float, int]:
+STEPS = 6
+
+
+def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tuple[list[float], str, int]:
+    """A real region at ``budget``: each step's overhead (``last_summary()``;
+    the first one records and tunes), the configuration the engine chose, and
+    the highest usage."""
     region = memscale.dtr(budget=budget)
-    for _ in range(3):
-        with region:
-            _loss(model, batch, loss_fn).backward()
+    overs: list[float] = []
+    for i in range(STEPS):
+        try:
+            with region:
+                _loss(model, batch, loss_fn).backward()
+        except memscale.MemscaleError:
+            if i == 0:
+                raise  # the budget refused
+            model.zero_grad(set_to_none=True)
+            return overs, f"failed at step {i + 1}", 0
         model.zero_grad(set_to_none=True)
-        s = region.summary()
-    return float(s["overhead"]), int(s["peak_usage"])
+        overs.append(float(region.last_summary()["overhead"]))
+    s = region.summary()
+    tuning = s["tuning"] or {}
+    return overs, str(tuning.get("choice") or tuning.get("error") or "-"), int(s["peak_usage"])
+
+
+def _policy(cell: str) -> str:
+    """The configuration of a plan's variant ("auto: msps" -> "msps")."""
+    return cell.split(": ", 1)[1] if ": " in cell else cell
 
 
 # --------------------------------------------------------------------------- against the GPU results
@@ -332,6 +367,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path)
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the docstring)")
     p.add_argument("--gpu", action="store_true", help="plan the GPU results' configurations instead (see the docstring)")
     args = p.parse_args()
     if args.gpu:
@@ -341,7 +377,8 @@ def main() -> int:
         if args.out:
             write_section(args.out, GPU_SECTION, text, None)
         return 0
-    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()
     rows = []
     for name in args.models.split(","):
         make, sizes = MODELS[name]
@@ -352,41 +389,73 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as d:
                 t0 = time.perf_counter()
                 meta = memscale.plan(model, batch, opt, loss_fn, device="meta", out=Path(d) / "meta", plot=False).plans[0]
-                cpu = memscale.plan(model, batch, opt, loss_fn, out=Path(d) / "cpu", ratios="0.5", plot=False).plans[0]
+                cpu = memscale.plan(model, batch, opt, loss_fn, out=Path(d) / "cpu", ratios="0.5", heuristic="auto",
+                                    repeats=3, plot=False).plans[0]
                 wall = time.perf_counter() - t0
             pred_peak = meta["memory"]["peak_bytes"]
             half = next(v for v in cpu["variants"] if v["variant"] == "dtr" and abs(v["ratio"] - 0.5) < 1e-6)
             peak = measured_peak(model, batch, loss_fn, opt)
             budget = int(0.5 * cpu["memory"]["trace_peak_bytes"])
             try:
-                over, used = measured_overhead(model, batch, loss_fn, budget)
-            except memscale.MemscaleError:  # infeasible at this budget
-                over, used = float("nan"), 0
-            rows.append((name, b, pred_peak, peak, half["overhead"] if half["status"] == "ok" else float("nan"), over, wall))
+                overs, choice, used = measured_overhead(model, batch, loss_fn, budget)
+            except memscale.MemscaleError:  # the region refused the budget
+                overs, choice, used = [], "refused", 0
+            rows.append((name, b, pred_peak, peak, budget, half, overs, choice, wall))
             print(f"{name} b{b}: peak predicted {pred_peak / 2**20:.2f} MiB measured {peak / 2**20:.2f} MiB "
-                  f"({100 * (pred_peak / peak - 1):+.1f} %); overhead at 50 % predicted {half['overhead']:.3f} "
-                  f"({half['status']}) measured {over:.3f} (region peak {used / 2**20:.2f} MiB of {budget / 2**20:.2f}); plan {wall:.1f} s", flush=True)
+                  f"({100 * (pred_peak / peak - 1):+.1f} %); at {budget / 2**20:.2f} MiB predicted {half['status']} "
+                  f"{half['overhead']:.3f} ({half['heuristic']}) measured {[round(o, 3) for o in overs]} ({choice}, "
+                  f"region peak {used / 2**20:.2f} MiB); plan {wall:.1f} s", flush=True)
+    load1 = os.getloadavg()
     if args.out:
         lines = [
             "# memscale plan: predictions against this machine",
             "",
-            f"{time.strftime('%Y-%m-%d')}, {platform.node()} ({platform.processor() or platform.machine()}, CPU), torch {torch.__version__}.",
+            f"{time.strftime('%Y-%m-%d')}, {platform.node()} ({platform.processor() or platform.machine()}, CPU, "
+            f"{os.cpu_count()} cores shared with other jobs; load average {load0[0]:.2f} at the start, "
+            f"{load1[0]:.2f} at the end), torch {torch.__version__}, {args.threads} thread(s).",
             "",
             "    PYTHONPATH=pytorch_plugin MEMSCALE_LIBRARY=$PWD/build/libmemscale.so HF_HUB_OFFLINE=1 \\",
             "        .venv/bin/python bench/planner_bench.py --out bench/results/planner.md",
             "",
             "Predicted peak: `memscale.plan(..., device=\"meta\")` (nothing run; Adam's state and step from a meta copy).",
             "Measured peak: a plain step's (forward, backward, `optimizer.step()`) on the CPU allocator, torch.profiler.",
-            "Predicted overhead: the step recorded on the CPU (measured op costs), replayed by the engine at 50 % of its",
-            "forward+backward peak (default heuristic). Measured: `memscale.dtr(budget)` at that budget, third step,",
-            "`(base + remat) / base` of measured op costs.",
+            "Overhead at 50 % of the step's peak (the budget column): predicted by `memscale.plan(..., heuristic=\"auto\",",
+            "repeats=3)` (the step recorded 3 times on the CPU, each op's median time, replayed as the region runs it: its",
+            "engine configuration, rebuilds and pinned gradients, a first step tuned, the configuration chosen);",
+            f"measured: `memscale.dtr(budget)` for {STEPS} steps, the first records and tunes, the median of the other",
+            f"{STEPS - 1} steps' `(base + remat) / base` of their own measured op costs (range in brackets). In brackets after",
+            "each overhead: the configuration chosen. \"refuses\": the planner's replay of the region's first step does",
+            "not finish / the region raised.",
             "",
-            "| model | batch | peak predicted | peak measured | error | overhead at 50 % predicted | measured | error | plan wall |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| model | batch | peak predicted | peak measured | error | budget | overhead predicted | measured | error | plan wall |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for name, b, pp, mp, po, mo, wall in rows:
+        agree = within = ran = 0
+        for name, b, pp, mp, budget, half, overs, choice, wall in rows:
+            if half["status"] == "ok":
+                pred = f"{half['overhead']:.3f} ({_policy(half['heuristic'])})"
+            else:
+                pred = f"refuses ({half['status']})"
+            if len(overs) < STEPS and overs:
+                med, meas = float("nan"), choice
+            elif overs:
+                med = statistics.median(overs[1:])
+                meas = f"{med:.3f} ({choice}; {min(overs[1:]):.3f}-{max(overs[1:]):.3f})"
+            else:
+                med, meas = float("nan"), "refuses"
+            if half["status"] == "ok" and len(overs) == STEPS:
+                ran += 1
+                err = 100 * (half["overhead"] / med - 1)
+                within += abs(err) <= 10
+                cell = f"{err:+.1f} %"
+            elif half["status"] != "ok" and not overs:
+                agree += 1
+                cell = "both refuse"
+            else:
+                cell = "disagree"
             lines.append(f"| {name} | {b} | {pp / 2**20:.2f} MiB | {mp / 2**20:.2f} MiB | {100 * (pp / mp - 1):+.1f} % | "
-                         f"{po:.3f} | {mo:.3f} | {100 * (po / mo - 1):+.1f} % | {wall:.1f} s |")
+                         f"{budget / 2**20:.2f} MiB | {pred} | {meas} | {cell} | {wall:.1f} s |")
+        lines += ["", f"Overhead: {within} of the {ran} cells both ran within 10 %; {agree} cells where both refuse.", ""]
         write_section(args.out, GPU_SECTION, None, "\n".join(lines) + "\n")
     return 0
 

@@ -128,3 +128,71 @@ def test_meta_value_read_names_the_way_out(tmp_path) -> None:
     p = memscale.plan(model, {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}, device="meta",
                       out=tmp_path / "b", ratios="0.5", plot=False)
     assert p.plans[0]["memory"]["peak_bytes"] > 0
+
+
+def _region_floor(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """The region's ``min_budget`` of one unbudgeted step: what is pinned (parameters,
+    inputs, the gradients it pins), what it never evicts, and the largest op."""
+    region = memscale.dtr(budget=None)
+    with region:
+        torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+    model.zero_grad(set_to_none=True)
+    return int(region.last_summary()["min_budget"])
+
+
+@RECORDING
+@pytest.mark.parametrize("device", [None, "meta"])
+def test_plan_lower_bound_is_the_regions(tmp_path, device) -> None:
+    """The planner replays the step as the region runs it: the gradients the region
+    pins stay pinned (the trace has no line for a pin: the recorder writes them
+    beside it) and what is under the region's minimum evictee size is never
+    evicted, so its lower bound is the region's min_budget byte for byte. Before,
+    the replay could evict gradients: 10.52 MB against the region's 15.80 MB for the
+    MLP of bench/planner_bench.py at batch 512."""
+    model, batch = _mlp()
+    opt = torch.optim.Adam(model.parameters())
+    p = memscale.plan(model, batch, opt, torch.nn.functional.cross_entropy, device=device, ratios="0.5", out=tmp_path,
+                      plot=False)
+    q = p.plans[0]
+    info = json.loads((tmp_path / "step-b32.log.gz.info.json").read_text())
+    assert len(info["pins"]) == sum(1 for t in model.parameters() if t.requires_grad)  # one gradient each
+    floor = _region_floor(model, batch)
+    assert q["memory"]["min_budget_lower_bound_bytes"] - q["model"]["optimizer_state_bytes"] == floor
+
+
+@RECORDING
+def test_plan_and_region_refuse_the_same_budget(tmp_path) -> None:
+    """Below the region's floor both refuse: the planner's replay runs out of memory
+    (status "oom", whatever the op costs) and memscale.dtr raises. Just above the
+    planner's old floor (the gradients evictable), which the region refuses."""
+    model, batch = _mlp()
+    p = memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, out=tmp_path, plot=False)
+    floor = _region_floor(model, batch)
+    grads = sum(t.numel() * t.element_size() for t in model.parameters())
+    budget = floor - grads // 2
+    q = memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, out=tmp_path / "b", plot=False,
+                      budgets=[f"{budget}B"]).plans[0]
+    assert q["budgets"][0]["dtr_status"] == "oom"
+    region = memscale.dtr(budget=budget)
+    with pytest.raises(memscale.MemscaleError):
+        with region:
+            torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+    model.zero_grad(set_to_none=True)
+    assert p.plans[0]["memory"]["min_budget_lower_bound_bytes"] == floor
+
+
+def test_median_costs() -> None:
+    """repeats: each op's time is its median over the recordings; a recording of
+    another program is left out."""
+    from memscale._plan.record import median_costs
+
+    def rec(*times: int, name: str = "mm") -> list[dict[str, object]]:
+        return [{"INSTRUCTION": "CALL", "NAME": name, "ARGS": [], "RESULT": [f"x{i}"], "TIME": str(t)}
+                for i, t in enumerate(times)]
+
+    runs = [rec(10, 100), rec(30, 50), rec(20, 70), rec(1, 1, name="add")]
+    median_costs(runs)
+    assert [r["TIME"] for r in runs[0]] == ["20", "70"]
+    lone = [rec(10), rec(30, 40)]
+    median_costs(lone)
+    assert lone[0][0]["TIME"] == "10"

@@ -93,6 +93,7 @@ def plan(
     ratios: str | None = None,
     max_overhead: float | None = None,
     heuristic: str = "default",
+    repeats: int = 1,
     out: str | os.PathLike[str] | None = None,
     plot: bool = True,
 ) -> Plan:
@@ -121,7 +122,14 @@ def plan(
         max_overhead: what the active budget and the balanced profile accept.
         heuristic: the engine's policy for the replays: ``"default"`` (its
             default heuristic: fast, an upper bound of the tuned overhead) or
-            ``"auto"`` (tuned per budget as training runs it; 52 replays each).
+            ``"auto"`` (what ``memscale.dtr(budget)`` runs: a first step with
+            the default heuristic, recorded and tuned by the engine, 52 replays
+            per budget, and the steps after it with the chosen configuration,
+            which is what is reported). Every replay runs the region's engine
+            configuration, rebuilds and pinned gradients.
+        repeats: with measured costs (``device=None``), run the step this many
+            times and take each op's median time (op times vary from step to
+            step; the median of a few is a steadier prediction).
         out: a directory for the traces, the JSON and the plot (default: a
             temporary one).
         plot: write a PNG of budget against overhead, devices marked.
@@ -134,6 +142,9 @@ def plan(
             step that does not run, or the native command's error.
     """
     from .record import batch_size, record_step, resize_batch
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise MemscaleError(f"memscale.plan(repeats={repeats!r}): want a whole number >= 1")
 
     targets = [target] if isinstance(target, str) else list(target or [])
     cost = cost_device or next((t for t in targets if t != "all"), "h100")
@@ -150,7 +161,7 @@ def plan(
     for n in sizes:
         b = resize_batch(sample_batch, n) if batch_sizes else sample_batch
         path = outdir / f"step-b{n}.log.gz"
-        record_step(model, b, path, optimizer=optimizer, loss_fn=loss_fn, device=device, cost_device=cost)
+        record_step(model, b, path, optimizer=optimizer, loss_fn=loss_fn, device=device, cost_device=cost, repeats=repeats)
         traces.append(path)
     json_path = outdir / "plan.json"
     args = [str(_native()), "plan", *map(str, traces), "--json", str(json_path)]

@@ -58,6 +58,24 @@ class _BufferedSink(_Sink):
         engine.pin = noted
 
 
+def median_costs(runs: list[list[dict[str, Any]]]) -> None:
+    """Set each op's ``TIME`` in ``runs[0]`` to its median over the recordings
+    ``runs`` of the same step; recordings whose program differs from the first
+    (another op, name or argument anywhere) are left out."""
+    def shape(rec: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in rec.items() if k != "TIME"}
+
+    first = runs[0]
+    same = [r for r in runs[1:] if len(r) == len(first) and all(shape(a) == shape(b) for a, b in zip(first, r))]
+    if not same:
+        return
+    for i, rec in enumerate(first):
+        if "TIME" in rec:
+            times = sorted(int(r[i]["TIME"]) for r in (first, *same))
+            n = len(times)
+            rec["TIME"] = str(times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) // 2)
+
+
 def pins(records: list[dict[str, Any]], pinned: list[tuple[int, str]]) -> list[dict[str, int]]:
     """The pins of ``pinned`` as the planner reads them (``ModelInfo.Pins``):
     after line ``after_line`` of the trace (1-based), the tensor made by line
@@ -236,13 +254,17 @@ def record_step(
     loss_fn: Callable[..., Any] | None = None,
     device: str | None = None,
     cost_device: str = "h100",
+    repeats: int = 1,
 ) -> StepRecording:
     """Record one training step of ``model`` on ``batch`` as a DTR trace at
     ``path`` (gzip) with the model information beside it (``path.info.json``).
 
     ``device="meta"`` records on meta copies (nothing is allocated; op costs are
     the cost model's estimates for ``cost_device``); ``None`` runs the step
-    where the model is, with measured op costs.
+    where the model is, with measured op costs: with ``repeats`` > 1 the step
+    is run that many times and each op's cost is its median (measured op times
+    vary from step to step, more on a shared machine; see
+    :func:`median_costs`).
     """
     from .costs import lookup_device
 
@@ -284,6 +306,15 @@ def record_step(
         else:
             loss = _forward_loss(model, batch, loss_fn)
             loss.backward()
+    if not on_meta and repeats > 1:
+        again: list[list[dict[str, Any]]] = [sink.records]
+        for _ in range(repeats - 1):
+            model.zero_grad(set_to_none=True)
+            more = _BufferedSink()
+            with DTRRegion(None, sink=more):
+                _forward_loss(model, batch, loss_fn).backward()
+            again.append(more.records)
+        median_costs(again)
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     path.parent.mkdir(parents=True, exist_ok=True)
