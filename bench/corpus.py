@@ -25,6 +25,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,13 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
 #: variant -> memscale run's threshold (None: the plain run). half: bytes, 50 % of roomy's peak;
 #: floor: bytes, the minimum budget the roomy run measured (its steps ran whole: no budget below
 #: it can run them), to show whether a script trains at its floor.
-VARIANTS: dict[str, str] = {"roomy": "1TiB", "half": "50%", "floor": "min_budget"}
+#: named: the threshold memscale names in its error at --threshold 1% (on the CPU, 1 % of the
+#: first step's measured peak: the second step is refused before it starts, naming the least
+#: threshold a replay of the first step's program finished at), to show that it trains.
+VARIANTS: dict[str, str] = {"roomy": "1TiB", "half": "50%", "floor": "min_budget", "named": "1%"}
+
+#: The least threshold memscale run's error names.
+_NAMED = re.compile(r"The least threshold that works: --threshold (\d+) ")
 
 
 @dataclass
@@ -87,6 +94,7 @@ class Row:
     ratio: float | None = None
     error: str | None = None
     below: int | None = None  # the roomy run's floor, when this budget is below it
+    named: str | None = None  # named: where the threshold came from
 
 
 def _env() -> dict[str, str]:
@@ -214,7 +222,18 @@ def check(script: str, variants: list[str]) -> list[Row]:
     for variant in sorted(variants, key=list(VARIANTS).index):  # roomy first: half is of its peak
         threshold = VARIANTS[variant]
         floor = 0
-        if variant != "roomy":
+        named = None
+        if variant == "named":
+            asked = run(script, threshold)
+            m = _NAMED.search(asked.error or "")
+            if m is None:
+                rows.append(Row(script, variant, False, error=f"--threshold {threshold} named no threshold: {asked.error}"))
+                continue
+            threshold = m.group(1)
+            least_floor = int((asked.summary or {}).get("min_budget") or 0)
+            named = (f"named by the error at --threshold {VARIANTS['named']}: {int(threshold) / 2**20:.2f} "
+                     f"MiB, {int(threshold) / least_floor:.3f}x its floor" if least_floor else "named by the error")
+        elif variant != "roomy":
             if roomy is None:
                 roomy = run(script, VARIANTS["roomy"])
             peak = int((roomy.summary or {}).get("peak_usage") or 0)
@@ -239,6 +258,7 @@ def check(script: str, variants: list[str]) -> list[Row]:
             ratio=got.seconds / plain.seconds,
             error=got.error,
             below=floor if floor and int(threshold) < floor else None,
+            named=named,
         )
         if got.error is None:
             row.differences = compare(script, plain, got)
@@ -277,6 +297,8 @@ def markdown(rows: list[Row], seconds: float) -> str:
         else:
             verdict = "yes" if r.bitwise else "no"
             notes = "; ".join(r.differences).replace("|", "\\|")
+        if r.named:
+            notes = f"{r.named}; {notes}" if notes else r.named
         budget = "1 TiB" if r.variant == "roomy" else _mib(r.budget)
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
         lines.append(
@@ -290,7 +312,7 @@ def markdown(rows: list[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names (default: all)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="roomy, half, floor (default: all)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="roomy, half, floor, named (default: all)")
     parser.add_argument("--markdown", help="write the table here")
     args = parser.parse_args()
     scripts = [s for s in args.scripts.split(",") if s]

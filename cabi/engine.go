@@ -57,6 +57,10 @@ type dtrHandle struct {
 	// by the handle, rewritten at the end of every call on it (sync) and
 	// freed by memscale_dtr_destroy.
 	status *C.memscale_dtr_status
+	// wantLeast: created with "least_budget": true; least is the search's
+	// result once the step finished (least.go).
+	wantLeast bool
+	least     *leastStats
 }
 
 // liveStatusBlocks counts the status blocks allocated and not freed yet
@@ -235,10 +239,15 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		if configJSON != nil {
 			data = []byte(C.GoString(configJSON))
 		}
+		data, wantLeast, err := takeLeastKey(data)
+		if err != nil {
+			return err
+		}
 		cfg, src, err := defaults.Decode(data)
 		if err != nil {
 			return err
 		}
+		cfg.Record = cfg.Record || wantLeast
 		if src.Allocator {
 			usage := allocatorUsage
 			if usage == nil {
@@ -274,6 +283,7 @@ func memscale_go_dtr_create(configJSON *C.char) C.int64_t {
 		if err != nil {
 			return err
 		}
+		d.wantLeast = wantLeast
 		dtrEngines.Lock()
 		dtrEngines.next++
 		id := dtrEngines.next
@@ -834,6 +844,7 @@ func memscale_go_dtr_rematerialized(h C.int64_t, op C.int64_t, costNS C.int64_t)
 func memscale_go_dtr_finish(h C.int64_t) C.int {
 	if withEngine("memscale_dtr_finish", h, func(d *dtrHandle) error {
 		d.eng.Finish()
+		d.searchLeast()
 		return nil
 	}) {
 		return -1
@@ -856,13 +867,14 @@ func memscale_go_dtr_status_of(h C.int64_t) *C.memscale_dtr_status {
 type dtrStats struct {
 	evict.Stats
 	Config map[string]any `json:"config"`
+	Least  *leastStats    `json:"least_budget,omitempty"`
 }
 
 //export memscale_go_dtr_stats_json
 func memscale_go_dtr_stats_json(h C.int64_t) *C.char {
 	var out *C.char
 	withEngine("memscale_dtr_stats_json", h, func(d *dtrHandle) error {
-		b, err := json.Marshal(dtrStats{Stats: d.eng.Stats(), Config: d.eng.Config().JSON(d.src)})
+		b, err := json.Marshal(dtrStats{Stats: d.eng.Stats(), Config: d.eng.Config().JSON(d.src), Least: d.least})
 		if err != nil {
 			return fmt.Errorf("encoding stats: %w", err)
 		}

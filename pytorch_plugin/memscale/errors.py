@@ -71,8 +71,11 @@ class AlreadyInstalledError(InstallError):
 
 class BudgetBelowFloorError(MemscaleError):
     """A training step's budget is below the floor a step of the same shapes
-    measured; raised before the step ran. ``floor``: that least budget, bytes."""
+    measured; raised before the step ran. ``floor``: the engine's lower bound,
+    bytes; ``least``: the least threshold named (a replay of the measured
+    step's program finished at it), bytes (``floor`` where none was found)."""
 
-    def __init__(self, message: str, floor: int) -> None:
+    def __init__(self, message: str, floor: int, least: int = 0) -> None:
         super().__init__(message)
         self.floor = floor
+        self.least = least or floor

@@ -75,6 +75,24 @@ def _has_tensor(x: Any) -> bool:
     return False
 
 
+class Least(NamedTuple):
+    """What the engine's search (stats' ``least_budget``) found for a step's program."""
+
+    nbytes: int  # the threshold to name: the least budget found to work and the search's headroom
+    fails: int  # the largest budget a replay failed at (0: none failed)
+    replayed: bool  # a replay finished at the least budget found (else: the step itself ran at it)
+    replays: int
+    headroom: int = 0  # the search's precision, added to the least budget found
+
+    @staticmethod
+    def of(report: Any) -> Least | None:
+        """The search's report as the engine's stats give it (``None``: no search, or it failed)."""
+        if not isinstance(report, Mapping) or not report.get("threshold"):
+            return None
+        return Least(int(report["threshold"]), int(report.get("fails") or 0), bool(report.get("replayed")),
+                     len(report.get("tries") or ()), int(report.get("headroom") or 0))
+
+
 @dataclass(frozen=True)
 class Floor:
     """The floor measured for a step shape (the lowest of its steps')."""
@@ -85,6 +103,7 @@ class Floor:
     parts: Mapping[str, Any]
     module: weakref.ref[Any]
     peak: int = 0  # the step's peak, when it ran whole with nothing evicted (a budget that works; 0: not known)
+    least: Least | None = None  # the engine's search for the least budget the step runs at (None: not searched)
 
 
 def _parts_text(parts: Mapping[str, Any]) -> str:
@@ -103,6 +122,18 @@ def _peak_text(floor: Floor) -> str:
     if floor.peak <= floor.nbytes:
         return ""
     return f"; step {floor.step} ran with nothing evicted at its peak of {format_bytes(floor.peak)}"
+
+
+def _least_text(floor: Floor, least: Least) -> str:
+    """How the least threshold named is known to work."""
+    if least.replayed:
+        tries = f"{least.replays} replays" if least.replays != 1 else "1 replay"
+        where = f"{format_bytes(least.headroom)} below it, the headroom for later steps" if least.headroom else "at it"
+        return f"a replay of step {floor.step}'s recorded program finished {where}; {tries} searched up from the floor"
+    if floor.peak and least.nbytes - least.headroom >= floor.peak:
+        return (f"step {floor.step} ran with nothing evicted at its peak of {format_bytes(floor.peak)}, and "
+                f"{format_bytes(least.headroom)} of headroom for later steps")
+    return f"step {floor.step} ran whole {format_bytes(least.headroom)} below it, the headroom for later steps"
 
 
 def _least(floor: int, source: str) -> str:
@@ -141,20 +172,36 @@ class Floors:
             return Shape(None, None)
         return Shape(signature(module, (positional, _UNSEEN)), None)
 
+    def known(self, shape: Shape, module: Any) -> bool:
+        """Whether a step of ``shape`` measured its floor already (else the
+        step that opens now measures it, and its engine searches the least
+        budget it runs at: :attr:`memscale.dtr.least_budget`)."""
+        found = self._floors.get(shape.key) if shape.key is not None else None
+        return found is not None and found.module() is module and found.least is not None
+
     def measured(self, key: Hashable | None, module: Any, nbytes: int, step: int, whole: bool,
-                 parts: Mapping[str, Any] | None, peak: int = 0) -> None:
+                 parts: Mapping[str, Any] | None, peak: int = 0, least: Least | None = None) -> None:
         """A tracked step of shape ``key`` measured ``nbytes`` as its floor
-        (``peak``: its peak, when it ran whole with nothing evicted, else 0)."""
+        (``peak``: its peak, when it ran whole with nothing evicted, else 0;
+        ``least``: the engine's search for the least budget it runs at)."""
         if key is None or nbytes <= 0:
             return
         known = self._floors.get(key)
-        if known is not None and known.module() is module and known.nbytes <= nbytes:
-            return
-        self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module), peak if whole else 0)
+        if known is not None and known.module() is module:
+            if least is None or not whole:
+                least = known.least  # the least found for a step of this shape
+            if known.nbytes <= nbytes:
+                if known.least is None and least is not None:
+                    self._floors[key] = Floor(known.nbytes, known.step, known.whole, known.parts, known.module,
+                                              known.peak, least)
+                return
+        self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module), peak if whole else 0,
+                                  least if whole or known is not None else None)
 
     def check(self, shape: Shape, module: Any, budget: int, source: str) -> None:
         """Raise :class:`BudgetBelowFloorError` when a step of ``shape`` is
-        about to run under ``budget`` bytes (from ``source``) below its floor."""
+        about to run under ``budget`` bytes (from ``source``) below its floor,
+        or at or below a budget a replay of its measured program failed at."""
         if budget <= 0:
             return
         floor = None
@@ -163,15 +210,32 @@ class Floors:
             if found is not None and found.module() is module:
                 floor = found
                 break
-        if floor is None or floor.nbytes <= budget:
+        if floor is None:
+            return
+        least = floor.least
+        if floor.nbytes <= budget and (least is None or budget > least.fails or budget >= least.nbytes):
             return
         how = "ran whole" if floor.whole else "failed, measuring up to where it failed"
         name = type(module).__name__
-        raise BudgetBelowFloorError(
+        start = (
             f"the budget {format_bytes(budget)} (from {source}) is below what this training step of {name} needs, "
             f"at least {format_bytes(floor.nbytes)}: step {floor.step}, with the same argument shapes, {how} and "
-            f"had that much resident at once{_parts_text(floor.parts)}; no budget below it can run the step, and "
-            f"this one was not started. The least threshold that can work: {_least(floor.nbytes, source)} "
+            f"had that much resident at once{_parts_text(floor.parts)}; no budget below it can run the step"
+        )
+        if least is not None and least.nbytes > floor.nbytes and least.replayed:
+            start += (
+                f", and a replay of its recorded program ran out of room at {format_bytes(least.fails)}"
+                if least.fails else ""
+            )
+        if least is not None:
+            raise BudgetBelowFloorError(
+                f"{start}; this one was not started. The least threshold that works: {_least(least.nbytes, source)} "
+                f"({format_bytes(least.nbytes)}, {least.nbytes / floor.nbytes:.3f}x that floor: "
+                f"{_least_text(floor, least)})",
+                floor.nbytes, least.nbytes,
+            )
+        raise BudgetBelowFloorError(
+            f"{start}; this one was not started. The least threshold that can work: {_least(floor.nbytes, source)} "
             f"({format_bytes(floor.nbytes)}, a lower bound{_peak_text(floor)})",
             floor.nbytes,
         )

@@ -29,7 +29,7 @@ from .distributed import patch_fsdp
 from .._allocator.device import module_device_index
 from .._allocator.peak import PeakProbe
 from .fitting import FitRecord, signature, untracked_steps_enabled
-from .floors import Floors
+from .floors import Floors, Least
 from .._stats import Summary
 from ..config import Config, format_bytes, is_percentage, parse_size
 from ..errors import MemscaleError
@@ -218,6 +218,9 @@ class Steps:
         shape = Floors.shape(keyed, args, positional)
         if not self._warmup and region is not self._baseline_region:
             self.floors.check(shape, keyed, region.budget, region.budget_source)
+        # The first step of a shape measures its floor: its engine also
+        # searches the least budget the step runs at (replays of its program).
+        region.least_budget = shape.key is not None and not self.floors.known(shape, keyed)
         self._floor_key, self._floor_module = shape.key, keyed
         self._signature = None
         if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
@@ -302,7 +305,13 @@ class Steps:
                 self._measured(shape, stats, whole=False)
             raise
         last = region.last_summary()
-        self._measured(shape, {**last.get("engine", {}), "min_budget": last.get("min_budget", 0)}, whole=exc is None)
+        floor = int(last.get("min_budget", 0) or 0)
+        if exc is None and region.budget > 0:
+            # The step ran whole within its budget: that budget works, whatever
+            # the engine's bound counts (a few bytes under the minimum evictee
+            # size counted at once that were not).
+            floor = min(floor, region.budget)
+        self._measured(shape, {**last.get("engine", {}), "min_budget": floor}, whole=exc is None)
         self._plain_gradients(region)
         self.fits.tracked(
             self._signature,
@@ -331,7 +340,7 @@ class Steps:
         evicted = any(int(stats.get(name, 0) or 0) for name in ("evictions", "swaps_out"))
         self.floors.measured(
             key, module, int(stats.get("min_budget", 0) or 0), self._steps + 1, whole, stats.get("min_budget_parts"),
-            peak=0 if evicted else int(stats.get("peak_usage", 0) or 0),
+            peak=0 if evicted else int(stats.get("peak_usage", 0) or 0), least=Least.of(stats.get("least_budget")),
         )
 
     def _baseline_budget(self, peak: int) -> Budget:

@@ -103,6 +103,10 @@ class DTRRegion:
         #: the code that caught the error does not run inside a step that is
         #: over, and the next forward starts a new step.
         self.ends_on_failed_backward = False
+        #: Set by the drop-in steps for an entry that measures a step shape's
+        #: floor: its engine records the program and, when the step finishes,
+        #: searches the least budget it runs at (stats' ``least_budget``).
+        self.least_budget = False
         resolved = Budget(0, "dtr(stress=True)") if stress else self._resolve_budget(budget, f"dtr(budget={budget!r})")
         self._budget = resolved.nbytes
         self._budget_source = resolved.source
@@ -225,6 +229,8 @@ class DTRRegion:
             config["device"] = torch.cuda.current_device()
         if self._counters.tuned_config is not None:
             config.update(self._counters.tuned_config)
+        if self.least_budget and not self._stress:
+            config["least_budget"] = True
         return config
 
     # ------------------------------------------------------------ lifecycle
