@@ -100,7 +100,7 @@ func parsePlanArgs(args []string, stdout io.Writer) (planOptions, error) {
 	batches := fs.String("batch-sizes", "", "the batch size of each TRACE, in order (8,16,32): the largest batch each device fits")
 	infos := fs.String("info", "", "model information JSON per TRACE, a comma list (default: TRACE.info.json when it exists)")
 	ratios := fs.String("ratios", "0.1..0.9", "DTR budgets for the frontier, as ratios of the step's peak (a comma list; lo..hi/step ranges)")
-	heur := fs.String("heuristic", "default", "the engine's policy for the replays ("+heuristicNames()+"); default: the engine's default heuristic, an upper bound of what auto reaches, 50x faster to replay")
+	heur := fs.String("heuristic", "default", "the engine's policy for the replays ("+heuristicNames()+"); default: the engine's default heuristic, an upper bound of what auto reaches, 50x faster to replay; auto: the region's (a first step recorded and tuned, the step after it reported); every replay runs the region's engine configuration, rebuilds and pinned gradients")
 	maxOver := fs.Float64("max-overhead", planner.DefaultMaxOverhead, "the overhead the active budget and the balanced profile accept")
 	limit := fs.String("overhead-limit", "2", "abandon a replay past this overhead (> 1; 0, none or inf = no limit)")
 	jsonPath := fs.String("json", "", "write the report as JSON to this file (- = stdout, instead of the text)")

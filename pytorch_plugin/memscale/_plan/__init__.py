@@ -92,6 +92,7 @@ def plan(
     cost_device: str | None = None,
     ratios: str | None = None,
     max_overhead: float | None = None,
+    overhead_limit: float | None = None,
     heuristic: str = "default",
     repeats: int = 1,
     out: str | os.PathLike[str] | None = None,
@@ -120,6 +121,9 @@ def plan(
         ratios: DTR budgets of the frontier as ratios of the peak
             (``"0.1..0.9"``).
         max_overhead: what the active budget and the balanced profile accept.
+        overhead_limit: abandon a replay past this overhead (default 2;
+            ``math.inf``: never, as the region, which runs its first step to
+            the end or to a budget it cannot keep).
         heuristic: the engine's policy for the replays: ``"default"`` (its
             default heuristic: fast, an upper bound of the tuned overhead) or
             ``"auto"`` (what ``memscale.dtr(budget)`` runs: a first step with
@@ -178,6 +182,8 @@ def plan(
     args += ["--heuristic", heuristic]
     if max_overhead is not None:
         args += ["--max-overhead", str(max_overhead)]
+    if overhead_limit is not None:
+        args += ["--overhead-limit", "inf" if overhead_limit == float("inf") else str(overhead_limit)]
     plot_path = outdir / "plan.png" if plot else None
     if plot_path is not None:
         args += ["--plot", str(plot_path)]
