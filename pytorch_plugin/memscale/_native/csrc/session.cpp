@@ -18,6 +18,7 @@
 
 #include "dispatch_key.h"
 #include "errors.h"
+#include "graph_leaves.h"
 #include "output_sizes.h"
 #include "wrapper.h"
 
@@ -500,7 +501,9 @@ CellPtr Session::cell_of(const at::Tensor& t) {
   if (DTRTensorImpl* w = wrapper_of(t)) {
     const CellPtr& cell = w->cell();
     if (cell->session.load() == this) return cell;
-    // A wrapper of an earlier entry: its real tensor is an external here.
+    // A wrapper of an earlier entry: its real tensor is an external here, and
+    // the graph that entry built may accumulate gradients in this one.
+    graph_leaves(t, graph_seen_, leaves_);
     TORCH_CHECK(cell->tensor.defined(),
                 "memscale.dtr: a tensor of an earlier region entry was evicted when that entry exited with an "
                 "error; its data cannot be rebuilt");
@@ -556,6 +559,7 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
   cell->session.store(this);
   externals_.emplace(impl, External{WeakImpl(t.getIntrusivePtr()), cell});
   if (t.requires_grad() && t.is_leaf()) leaves_.emplace_back(t.getIntrusivePtr());
+  graph_leaves(t, graph_seen_, leaves_);  // a graph built outside the entry
   counters_.externals++;
   return cell;
 }
@@ -1839,6 +1843,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
   externals_.clear();
   external_roots_.clear();
   leaves_.clear();
+  graph_seen_.clear();
   {
     std::lock_guard<std::mutex> g(release_mu_);
     released_.clear();

@@ -251,7 +251,10 @@ class Session {
   IdTable<std::unique_ptr<RecordedOp>> ops_;   // by op id
   std::unordered_map<const c10::TensorImpl*, External> externals_;
   std::unordered_map<const c10::StorageImpl*, CellPtr> external_roots_;
+  // Leaves whose gradients the exit hands back plain: those the entry's ops
+  // read, and those of graphs built outside it (graph_leaves.h).
   std::vector<WeakImpl> leaves_;
+  std::unordered_set<const void*> graph_seen_;  // graph_leaves' walked nodes and leaves
   int64_t last_meta_ = -1;  // what the last prediction's meta run said (-1: none)
   std::unordered_set<const void*> unbudgeted_seen_;
   // Verified rebuilds: a fingerprint of each fresh tensor's first run.
