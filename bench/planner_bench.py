@@ -21,7 +21,7 @@ backward and ``optimizer.step()`` (torch.profiler, profile_memory).
 The overhead at 50 %: the budget is half the step's peak with nothing
 evicted (the trace's peak, which is the unbudgeted region's ``peak_usage``
 byte for byte). Predicted: ``memscale.plan(..., heuristic="auto",
-repeats=3)``, the step recorded 3 times on the CPU (each op's median time)
+repeats=5, overhead_limit=math.inf)``, the step recorded 5 times on the CPU (each op's median time)
 and replayed as the region runs it (its engine configuration, rebuilds and
 pinned gradients; a first step with the default heuristic, tuned, the
 reported step with the choice). Measured: ``memscale.dtr(budget)`` entered
@@ -119,13 +119,17 @@ def measured_peak(model: Any, batch: Any, loss_fn: Any, opt: Any) -> int:
     return base + top
 
 
-STEPS = 6
+STEPS = 8
+#: Recordings of the step whose median op times the prediction replays.
+REPEATS = 5
 
 
-def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tuple[list[float], str, int]:
+def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tuple[list[float], str, int, float]:
     """A real region at ``budget``: each step's overhead (``last_summary()``;
-    the first one records and tunes), the configuration the engine chose, and
-    the highest usage."""
+    the first one records and tunes), the configuration the engine chose, the
+    highest usage, and the overhead the engine's tuning predicted for the
+    choice (its replay of the first step's recording, with that step's
+    measured costs; nan when it did not tune)."""
     region = memscale.dtr(budget=budget)
     overs: list[float] = []
     for i in range(STEPS):
@@ -136,12 +140,13 @@ def measured_overhead(model: Any, batch: Any, loss_fn: Any, budget: int) -> tupl
             if i == 0:
                 raise  # the budget refused
             model.zero_grad(set_to_none=True)
-            return overs, f"failed at step {i + 1}", 0
+            return overs, f"failed at step {i + 1}", 0, float("nan")
         model.zero_grad(set_to_none=True)
         overs.append(float(region.last_summary()["overhead"]))
     s = region.summary()
     tuning = s["tuning"] or {}
-    return overs, str(tuning.get("choice") or tuning.get("error") or "-"), int(s["peak_usage"])
+    tuned = float(tuning.get("overhead") or "nan")
+    return overs, str(tuning.get("choice") or tuning.get("error") or "-"), int(s["peak_usage"]), tuned
 
 
 def _policy(cell: str) -> str:
@@ -390,20 +395,20 @@ def main() -> int:
                 t0 = time.perf_counter()
                 meta = memscale.plan(model, batch, opt, loss_fn, device="meta", out=Path(d) / "meta", plot=False).plans[0]
                 cpu = memscale.plan(model, batch, opt, loss_fn, out=Path(d) / "cpu", ratios="0.5", heuristic="auto",
-                                    repeats=3, plot=False).plans[0]
+                                    repeats=REPEATS, overhead_limit=float("inf"), plot=False).plans[0]
                 wall = time.perf_counter() - t0
             pred_peak = meta["memory"]["peak_bytes"]
             half = next(v for v in cpu["variants"] if v["variant"] == "dtr" and abs(v["ratio"] - 0.5) < 1e-6)
             peak = measured_peak(model, batch, loss_fn, opt)
             budget = int(0.5 * cpu["memory"]["trace_peak_bytes"])
             try:
-                overs, choice, used = measured_overhead(model, batch, loss_fn, budget)
+                overs, choice, used, tuned = measured_overhead(model, batch, loss_fn, budget)
             except memscale.MemscaleError:  # the region refused the budget
-                overs, choice, used = [], "refused", 0
-            rows.append((name, b, pred_peak, peak, budget, half, overs, choice, wall))
+                overs, choice, used, tuned = [], "refused", 0, float("nan")
+            rows.append((name, b, pred_peak, peak, budget, half, overs, choice, tuned, wall))
             print(f"{name} b{b}: peak predicted {pred_peak / 2**20:.2f} MiB measured {peak / 2**20:.2f} MiB "
                   f"({100 * (pred_peak / peak - 1):+.1f} %); at {budget / 2**20:.2f} MiB predicted {half['status']} "
-                  f"{half['overhead']:.3f} ({half['heuristic']}) measured {[round(o, 3) for o in overs]} ({choice}, "
+                  f"{half['overhead']:.3f} ({half['heuristic']}) measured {[round(o, 3) for o in overs]} ({choice}, tuner {tuned:.3f}, "
                   f"region peak {used / 2**20:.2f} MiB); plan {wall:.1f} s", flush=True)
     load1 = os.getloadavg()
     if args.out:
@@ -420,18 +425,22 @@ def main() -> int:
             "Predicted peak: `memscale.plan(..., device=\"meta\")` (nothing run; Adam's state and step from a meta copy).",
             "Measured peak: a plain step's (forward, backward, `optimizer.step()`) on the CPU allocator, torch.profiler.",
             "Overhead at 50 % of the step's peak (the budget column): predicted by `memscale.plan(..., heuristic=\"auto\",",
-            "repeats=3)` (the step recorded 3 times on the CPU, each op's median time, replayed as the region runs it: its",
-            "engine configuration, rebuilds and pinned gradients, a first step tuned, the configuration chosen);",
+            f"repeats={REPEATS}, overhead_limit=math.inf)` (the step recorded {REPEATS} times on the CPU, each op's median time, replayed as",
+            "the region runs it: its engine configuration, rebuilds and pinned gradients, a first step tuned, the",
+            "configuration chosen; no overhead limit, as the region has none);",
             f"measured: `memscale.dtr(budget)` for {STEPS} steps, the first records and tunes, the median of the other",
             f"{STEPS - 1} steps' `(base + remat) / base` of their own measured op costs (range in brackets). In brackets after",
-            "each overhead: the configuration chosen. \"refuses\": the planner's replay of the region's first step does",
-            "not finish / the region raised.",
+            "each overhead: the configuration chosen. \"refuses\": the planner's replay of the region's first step runs",
+            "out of budget (its status in brackets) / the region raised.",
             "",
-            "| model | batch | peak predicted | peak measured | error | budget | overhead predicted | measured | error | plan wall |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "The engine's own prediction: the overhead the region's tuning computed for its choice (the engine's replay of",
+            "the first step's recording, with that step's measured op costs), against the same measured median.",
+            "",
+            "| model | batch | peak predicted | peak measured | error | budget | overhead predicted | measured | error | engine's own prediction (error) | plan wall |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         agree = within = ran = 0
-        for name, b, pp, mp, budget, half, overs, choice, wall in rows:
+        for name, b, pp, mp, budget, half, overs, choice, tuned, wall in rows:
             if half["status"] == "ok":
                 pred = f"{half['overhead']:.3f} ({_policy(half['heuristic'])})"
             else:
@@ -453,8 +462,9 @@ def main() -> int:
                 cell = "both refuse"
             else:
                 cell = "disagree"
+            own = f"{tuned:.3f} ({100 * (tuned / med - 1):+.1f} %)" if tuned == tuned and med == med else "-"
             lines.append(f"| {name} | {b} | {pp / 2**20:.2f} MiB | {mp / 2**20:.2f} MiB | {100 * (pp / mp - 1):+.1f} % | "
-                         f"{budget / 2**20:.2f} MiB | {pred} | {meas} | {cell} | {wall:.1f} s |")
+                         f"{budget / 2**20:.2f} MiB | {pred} | {meas} | {cell} | {own} | {wall:.1f} s |")
         lines += ["", f"Overhead: {within} of the {ran} cells both ran within 10 %; {agree} cells where both refuse.", ""]
         write_section(args.out, GPU_SECTION, None, "\n".join(lines) + "\n")
     return 0

@@ -67,6 +67,10 @@ def test_bad_arguments_are_one_line() -> None:
         memscale.plan(model, batch, target="v100")
     with pytest.raises(memscale.MemscaleError, match=r'--budgets: "24XB".*want sizes such as 24GiB'):
         memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, device="meta", budgets=["24XB"], plot=False)
+    with pytest.raises(memscale.MemscaleError, match=r"--overhead-limit"):
+        memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, device="meta", overhead_limit=0.5, plot=False)
+    with pytest.raises(memscale.MemscaleError, match=r"repeats=0"):
+        memscale.plan(model, batch, loss_fn=torch.nn.functional.cross_entropy, repeats=0, plot=False)
 
 
 def test_device_tables_agree() -> None:
