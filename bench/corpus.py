@@ -227,7 +227,8 @@ def check(script: str, variants: list[str]) -> list[Row]:
             asked = run(script, threshold)
             m = _NAMED.search(asked.error or "")
             if m is None:
-                rows.append(Row(script, variant, False, error=f"--threshold {threshold} named no threshold: {asked.error}"))
+                error = f"--threshold {threshold} named no threshold: {asked.error}"
+                rows.append(Row(script, variant, False, error=error))
                 continue
             threshold = m.group(1)
             least_floor = int((asked.summary or {}).get("min_budget") or 0)

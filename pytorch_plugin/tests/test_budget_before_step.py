@@ -87,7 +87,8 @@ def test_a_step_below_its_measured_floor_fails_before_it_runs(monkeypatch: pytes
     assert f"The least threshold that works: MEMSCALE_EVICTION_THRESHOLD={least}" in message, message
     assert "step 1, with the same argument shapes, ran whole" in message, message
     assert "this one was not started" in message and "threshold_backward" in message, message
-    assert "a replay of step 1's recorded program finished" in message and "the headroom for later steps" in message, message
+    assert "a replay of step 1's recorded program finished" in message, message
+    assert "the headroom for later steps" in message, message
 
 
 def test_the_least_threshold_the_error_names_trains(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,8 +197,8 @@ def test_a_budget_a_replay_of_the_step_failed_at_is_refused_before_the_step() ->
     assert not floors.known(shape, model)
     floors.measured(shape.key, model, 1000, 1, True, {}, least=Least(1100, 1080, True, 4))
     assert floors.known(shape, model)
-    with pytest.raises(BudgetBelowFloorError, match=r"ran out of room at 1\.05 KiB; this one was not started. The least "
-                       r"threshold that works: a budget of 1100 bytes \(1\.07 KiB, 1\.100x that floor") as err:
+    named = r"ran out of room at 1\.05 KiB; this one was not started. The least threshold that works: a budget of 1100 "
+    with pytest.raises(BudgetBelowFloorError, match=named + r"bytes \(1\.07 KiB, 1\.100x that floor") as err:
         floors.check(shape, model, 1050, "test")
     assert (err.value.floor, err.value.least) == (1000, 1100)
     floors.check(shape, model, 1081, "test")  # above every budget that failed: runs
@@ -206,6 +207,39 @@ def test_a_budget_a_replay_of_the_step_failed_at_is_refused_before_the_step() ->
     floors.measured(shape.key, model, 900, 2, True, {})
     with pytest.raises(BudgetBelowFloorError, match="at least 900 B: step 2"):
         floors.check(shape, model, 899, "test")
+
+
+def test_a_step_of_shapes_no_step_measured_is_measured_before_the_budget_applies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CPU a percentage is of the first step's measured peak; a later
+    step of other shapes (a GAN's generator step after the discriminator's)
+    ran under that budget unmeasured and stopped partway, with no threshold
+    that works to name. Now the first step of new shapes is measured the same
+    way (unbudgeted), and the next step of its shapes is refused before it
+    starts, naming the least threshold for every shape measured."""
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+    torch.manual_seed(0)
+    small, big = nn.Linear(64, 1), _model()
+    calls: list[int] = []
+    big[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+    x = torch.randn(512, 64)
+    enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
+    try:
+        small(torch.randn(8, 64)).sum().backward()  # the first step: its peak sets the budget
+        big(x).square().mean().backward()  # new shapes: measured, whole
+        assert len(calls) == 1
+        with pytest.raises(BudgetBelowFloorError) as err:
+            big(x).square().mean().backward()
+        assert len(calls) == 1, "refused at its first forward, before any module of it ran"
+        summary = enabled.summary()
+    finally:
+        enabled.disable()
+    message = str(err.value)
+    assert "\n" not in message and "this one was not started" in message, message
+    assert "step 2, with the same argument shapes, ran whole" in message, message
+    assert summary.steps == 2 and summary.peak_usage == 0, "no step ran under the budget: none went over it"
+    assert summary.budget is not None and summary.budget < err.value.floor <= err.value.least
 
 
 _SCRIPT = """

@@ -172,6 +172,29 @@ class Floors:
             return Shape(None, None)
         return Shape(signature(module, (positional, _UNSEEN)), None)
 
+    def has(self, shape: Shape, module: Any) -> bool:
+        """Whether a step of ``shape`` measured a floor (what :meth:`check` checks against)."""
+        return self._find(shape, module) is not None
+
+    def _find(self, shape: Shape, module: Any) -> Floor | None:
+        for key in shape:
+            found = self._floors.get(key) if key is not None else None
+            if found is not None and found.module() is module:
+                return found
+        return None
+
+    def _most(self, but: Floor) -> tuple[str, Least, int] | None:
+        """The highest least threshold found for another step shape whose
+        module is alive (its module's name, the search, its step), or None."""
+        best: tuple[str, Least, int] | None = None
+        for floor in self._floors.values():
+            module = floor.module()
+            if floor is but or floor.least is None or module is None:
+                continue
+            if best is None or floor.least.nbytes > best[1].nbytes:
+                best = (type(module).__name__, floor.least, floor.step)
+        return best
+
     def known(self, shape: Shape, module: Any) -> bool:
         """Whether a step of ``shape`` measured its floor already (else the
         step that opens now measures it, and its engine searches the least
@@ -204,12 +227,7 @@ class Floors:
         or at or below a budget a replay of its measured program failed at."""
         if budget <= 0:
             return
-        floor = None
-        for key in shape:
-            found = self._floors.get(key) if key is not None else None
-            if found is not None and found.module() is module:
-                floor = found
-                break
+        floor = self._find(shape, module)
         if floor is None:
             return
         least = floor.least
@@ -228,11 +246,18 @@ class Floors:
                 if least.fails else ""
             )
         if least is not None:
+            named, other = least.nbytes, self._most(floor)
+            others = ""
+            if other is not None and other[1].nbytes > named:
+                # A threshold for the run is one every step shape measured runs at.
+                named = other[1].nbytes
+                others = (f"; the steps of {other[0]} (step {other[2]}), other shapes, need more: "
+                          f"{format_bytes(named)}, found the same way")
             raise BudgetBelowFloorError(
-                f"{start}; this one was not started. The least threshold that works: {_least(least.nbytes, source)} "
+                f"{start}; this one was not started. The least threshold that works: {_least(named, source)} "
                 f"({format_bytes(least.nbytes)}, {least.nbytes / floor.nbytes:.3f}x that floor: "
-                f"{_least_text(floor, least)})",
-                floor.nbytes, least.nbytes,
+                f"{_least_text(floor, least)}{others})",
+                floor.nbytes, named,
             )
         raise BudgetBelowFloorError(
             f"{start}; this one was not started. The least threshold that can work: {_least(floor.nbytes, source)} "

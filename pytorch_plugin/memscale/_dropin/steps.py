@@ -124,6 +124,9 @@ class Steps:
         #: The floor each step shape measured: a step below it fails before it runs.
         self.floors = Floors()
         self._floor_key: Any = None  # the open step's shape (memscale._dropin.floors)
+        #: While the first step of a shape no step measured runs unbudgeted
+        #: under a budget of a measured peak: the budgeted region it stands for.
+        self._budgeted: DTRRegion | None = None
         self._floor_module: Any = None
 
     @property
@@ -218,6 +221,16 @@ class Steps:
         shape = Floors.shape(keyed, args, positional)
         if not self._warmup and region is not self._baseline_region:
             self.floors.check(shape, keyed, region.budget, region.budget_source)
+            if self._baseline_region is not None and region.budget > 0 and shape.key is not None \
+                    and not self.floors.has(shape, keyed):
+                # The budget is of a measured step's peak (no GPU): a step of
+                # shapes no step measured is measured the same way first - it
+                # runs unbudgeted, and the steps of its shapes after it are
+                # checked against its floor before they start.
+                self._budgeted = region
+                region = self._region = self._new_region(
+                    Budget(0, f"the first step of its shapes, measured (the budget {region.budget_source} is of a "
+                              "measured step)"))
         # The first step of a shape measures its floor: its engine also
         # searches the least budget the step runs at (replays of its program).
         region.least_budget = shape.key is not None and not self.floors.known(shape, keyed)
@@ -303,6 +316,7 @@ class Steps:
                 self._failed_peak = max(self._failed_peak, int(stats.get("peak_usage", 0) or 0))
                 self._failed_floor = max(self._failed_floor, int(stats.get("min_budget", 0) or 0))
                 self._measured(shape, stats, whole=False)
+            self._back_to_budget(region)
             raise
         last = region.last_summary()
         floor = int(last.get("min_budget", 0) or 0)
@@ -322,6 +336,7 @@ class Steps:
             unbounded=self._measure,
         )
         self._steps += 1
+        self._back_to_budget(region)
         if self._warmup and self._steps >= self.config.warmup_steps:
             self._finished.append({**region.summary(), "warmup": True})  # unbudgeted: no peak of a budgeted step
             self._region = None
@@ -333,10 +348,24 @@ class Steps:
                 self._finished.append({**baseline, "baseline": True})
                 self._region = self._new_region(self._baseline_budget(peak))
 
+    def _back_to_budget(self, region: DTRRegion) -> None:
+        """A measuring step of new shapes ended (``region``: its): its counters
+        are kept as a baseline step's, and the budgeted region is back."""
+        budgeted, self._budgeted = self._budgeted, None
+        if budgeted is not None:
+            self._finished.append({**region.summary(), "baseline": True})
+            self._region = budgeted
+
     def _measured(self, shape: tuple[Any, Any], stats: dict[str, Any], whole: bool) -> None:
         """The floor of the step that ended (``shape``: its key and module;
         ``stats``: its engine's), measured."""
         key, module = shape
+        search = stats.get("least_budget")
+        if isinstance(search, dict):
+            tries = [(t.get("budget"), t.get("status"), round(t.get("overhead", 0), 2))
+                     for t in search.get("tries") or ()]
+            log.debug("memscale: step %d's least budget search: %s", self._steps + 1,
+                      {k: v for k, v in search.items() if k != "tries"} | {"tries": tries})
         evicted = any(int(stats.get(name, 0) or 0) for name in ("evictions", "swaps_out"))
         self.floors.measured(
             key, module, int(stats.get("min_budget", 0) or 0), self._steps + 1, whole, stats.get("min_budget_parts"),
@@ -459,7 +488,7 @@ class Steps:
         summaries = list(self._finished)
         if self._region is not None:
             current = dict(self._region.summary())
-            current["baseline"] = self._region is self._baseline_region
+            current["baseline"] = self._region is self._baseline_region or self._budgeted is not None
             current["warmup"] = self._warmup
             summaries.append(current)
         unbudgeted = [int(c.get("peak_usage", 0) or 0) for c in summaries if c.get("baseline") or c.get("warmup")]
