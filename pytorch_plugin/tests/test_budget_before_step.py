@@ -165,7 +165,7 @@ def test_the_threshold_named_trains_where_the_floor_does_not(monkeypatch: pytest
     finally:
         enabled.disable()
     floor, least = err.value.floor, err.value.least
-    assert floor < least < 1.2 * floor, (floor, least)
+    assert floor < least < 1.5 * floor, (floor, least)
     assert f"The least threshold that works: MEMSCALE_EVICTION_THRESHOLD={least} " in str(err.value)
     assert "and a replay of its recorded program ran out of room at" in str(err.value)
     ref = _train_encoder(_encoder())
@@ -187,9 +187,11 @@ def test_the_threshold_named_trains_where_the_floor_does_not(monkeypatch: pytest
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
 
 
-def test_a_budget_a_replay_of_the_step_failed_at_is_refused_before_the_step() -> None:
-    """Between the floor and the least threshold found, a budget at or below
-    one a replay of the step's program ran out of room at is refused too."""
+def test_the_error_names_the_least_a_replay_finished_at_and_where_one_failed() -> None:
+    """Below the floor the error names the least threshold the search found
+    and the largest budget a replay failed at; between the floor and that
+    budget the step runs (a replay that ran out of room does not prove the
+    region would: the region parks, the replay does not)."""
     from memscale._dropin.floors import Floors, Least
 
     floors, model = Floors(), nn.Linear(4, 4)
@@ -199,14 +201,15 @@ def test_a_budget_a_replay_of_the_step_failed_at_is_refused_before_the_step() ->
     assert floors.known(shape, model)
     named = r"ran out of room at 1\.05 KiB; this one was not started. The least threshold that works: a budget of 1100 "
     with pytest.raises(BudgetBelowFloorError, match=named + r"bytes \(1\.07 KiB, 1\.100x that floor") as err:
-        floors.check(shape, model, 1050, "test")
+        floors.check(shape, model, 999, "test")
     assert (err.value.floor, err.value.least) == (1000, 1100)
-    floors.check(shape, model, 1081, "test")  # above every budget that failed: runs
-    floors.check(shape, model, 1100, "test")
+    floors.check(shape, model, 1000, "test")  # at the floor: runs
+    floors.check(shape, model, 1050, "test")
     # a later step of the shape with a lower floor keeps the least found
     floors.measured(shape.key, model, 900, 2, True, {})
-    with pytest.raises(BudgetBelowFloorError, match="at least 900 B: step 2"):
+    with pytest.raises(BudgetBelowFloorError, match="at least 900 B: step 2") as err:
         floors.check(shape, model, 899, "test")
+    assert err.value.least == 1100
 
 
 def test_a_step_of_shapes_no_step_measured_is_measured_before_the_budget_applies(
@@ -240,6 +243,35 @@ def test_a_step_of_shapes_no_step_measured_is_measured_before_the_budget_applies
     assert "step 2, with the same argument shapes, ran whole" in message, message
     assert summary.steps == 2 and summary.peak_usage == 0, "no step ran under the budget: none went over it"
     assert summary.budget is not None and summary.budget < err.value.floor <= err.value.least
+
+
+def test_an_optimizer_closures_steps_are_checked_before_they_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LBFGS calls its closure (a forward and backward: a step) several times
+    per update; under ``enable()`` no module opens those steps, so no floor was
+    kept for them and the second ran under the budget until it stopped. Their
+    floors are kept under the optimizer now."""
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
+    calls: list[int] = []
+    model[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    enabled = _enabled_at(monkeypatch, "1%")
+    try:
+        with pytest.raises(BudgetBelowFloorError) as err:
+            opt.step(closure)  # type: ignore[no-untyped-call]
+        summary = enabled.summary()
+    finally:
+        enabled.disable()
+    assert len(calls) == 1 and summary.steps == 1 and summary.peak_usage == 0, summary
+    assert "this training step of LBFGS needs" in str(err.value), str(err.value)
+    assert "The least threshold that works: MEMSCALE_EVICTION_THRESHOLD=" in str(err.value)
 
 
 _SCRIPT = """

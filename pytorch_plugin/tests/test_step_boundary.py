@@ -142,15 +142,14 @@ def test_a_budgeted_region_places_its_steps_by_plan(sim_device: None, installed:
 
 
 def _block_steps(model: Any, n: int) -> Any:
-    """``n`` training steps of block-level DTR (1 GiB), then a forward that ends
-    the last; the tracker's summary."""
+    """``n`` training steps of block-level DTR (1 GiB); the tracker's summary
+    (which ends the last step: its units' backward is over)."""
     from _blocks_models import batch
 
     tracker = memscale.blocks(model, budget="1GiB")
     try:
         for i in range(n):
             model(batch(i)).sum().backward()
-        model(batch(n))  # a training forward: the last step is over
         return tracker.summary()
     finally:
         tracker.detach()

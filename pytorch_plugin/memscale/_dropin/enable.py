@@ -185,7 +185,7 @@ class Enabled:
             if self._units is not None:
                 self._units.end()
             steps.end()
-            return _closure_in_its_own_step(steps, args, kwargs, self._units)
+            return _closure_in_its_own_step(steps, args, kwargs, self._units, optimizer)
 
         self._handles = [
             listen(self._after_backward),  # the step ends when its backward pass returns
@@ -216,7 +216,7 @@ class Enabled:
 
 
 def _closure_in_its_own_step(
-    steps: Steps, args: Any, kwargs: Any, units: StepUnits | None = None
+    steps: Steps, args: Any, kwargs: Any, units: StepUnits | None = None, optimizer: Any = None
 ) -> tuple[Any, Any] | None:
     """An optimizer step's closure (its forward and backward) wrapped to run in
     a region that closes when it returns, before the update. With
@@ -227,7 +227,7 @@ def _closure_in_its_own_step(
     def in_a_step(closure: Any) -> Any:
         def closure_in_a_step() -> Any:
             if units is None:
-                with steps.step():
+                with steps.step(keyed_by=optimizer):  # the floors of its steps are the optimizer's
                     result = closure()
                 return steps.materialize(result)
             try:

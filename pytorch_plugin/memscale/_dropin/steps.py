@@ -181,7 +181,9 @@ class Steps:
             return None
         return Budget(config.budget_for(device_bytes), config.describe_budget(device_bytes))
 
-    def begin(self, module: torch.nn.Module | None = None, args: Any = None, positional: Any = None) -> bool:
+    def begin(
+        self, module: torch.nn.Module | None = None, args: Any = None, positional: Any = None, keyed_by: Any = None
+    ) -> bool:
         """Open the step's region unless one is open; return whether it opened.
 
         ``args``: the step's arguments, ``(args, kwargs)`` (``None``: not
@@ -218,6 +220,10 @@ class Steps:
                 self._region = self._make_region(module if module is not None else self.module)
         region = self._region
         keyed = module if module is not None else self.module
+        if keyed is None and keyed_by is not None:
+            # No module opens it (an optimizer's closure under enable()): its
+            # floor is kept under what runs it (the optimizer).
+            keyed, positional = keyed_by, () if positional is None else positional
         shape = Floors.shape(keyed, args, positional)
         if not self._warmup and region is not self._baseline_region:
             self.floors.check(shape, keyed, region.budget, region.budget_source)
@@ -386,9 +392,9 @@ class Steps:
         return Budget(self.config.budget_for(peak), self.config.describe_budget(peak, of="the baseline step's peak"))
 
     @contextlib.contextmanager
-    def step(self, module: torch.nn.Module | None = None, args: Any = None) -> Iterator[None]:
+    def step(self, module: torch.nn.Module | None = None, args: Any = None, keyed_by: Any = None) -> Iterator[None]:
         """``with steps.step(): ...``: one whole step in a region (``args``: see :meth:`begin`)."""
-        opened = self.begin(module, args)
+        opened = self.begin(module, args, keyed_by=keyed_by)
         try:
             yield
         except BaseException as exc:
