@@ -274,6 +274,52 @@ def test_an_optimizer_closures_steps_are_checked_before_they_start(monkeypatch: 
     assert "The least threshold that works: MEMSCALE_EVICTION_THRESHOLD=" in str(err.value)
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_step_that_stops_partway_leaves_the_model_as_it_found_it(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A threshold in bytes gives the first step no floor to be checked
+    against: it stops where it does not fit. Its forward had updated batch
+    norm's running statistics and its backward some gradients; they are put
+    back, so a program that retries with a larger budget trains as plainly."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 256),
+                             nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 1))
+
+    def step(model: nn.Module) -> list[torch.Tensor]:
+        x = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
+        model(x).square().mean().backward()
+        return [t.detach().clone() for t in [*model.parameters(), *model.buffers()]] + [
+            p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    ref = step(make())
+    model = make()
+    model[0].weight.grad = torch.ones_like(model[0].weight)  # accumulated before: put back as it was
+    before = [t.detach().clone() for t in model.buffers()]
+    # forward: the parameters and input fit, the activations do not; backward: the forward fits
+    enabled = _enabled_at(monkeypatch, "700KiB" if where == "forward" else "1800KiB")
+    try:
+        with pytest.raises(NoRoomError) as err:
+            step(model)
+    finally:
+        enabled.disable()
+    stopped_in = "backward" if "backward" in str(err.value) else "forward"
+    assert stopped_in == where, str(err.value)
+    assert "were undone: running it again does not count them twice" in str(err.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True)), "running statistics as before"
+    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
+    assert all(p.grad is None for name, p in model.named_parameters() if name != "0.weight")
+    model[0].weight.grad = None
+    enabled = _enabled_at(monkeypatch, "1TiB")
+    try:
+        got = step(model)
+    finally:
+        enabled.disable()
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+
+
 _SCRIPT = """
 import torch
 from torch import nn

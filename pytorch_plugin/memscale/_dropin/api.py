@@ -163,7 +163,7 @@ def wrap(trainer_or_module: Any, config: Config | None = None, sample_input: Any
             steps.sample_peak = measure_step_peak(module, sample_input)
         hooks = Hooks()
         _hook_module(module, steps, hooks)
-        hooks.handles.append(listen(steps.after_backward))
+        hooks.handles.append(listen(steps.after_backward, steps.backward_raised))
         if _global_optimizer_hook is None:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -275,7 +275,7 @@ class Optimization(Summarized):
         if self.model in attached:
             raise MemscaleError(f"{type(self.model).__name__} is already wrapped by memscale; detach() it first")
         _hook_module(self.model, self._steps, self._hooks)
-        self._hooks.handles.append(listen(self._steps.after_backward))
+        self._hooks.handles.append(listen(self._steps.after_backward, self._steps.backward_raised))
         if self.optimizer is not None:
             self._hooks.handles.append(self.optimizer.register_step_pre_hook(self._steps.optimizer_pre_hook))
         else:  # any optimizer that updates the model ends its step

@@ -10,11 +10,13 @@ that called it. No optimizer is needed to find the boundary.
 
 :func:`listen` registers a callback run after every outermost
 ``Tensor.backward()`` / ``torch.autograd.backward()`` and ``torch.autograd.grad()``
-that returned normally. Passes that build a graph for a later backward
-(``create_graph=True``: a gradient penalty, double backward) and passes nested
-in another (a reentrant checkpoint's recomputation) end nothing; a pass that
-raised ends nothing here (the region closes such a step itself, see
-``DTRRegion.ends_on_failed_backward``).
+that returned normally, and its ``on_raise(exc)`` after one that raised (the
+step is over, failed: it is closed before the error reaches the program).
+Passes that build a graph for a later backward (``create_graph=True``: a
+gradient penalty, double backward) and passes nested in another (a reentrant
+checkpoint's recomputation) end nothing; a listener without ``on_raise`` ends
+nothing at a pass that raised (the region closes such a step itself at its
+next op, see ``DTRRegion.ends_on_failed_backward``).
 
 The two functions are wrapped in ``torch.autograd`` while any callback is
 registered (``Tensor.backward`` calls ``torch.autograd.backward`` through the
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 _lock = threading.Lock()
-_listeners: dict[int, Callable[[], None]] = {}
+_listeners: dict[int, tuple[Callable[[], None], Callable[[BaseException], None] | None]] = {}
 _next_id = 0
 _originals: dict[str, Any] = {}
 _local = threading.local()
@@ -47,15 +49,16 @@ class Listening:
                 _restore()
 
 
-def listen(callback: Callable[[], None]) -> Listening:
-    """Run ``callback()`` after each outermost backward pass that returned
-    (see the module's docstring); returns a handle with ``remove()``."""
+def listen(callback: Callable[[], None], on_raise: Callable[[BaseException], None] | None = None) -> Listening:
+    """Run ``callback()`` after each outermost backward pass that returned,
+    ``on_raise(exc)`` after one that raised ``exc`` (see the module's
+    docstring); returns a handle with ``remove()``."""
     global _next_id
     with _lock:
         if not _listeners:
             _install()
         _next_id += 1
-        _listeners[_next_id] = callback
+        _listeners[_next_id] = (callback, on_raise)
         return Listening(_next_id)
 
 
@@ -64,13 +67,16 @@ def _creates_graph(args: tuple[Any, ...], kwargs: dict[str, Any], position: int)
     return bool(value)
 
 
-def _notify() -> None:
+def _notify(raised: BaseException | None = None) -> None:
     if getattr(_local, "notifying", False):
         return  # a callback's own backward (a region draining autograd's queue)
     _local.notifying = True
     try:
-        for callback in list(_listeners.values()):
-            callback()
+        for callback, on_raise in list(_listeners.values()):
+            if raised is None:
+                callback()
+            elif on_raise is not None:
+                on_raise(raised)
     finally:
         _local.notifying = False
 
@@ -82,7 +88,12 @@ def _wrapped(name: str, original: Any, create_graph_position: int) -> Any:
 
     @functools.wraps(original)
     def backward_then_end_step(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            if graph_task_id() == -1 and not _creates_graph(args, kwargs, create_graph_position):
+                _notify(exc)
+            raise
         if graph_task_id() == -1 and not _creates_graph(args, kwargs, create_graph_position):
             _notify()
         return result

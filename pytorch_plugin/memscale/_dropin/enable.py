@@ -137,6 +137,13 @@ class Enabled:
         if self._steps is not None:
             self._steps.after_backward()
 
+    def _backward_raised(self, exc: BaseException) -> None:
+        """A backward pass raised: the step open on this thread is over, failed."""
+        if self._units is not None:
+            self._units.end(failed=True)
+        if self._steps is not None:
+            self._steps.backward_raised(exc)
+
     def _hook(self) -> None:
         import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -188,7 +195,7 @@ class Enabled:
             return _closure_in_its_own_step(steps, args, kwargs, self._units, optimizer)
 
         self._handles = [
-            listen(self._after_backward),  # the step ends when its backward pass returns
+            listen(self._after_backward, self._backward_raised),  # the step ends when its backward pass returns
             register_module_forward_pre_hook(forward_pre_hook),
             register_module_forward_hook(forward_hook, always_call=True),
             register_optimizer_step_pre_hook(optimizer_pre_hook),

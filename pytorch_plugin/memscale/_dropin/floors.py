@@ -195,6 +195,12 @@ class Floors:
                 best = (type(module).__name__, floor.least, floor.step)
         return best
 
+    def works(self, shape: Shape, module: Any, budget: int) -> bool:
+        """Whether a step of ``shape`` is known to run at ``budget``: at or
+        above the least threshold found for it."""
+        floor = self._find(shape, module)
+        return floor is not None and floor.least is not None and budget >= floor.least.nbytes
+
     def known(self, shape: Shape, module: Any) -> bool:
         """Whether a step of ``shape`` measured its floor already (else the
         step that opens now measures it, and its engine searches the least

@@ -30,6 +30,7 @@ from .._allocator.device import module_device_index
 from .._allocator.peak import PeakProbe
 from .fitting import FitRecord, signature, untracked_steps_enabled
 from .floors import Floors, Least
+from .undo import Undo
 from .._stats import Summary
 from ..config import Config, format_bytes, is_percentage, parse_size
 from ..errors import MemscaleError
@@ -127,6 +128,9 @@ class Steps:
         #: While the first step of a shape no step measured runs unbudgeted
         #: under a budget of a measured peak: the budgeted region it stands for.
         self._budgeted: DTRRegion | None = None
+        #: The open step's buffers and gradients as it opened, when it may stop
+        #: partway (its budget is not known to work for its shapes).
+        self._undo: Undo | None = None
         self._floor_module: Any = None
 
     @property
@@ -241,6 +245,10 @@ class Steps:
         # searches the least budget the step runs at (replays of its program).
         region.least_budget = shape.key is not None and not self.floors.known(shape, keyed)
         self._floor_key, self._floor_module = shape.key, keyed
+        self._undo = None
+        if region.budget > 0 and not self._warmup and isinstance(keyed, _nn_module()) \
+                and not self.floors.works(shape, keyed, region.budget):
+            self._undo = Undo(keyed)
         self._signature = None
         if self.fits.enabled and args is not None and (region.budget > 0 or self._measure) and not self._warmup:
             if region is not self._baseline_region:
@@ -306,6 +314,7 @@ class Steps:
             self._probe = None
             self._untracked_peak = max(self._untracked_peak, peak or 0)
             self.fits.ran_untracked(self._signature, peak, region.budget, ok=exc is None)
+            self._undo = None
             self._steps += 1
             step_boundary(_cuda_device())  # no region: the allocator hears of the step here
             return
@@ -323,6 +332,7 @@ class Steps:
                 self._failed_floor = max(self._failed_floor, int(stats.get("min_budget", 0) or 0))
                 self._measured(shape, stats, whole=False)
             self._back_to_budget(region)
+            self._undo_step(failed)
             raise
         last = region.last_summary()
         floor = int(last.get("min_budget", 0) or 0)
@@ -341,6 +351,9 @@ class Steps:
             device_bytes=self._device_bytes,
             unbounded=self._measure,
         )
+        if exc is not None:
+            self._undo_step(exc)
+        self._undo = None
         self._steps += 1
         self._back_to_budget(region)
         if self._warmup and self._steps >= self.config.warmup_steps:
@@ -353,6 +366,17 @@ class Steps:
             if peak > 0:  # later steps run under budget_for(peak) in a region of their own
                 self._finished.append({**baseline, "baseline": True})
                 self._region = self._new_region(self._baseline_budget(peak))
+
+    def _undo_step(self, exc: BaseException) -> None:
+        """The step failed: what it changed in the model's buffers and
+        gradients is put back, and a memscale error says so."""
+        undo, self._undo = self._undo, None
+        if undo is None:
+            return
+        undo.restore()
+        if isinstance(exc, MemscaleError) and exc.args and isinstance(exc.args[0], str):
+            exc.args = (f"{exc.args[0]} (the step's changes to the model's buffers - running statistics - and "
+                        "gradients were undone: running it again does not count them twice)", *exc.args[1:])
 
     def _back_to_budget(self, region: DTRRegion) -> None:
         """A measuring step of new shapes ended (``region``: its): its counters
@@ -467,6 +491,12 @@ class Steps:
         if self._open and self._thread == threading.get_ident():
             self.end()
 
+    def backward_raised(self, exc: BaseException) -> None:
+        """A backward pass raised ``exc``: the step open on this thread is over,
+        failed (closed before the error reaches the program)."""
+        if self._open and self._thread == threading.get_ident():
+            self.end(exc)
+
     def optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Optimizer step pre-hook: close the region before parameters change."""
         self.end()
@@ -518,6 +548,12 @@ class Steps:
         """Log the totals if the config asks for it."""
         if self.config.log_summary:
             log.info("memscale %s: %s", what, self.summary())
+
+
+def _nn_module() -> type:
+    import torch
+
+    return torch.nn.Module
 
 
 def _cuda_device() -> int | None:
