@@ -26,6 +26,14 @@
 // new version, the old one stays recomputable; a pinned storage that a
 // recorded op read is copied before it is overwritten. Decides nothing: the
 // engine chooses victims and plans rebuilds.
+//
+// Its members are defined by concern, one file each: session.cpp
+// (construction, dispatch), releases.cpp (releases, evictions), arguments.cpp
+// (externals, arguments, the registration of results), recording.cpp (records
+// for re-runs, size predictions), verify.cpp (verified rebuilds), inplace.cpp
+// (in-place ops, copy-on-write), rebuild.cpp (rebuilds, parking), close.cpp
+// (the exit); run_outside is outside.cpp's. What several of them share (the
+// private nested types, helpers on arguments) is in session_util.h.
 #pragma once
 
 #include <atomic>
