@@ -491,3 +491,25 @@ def test_an_exit_that_cannot_fit_what_leaves_carries_the_steps_stats() -> None:
         with memscale.dtr(budget=3 * mib, heuristic="lru"):
             kept = [x * float(k + 2) for k in range(4)]  # noqa: F841 - four 1 MiB results leave
     assert int(err.value.stats["peak_usage"]) > 0  # type: ignore[attr-defined]
+
+
+def test_a_rebuild_plan_of_any_length() -> None:
+    """A tensor at the end of a chain whose every link was dropped: its plan
+    re-runs the whole chain (1,100 steps; the native region's plan buffer held
+    1,024 once and refused longer plans)."""
+    x = torch.randn(1024)  # 4 KiB: above the smallest size the engine evicts
+    r = memscale.dtr(1 << 40, heuristic="lru")
+    with r:
+        y = x * 1
+        for _ in range(1099):
+            y = y * 1.0001  # each link released once the next is made: dropped at once (eager)
+        r.budget = 2 * x.nbytes  # x (pinned) and nothing else: y is evicted too
+        z = x + 1
+        r.budget = 1 << 40
+        got = y * 1  # y's plan: the 1,100 ops again
+        assert r._session.native.counters()["reruns"] >= 1100
+        del z
+    want = x * 1
+    for _ in range(1099):
+        want = want * 1.0001
+    assert torch.equal(got, want)

@@ -6,7 +6,9 @@ engine for victims (``memscale_dtr_reclaim``) and frees their blocks; the
 allocation then succeeds. When nothing is evictable the allocation fails with a
 message naming the request, the limit and why the engine could not evict, and
 the process allocates again afterwards. The region's side of it
-(``Session.reclaim``, the per-device registry) is tested on CPU tensors.
+(``reclaim`` of a Python or a native session, the per-device registry) is tested
+on CPU tensors, through a custom op whose kernel reclaims as a failing
+allocation would.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 from typing import Any
 
 import pytest
-from _helpers import python_region_only, require_engine, run_child
+from _helpers import require_engine, run_child
 
 torch = pytest.importorskip("torch")
 
@@ -24,8 +26,6 @@ from memscale import dtr  # noqa: E402
 require_engine()
 
 MB = 1 << 20
-#: The region's side of the allocator's reclaim (Session.reclaim, the registry).
-RECLAIM = python_region_only("allocator reclaim (Session.reclaim) or Python cells (t._c)")
 
 
 def test_allocation_succeeds_after_the_engine_evicts_then_fails_clearly() -> None:
@@ -94,66 +94,6 @@ def _x() -> Any:
     return torch.arange(256 * 1024, dtype=torch.float32)  # 1 MiB
 
 
-@RECLAIM
-def test_session_reclaim_evicts_what_was_asked_and_values_survive() -> None:
-    x = _x()
-    region = dtr(1 << 40, heuristic="lru")  # the budget never evicts: only reclaim does
-    with region:
-        session = region._session
-        kept = [x * float(i + 2) for i in range(6)]
-        assert all(k._c.tensor is not None for k in kept)
-        freed = session.reclaim(2 * MB + 1)
-        assert freed >= 2 * MB + 1
-        evicted = [k for k in kept if k._c.tensor is None]
-        assert len(evicted) >= 3
-        assert region.summary()["evictions"] == len(evicted)
-        for i, k in enumerate(kept):
-            assert torch.equal(k * 1, x * float(i + 2))  # rebuilt where evicted
-    assert session.reclaim(MB) == 0  # a closed session frees nothing
-
-
-@RECLAIM
-def test_running_inputs_are_never_reclaimed() -> None:
-    x = _x()
-    region = dtr(1 << 40, heuristic="lru")
-    with region:
-        session = region._session
-        a = x * 2
-        b = x * 3
-        session.running = [a._c, b._c]
-        assert session.reclaim(4 * MB) == 0  # the only candidates are the running op's inputs
-        session.running = []
-        assert session.reclaim(MB) >= MB
-        assert torch.equal(a + b, x * 5)
-
-
-@RECLAIM
-def test_a_reclaim_from_another_thread_waits_for_nothing_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    x = _x()
-    region = dtr(1 << 40, heuristic="lru")
-    with region:
-        session = region._session
-        kept = [x * float(i + 2) for i in range(4)]
-        got: list[int] = []
-
-        def other_thread() -> None:
-            got.append(session.reclaim(MB))
-
-        with session.lock:  # the region's thread is inside the session (an op, a read, the exit)
-            worker = threading.Thread(target=other_thread)
-            worker.start()
-            worker.join(timeout=60)
-        assert got == [0] and session.reclaims_refused == 1
-        assert all(k._c.tensor is not None for k in kept)  # nothing evicted under the session
-        assert "on another thread" in caplog.text
-        worker = threading.Thread(target=other_thread)  # the session idle: the other thread may evict
-        worker.start()
-        worker.join(timeout=60)
-        assert got[1] >= MB
-        for i, k in enumerate(kept):
-            assert torch.equal(k * 1, x * float(i + 2))
-
-
 class _FakeSession:
     """Stands in for a session in the registry: frees what it is told it has."""
 
@@ -192,3 +132,91 @@ def test_the_registry_asks_the_newest_session_first_and_survives_errors() -> Non
         assert reclaim._reclaim(99999, MB, None) == 0  # no session for that device
     finally:
         reclaim._sessions.pop(device, None)
+
+
+# ------------------------------------------------ both paths (Python and native)
+
+_inside: list[Any] = []  # what the op below does while its kernel runs
+
+
+@torch.library.custom_op("memscale_test::reclaim_inside", mutates_args=())
+def _reclaim_inside(x: torch.Tensor) -> torch.Tensor:
+    """Runs each callable of ``_inside`` while the region's op is under way
+    (as an allocation that fails inside a kernel calls the reclaimer), then
+    returns ``x * 2``."""
+    for fn in _inside:
+        fn()
+    return x * 2
+
+
+@_reclaim_inside.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_reclaim_inside.register_autograd(lambda ctx, grad: grad * 2)
+
+
+def _evictions(session: Any) -> int:
+    return int(session.engine.stats()["evictions"])
+
+
+def test_a_reclaim_evicts_about_what_was_asked_and_values_survive() -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")  # the budget never evicts: only reclaim does
+    with region:
+        session = region._session
+        kept = [x * float(i + 2) for i in range(6)]
+        assert _evictions(session) == 0
+        freed = session.reclaim(2 * MB + 1)
+        assert 2 * MB + 1 <= freed <= 3 * MB  # whole storages, no more than needed
+        assert _evictions(session) == 3
+        for i, k in enumerate(kept):
+            assert torch.equal(k * 1, x * float(i + 2))  # rebuilt where evicted
+    assert session.reclaim(MB) == 0  # a closed session frees nothing
+
+
+def test_the_inputs_of_the_op_under_way_are_never_reclaimed() -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")
+    got: list[int] = []
+    with region:
+        session = region._session
+        a, b, c = x * 2, x * 3, x * 4
+        _inside[:] = [lambda: got.append(session.reclaim(64 * MB))]  # more than there is
+        try:
+            y = _reclaim_inside(b)  # the kernel's thread, inside the session: it may evict
+        finally:
+            _inside.clear()
+        assert got == [2 * MB]  # a and c: b is the running op's input
+        assert torch.equal(y, x * 6) and torch.equal(a + c, x * 6)
+
+
+def test_a_reclaim_from_another_thread_while_an_op_runs_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    x = _x()
+    region = dtr(1 << 40, heuristic="lru")
+    got: list[int] = []
+
+    def other_thread() -> None:
+        got.append(session.reclaim(MB))
+
+    def from_another_thread() -> None:
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join(timeout=60)
+
+    with region:
+        session = region._session
+        kept = [x * float(i + 2) for i in range(4)]
+        _inside[:] = [from_another_thread]
+        try:
+            _reclaim_inside(kept[0])  # the region's thread is inside the session
+        finally:
+            _inside.clear()
+        assert got == [0] and session.reclaims_refused == 1
+        assert _evictions(session) == 0
+        assert "on another thread" in caplog.text
+        from_another_thread()  # the session idle: another thread may evict
+        assert got[1] >= MB and _evictions(session) >= 1
+        for i, k in enumerate(kept):
+            assert torch.equal(k * 1, x * float(i + 2))

@@ -71,6 +71,19 @@ def _reclaim(device: int, need: int, ctx: Any) -> int:
 _CALLBACK: Final = _Reclaimer(_reclaim)
 
 
+def refused(session: Any, need: int) -> None:
+    """Count an allocation on another thread that ``session`` could not evict
+    for (it was busy on its own thread); the first one is logged."""
+    session.reclaims_refused += 1
+    if session.reclaims_refused == 1:
+        log.warning(
+            "memscale: an allocation of %d more bytes failed on another thread while this DTR region "
+            "was busy on its own; the region did not evict for it (it cannot change its state under "
+            "its own thread). Allocate from the region's thread, or set a threshold that leaves room",
+            need,
+        )
+
+
 def register(session: Session, device: int) -> None:
     """``session`` evicts for allocation failures on ``device`` until :func:`unregister`."""
     from .._native import lib as _lib

@@ -318,14 +318,7 @@ class SessionState:
         if self.closed or need <= 0:
             return 0
         if not self.lock.acquire(blocking=False):
-            self.reclaims_refused += 1
-            if self.reclaims_refused == 1:
-                log.warning(
-                    "memscale: an allocation of %d more bytes failed on another thread while this DTR region "
-                    "was busy on its own; the region did not evict for it (it cannot change its state under "
-                    "its own thread). Allocate from the region's thread, or set a threshold that leaves room",
-                    need,
-                )
+            reclaim.refused(self, need)
             return 0
         try:
             with HeldCells(self.engine) as held:

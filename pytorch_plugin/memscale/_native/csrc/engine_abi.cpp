@@ -41,6 +41,7 @@ const EngineAbi& EngineAbi::load(const std::string& path) {
   bind(handle, "memscale_dtr_lock", abi.lock, path);
   bind(handle, "memscale_dtr_unlock", abi.unlock, path);
   bind(handle, "memscale_dtr_evict", abi.evict, path);
+  bind(handle, "memscale_dtr_reclaim", abi.reclaim, path);
   bind(handle, "memscale_dtr_plan", abi.plan, path);
   bind(handle, "memscale_dtr_abandon_plans", abi.abandon_plans, path);
   bind(handle, "memscale_dtr_rematerialized", abi.rematerialized, path);

@@ -44,6 +44,7 @@ struct EngineAbi {
   int (*lock)(int64_t h, int64_t t);
   int (*unlock)(int64_t h, int64_t t);
   int32_t (*evict)(int64_t h, int64_t extra, int64_t* ids, int32_t* actions, int32_t cap);
+  int32_t (*reclaim)(int64_t h, int64_t need, int64_t* ids, int32_t* actions, int32_t cap);
   int32_t (*plan)(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);
   int (*abandon_plans)(int64_t h);
   int (*rematerialized)(int64_t h, int64_t op, int64_t cost_ns);

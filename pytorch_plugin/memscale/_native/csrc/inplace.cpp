@@ -48,6 +48,7 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   fill(args, in.slots, reals);
   int64_t t0 = clock_.start();
   {
+    Running running(*this, in.cells);  // a reclaim during the kernel leaves its inputs alone
     KernelGuard kernel;
     op.callBoxed(stack);
   }
@@ -252,6 +253,7 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   reals.clear();
   int64_t t0 = clock_.start();
   {
+    Running running(*this, in.cells);  // a reclaim during the kernel leaves its inputs alone
     KernelGuard kernel;
     op.callBoxed(stack);
   }

@@ -75,6 +75,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("close", &Session::close, py::arg("ok"))
       .def("set_budgeted", &Session::set_budgeted)
       .def("flush", &Session::flush)
+      .def("reclaim", &Session::reclaim, py::arg("need"),
+           "Evict about `need` bytes whatever the budget (the allocator's reclaim); the bytes freed, "
+           "or -1 when another thread is inside the session")
       .def_property(
           "suspended", [](const Session& s) { return s.suspended.load(); },
           [](Session& s, bool on) { s.suspended.store(on); })

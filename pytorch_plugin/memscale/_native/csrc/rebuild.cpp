@@ -61,11 +61,20 @@ void Session::materialize(const CellPtr& cell, Held& held) {
       return;
     }
     send_releases();
-    int32_t kinds[1024];
-    int64_t ids[1024];
-    int32_t n = engine().plan(h_, cell->id, kinds, ids, 1024);
+    // Plans of any length: a longer one than the buffer holds is counted,
+    // not written or held, and asked for again into a buffer of its size
+    // (the engine's state is the same, so is the plan).
+    c10::SmallVector<int32_t, 32> kinds(32);
+    c10::SmallVector<int64_t, 32> ids(32);
+    int32_t n = engine().plan(h_, cell->id, kinds.data(), ids.data(), static_cast<int32_t>(kinds.size()));
+    if (n > static_cast<int32_t>(kinds.size())) {
+      kinds.resize(n);
+      ids.resize(n);
+      n = engine().plan(h_, cell->id, kinds.data(), ids.data(), n);
+      TORCH_CHECK(n <= static_cast<int32_t>(kinds.size()), "memscale.dtr: the engine's plan for tensor ", cell->id,
+                  " grew between two calls (", kinds.size(), " then ", n, " steps)");
+    }
     if (n < 0) fail("memscale_dtr_plan(" + std::to_string(cell->id) + ")");
-    TORCH_CHECK(n <= 1024, "memscale.dtr: a rebuild plan of ", n, " steps is longer than the native region's 1024");
     TORCH_CHECK(n > 0 || groups_.at(cell->root).resident(), "memscale.dtr: the engine holds storage ", cell->root,
                 " resident, but the region has no data for it");
     if (n == 0 && derive(cell, true)) continue;  // the engine holds it defined: re-derive it

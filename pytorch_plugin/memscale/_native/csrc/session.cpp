@@ -183,6 +183,9 @@ int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* 
   reals.clear();
   int64_t t0 = clock_.start();
   {
+    // An allocation of the kernel that fails asks this session to evict
+    // (reclaim): it must not take the inputs the kernel reads.
+    Running running(*this, in.cells);
     KernelGuard kernel;
     op.callBoxed(stack);
   }

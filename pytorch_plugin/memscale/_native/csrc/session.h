@@ -115,6 +115,13 @@ class Session {
   // hands them back as plain tensors). Every cell is detached afterwards.
   std::vector<std::pair<at::Tensor, at::Tensor>> close(bool ok);
 
+  // The allocator could not meet a request of this session's device (the
+  // reclaimer, memscale/_region/reclaim.py): evicts about `need` bytes,
+  // whatever the budget, and returns the bytes of the storages it freed; -1
+  // when another thread is inside the session (nothing changed under it).
+  // The inputs of an op under way are locked, so never chosen (reclaim.cpp).
+  int64_t reclaim(int64_t need);
+
   void set_budgeted(bool budgeted);
   // Sends the queued registrations (before Python calls the engine itself).
   void flush();
@@ -295,6 +302,18 @@ class Session {
   int64_t ops_since_scan_ = 0;
   std::vector<CellPtr> room_failed_;  // cells whose nested rebuilds found no room, innermost first
   std::vector<c10::ArrayRef<CellPtr>> levels_;  // what each open level of a rebuild reads, outermost first
+  // The inputs of the op whose kernel runs (none: empty), which a reclaim
+  // during the kernel locks first (reclaim.cpp). Set around the kernel only:
+  // an op's inputs are not locked in the engine otherwise (no crossing).
+  c10::ArrayRef<CellPtr> running_;
+  struct Running {
+    Running(Session& s, c10::ArrayRef<CellPtr> cells) : s_(s), was_(s.running_) { s_.running_ = cells; }
+    ~Running() { s_.running_ = was_; }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+    Session& s_;
+    c10::ArrayRef<CellPtr> was_;
+  };
 };
 
 // The session ops go to, or null (set by the region's entry, process-wide:
