@@ -125,17 +125,19 @@ test-c: $(LIB) $(BUILD)/abi_test $(BUILD)/throw_test $(FAKECUDA)
 	@grep -qx 'invalid_handle 0' $(BUILD)/fakecuda/abi_test.counts || \
 	  { echo "invalid stream handles reached the driver:"; cat $(BUILD)/fakecuda/abi_test.counts; exit 1; }
 
+# The Python region (MEMSCALE_NATIVE=0: the tested fallback); the native one,
+# which an unset MEMSCALE_NATIVE chooses, runs in test-native and test-slow.
 test-python: $(LIB) $(CLI) $(STAMP)
 	# Two runs: tests/python checks a fresh load of the library (its configuration is
 	# read once per process), so it must not share a process with the plugin tests.
 	MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -m pytest -q tests/python
-	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=0 \
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests
 
 # The native region's torch extension, built ahead of its first use (minutes
 # on two cores; cached per torch, ABI, Python and source in ~/.cache/memscale).
 native: $(LIB) $(STAMP)
-	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) $(VPY) -c \
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) MEMSCALE_NATIVE=1 $(VPY) -c \
 	  "from memscale._native import region_ext as r; m = r.extension(); print('native region:', r.cached_path() if m else r.unavailable_reason()); raise SystemExit(m is None)"
 
 # The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
@@ -169,7 +171,7 @@ test-native-more: native
 
 # The tests marked slow (pytest -m slow): each takes tens of seconds on 2 cores.
 test-python-slow: $(LIB) $(CLI) $(STAMP)
-	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 \
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=0 \
 	  $(VPY) -m pytest -q -m slow pytorch_plugin/tests
 
 demo: $(LIB) $(CLI) $(STAMP)

@@ -94,3 +94,83 @@ def test_a_build_compiles_a_snapshot_and_is_named_by_it(tmp_path: Path, monkeypa
     assert v2 != v1
     assert region_ext._build(named(v1)) == named(v2)
     assert compiled[-1] == "// v2\n"
+
+
+# ------------------------------------------- unset MEMSCALE_NATIVE: background build
+
+
+def _fresh(monkeypatch: Any, cache: Path) -> list[Path]:
+    """region_ext as in a new process, with its cache in ``cache``, unset
+    MEMSCALE_NATIVE, and the detached builder replaced by a recorder."""
+    monkeypatch.setenv("MEMSCALE_CACHE_DIR", str(cache))
+    monkeypatch.delenv("MEMSCALE_NATIVE", raising=False)
+    for name, value in (("_module", None), ("_reason", None), ("_tried", False), ("_background", None),
+                        ("_waiting", None)):
+        monkeypatch.setattr(region_ext, name, value)
+    spawned: list[Path] = []
+
+    def spawn(log_path: Path) -> int:
+        spawned.append(log_path)
+        return os.getpid()  # a live process: the marker names it
+
+    monkeypatch.setattr(region_ext, "_spawn_build", spawn)
+    return spawned
+
+
+def test_unset_means_native_and_a_missing_build_starts_in_the_background(tmp_path: Path, monkeypatch: Any) -> None:
+    spawned = _fresh(monkeypatch, tmp_path)
+    assert region_ext.choice() is None  # automatic: native when its build loads
+    assert region_ext.extension() is None  # not held for the build
+    reason = region_ext.unavailable_reason()
+    assert reason is not None and "background" in reason and str(spawned[0]) in reason
+    assert spawned == [region_ext.cached_path().with_suffix(".log")]
+    marker = region_ext.cached_path().with_suffix(".building")
+    assert marker.read_text().split() == [str(os.getpid())]
+    assert region_ext.extension() is None  # asked again: the same build, not a second one
+    assert len(spawned) == 1
+
+
+def test_a_live_build_in_another_process_is_not_started_again(tmp_path: Path, monkeypatch: Any) -> None:
+    spawned = _fresh(monkeypatch, tmp_path)
+    marker = region_ext.cached_path().with_suffix(".building")
+    marker.parent.mkdir(parents=True)
+    marker.write_text(f"{os.getppid()}\n")  # a live process builds it
+    assert region_ext.extension() is None and spawned == []
+    marker.write_text("999999999\n")  # its process is gone: left over
+    region_ext._background = None
+    assert region_ext.extension() is None and len(spawned) == 1
+
+
+def test_a_forced_build_waits_for_the_background_one(tmp_path: Path, monkeypatch: Any) -> None:
+    _fresh(monkeypatch, tmp_path)
+    target = region_ext.cached_path()
+    marker = target.with_suffix(".building")
+    marker.parent.mkdir(parents=True)
+    marker.write_text(f"{os.getppid()}\n")  # a live process other than this one builds it
+    polls: list[int] = []
+
+    def sleep(_s: float) -> None:  # the background build finishes after three polls
+        polls.append(1)
+        if len(polls) == 3:
+            target.write_bytes(b"")
+
+    monkeypatch.setattr(region_ext.time, "sleep", sleep)
+    region_ext._wait_for(target)
+    assert len(polls) == 3 and target.exists()
+    marker.write_text("999999999\n")
+    target.unlink()
+    region_ext._wait_for(target)  # no live builder: returns at once (the caller builds)
+    assert len(polls) == 3
+
+
+def test_the_builder_removes_its_own_marker_only(tmp_path: Path, monkeypatch: Any) -> None:
+    _fresh(monkeypatch, tmp_path)
+    built: list[Path] = []
+    monkeypatch.setattr(region_ext, "_build", lambda target: built.append(target) or target)
+    marker = region_ext.cached_path().with_suffix(".building")
+    marker.parent.mkdir(parents=True)
+    marker.write_text("999999999\n")  # another process's, gone (a live one's is waited for)
+    assert region_ext._main() == 0 and built == [region_ext.cached_path()]
+    assert marker.exists()
+    marker.write_text(f"{os.getpid()}\n")  # this one's (the process started for the build): not waited for
+    assert region_ext._main() == 0 and not marker.exists()

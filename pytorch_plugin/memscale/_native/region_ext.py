@@ -12,10 +12,15 @@ module (a fraction of a second). Each build runs in a directory of its own
 and is renamed into place.
 
 ``MEMSCALE_NATIVE`` chooses: ``1`` requires the native region (a failed build
-or load is an error), ``0`` uses the Python region. Unset, it is the Python
-region until :data:`NATIVE_BY_DEFAULT` flips; then the native one when it
-builds and loads, and the Python one otherwise, with one warning that says
-why and what it costs.
+or load is an error; a missing build is made first, waiting for it), ``0``
+uses the Python region. Unset (:data:`NATIVE_BY_DEFAULT`), it is the native
+region when its build loads, and the Python region otherwise, with one
+warning that says why and what it costs. A missing build is then made in the
+background (:func:`start_background_build`: a detached ``python -m
+memscale._native.region_ext`` writing a log beside the cache), so a first run
+is not held for the minutes a build takes: it runs on the Python region, and
+the first region entry after the build is in place (in this process or a later
+one) runs native.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,16 +47,17 @@ log = logging.getLogger("memscale")
 
 #: The variable that forces the native region on (1) or off (0).
 NATIVE_ENV: Final[str] = "MEMSCALE_NATIVE"
-#: What an unset ``MEMSCALE_NATIVE`` means: the native region is opt-in until
-#: it passes every correctness suite the Python region passes (the model
-#: families' check does not yet: docs/limits.md).
-NATIVE_BY_DEFAULT: Final[bool] = False
+#: What an unset ``MEMSCALE_NATIVE`` means: the native region when its build
+#: loads (built in the background the first time), else the Python region.
+NATIVE_BY_DEFAULT: Final[bool] = True
 SOURCES_DIR: Final[Path] = Path(__file__).with_name("csrc")
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _reason: str | None = None
 _tried = False
+_background: Path | None = None  # the log of the background build this process started
+_waiting: Path | None = None  # the build this process waits for (unset MEMSCALE_NATIVE)
 
 
 def choice() -> bool | None:
@@ -189,6 +196,9 @@ def _load() -> ModuleType:
 
     _lib.lib()  # the engine's library must be loaded before the extension binds to it
     target = cached_path()
+    if not target.exists() and _building_elsewhere(_marker()):
+        log.info("memscale: waiting for the background build of the native region's extension (%s)", target)
+        _wait_for(target)
     if not target.exists():
         log.info("memscale: building the native region's extension into %s (once per torch and source)", target)
         target = _build(target)
@@ -208,14 +218,26 @@ def _load() -> ModuleType:
 
 
 def extension() -> ModuleType | None:
-    """The native region's module, built or loaded at the first call; ``None``
-    when it cannot be used (:func:`unavailable_reason` says why)."""
+    """The native region's module, loaded (or built) at the first call;
+    ``None`` when it cannot be used (:func:`unavailable_reason` says why).
+
+    With ``MEMSCALE_NATIVE=1`` a missing build is made here, waiting for it
+    (minutes). Unset, a missing build is started in the background instead
+    and ``None`` returned until it is in place: each call then looks for it
+    again (a file lookup), so a later entry of this process can use it."""
     global _module, _reason, _tried
     if _tried:
         return _module
     with _lock:
         if _tried:
             return _module
+        if choice() is None:
+            global _waiting
+            target = _waiting or cached_path()  # the sources hashed once while waiting
+            if not target.exists():
+                _waiting = target
+                _reason = start_background_build()
+                return None
         try:
             _module = _load()
         except Exception as exc:  # noqa: BLE001 - any build or load failure means: use the Python region
@@ -224,6 +246,108 @@ def extension() -> ModuleType | None:
             _module = None
         _tried = True
         return _module
+
+
+def loaded() -> ModuleType | None:
+    """The module if this process loaded it already (never builds or loads)."""
+    return _module
+
+
+#: A background build's marker older than this (seconds) is left over from a
+#: build that died (the marker names its process, which is checked first).
+STALE_BUILD_MARKER_S: Final[float] = 3600.0
+
+
+def _marker() -> Path:
+    return cached_path().with_suffix(".building")
+
+
+def _building_elsewhere(marker: Path) -> bool:
+    """Whether a live process other than this one is building this source
+    (its marker names it)."""
+    try:
+        pid = int(marker.read_text().split()[0])
+        age = time.time() - marker.stat().st_mtime
+    except (OSError, ValueError, IndexError):
+        return False
+    if age > STALE_BUILD_MARKER_S or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def _wait_for(target: Path, poll_s: float = 1.0) -> None:
+    """Wait while a live background build of ``target`` runs (rather than
+    compiling the same sources beside it); returns when it is in place or the
+    builder is gone (the caller then builds, or loads what it left)."""
+    marker = _marker()
+    while not target.exists() and _building_elsewhere(marker):
+        time.sleep(poll_s)
+
+
+def _spawn_build(log_path: Path) -> int:
+    """Start ``python -m memscale._native.region_ext`` detached (its own
+    session: it outlives this process and ignores its signals), output to
+    ``log_path``; returns its pid."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-m", "memscale._native.region_ext"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def start_background_build() -> str:
+    """Start building this source's extension in the background, unless this
+    process or a live one already is; returns why the native region cannot be
+    used meanwhile (for the warning)."""
+    global _background
+    target = cached_path()
+    marker = _marker()
+    log_path = target.with_suffix(".log")
+    why = (
+        f"its build for torch {_torch_version()} and this memscale is being made in the background "
+        f"(a few minutes, once; log: {log_path}); the next region entry after it is in place runs native"
+    )
+    if _background is not None or _building_elsewhere(marker):
+        return why
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if marker.exists():
+            marker.unlink()  # left over: its process is gone
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return why  # another process started one just now
+    except OSError as exc:
+        return f"its build cannot be started ({exc}); run `make native` or `python -m memscale._native.region_ext`"
+    try:
+        pid = _spawn_build(log_path)
+        os.write(fd, f"{pid}\n".encode())
+    except OSError as exc:
+        os.close(fd)
+        marker.unlink(missing_ok=True)
+        return f"its build cannot be started ({exc}); run `make native` or `python -m memscale._native.region_ext`"
+    os.close(fd)
+    _background = log_path
+    return why
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def unavailable_reason() -> str | None:
@@ -236,3 +360,31 @@ def library_path() -> str:
     from . import lib as _lib
 
     return str(_lib.library_path())
+
+
+def _main() -> int:
+    """``python -m memscale._native.region_ext``: build this source's extension
+    for this torch now (what a first use starts in the background; ``make
+    native`` runs it too). Exit status 0 when the build is in place."""
+    target = cached_path()
+    try:
+        _wait_for(target)  # a background build of these sources under way
+        if not target.exists():
+            print(f"memscale: building the native region's extension into {target}", flush=True)
+            _build(target)
+        print(f"memscale: native region: {cached_path()}", flush=True)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+        print(f"memscale: the native region's extension did not build: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    finally:
+        marker = _marker()
+        try:
+            if marker.read_text().split()[0] == str(os.getpid()):
+                marker.unlink()
+        except (OSError, IndexError):
+            pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

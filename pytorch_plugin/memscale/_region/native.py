@@ -9,9 +9,10 @@ and the exit's hand-back of escaping tensors; every op, eviction and rebuild
 happens in C++ (``memscale/_native/csrc/session.h``).
 
 What the native path does not do yet chooses the Python region at entry
-(never in the middle of a step): a trace recorder (``sink``). It does not
-park nested rebuilds in host memory. A backward pass that raised ends the
-drop-in step as on the Python path (:attr:`NativeMode.watch_backward`).
+(never in the middle of a step): a trace recorder (``sink``). A backward pass
+that raised ends the drop-in step as on the Python path
+(:attr:`NativeMode.watch_backward`); an allocation that fails asks the session
+to evict (:meth:`NativeSession.reclaim`, the allocator's reclaimer).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .._native import lib as _lib
 from .._native import region_ext
 from .._native.engine import Engine, NoRoomError
 from ..errors import MemscaleError
+from . import reclaim
 from .device import sync_count
 from .tensor import hand_back
 
@@ -166,6 +168,26 @@ class NativeSession:
             TEST_DEVICE_NS,
         )
         self.closed = False
+        #: The device whose allocation failures this session evicts for
+        #: (:mod:`.reclaim`), and how many it could not help with because
+        #: another thread was inside it.
+        self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
+        self.reclaims_refused = 0
+        if self.reclaims_for is not None:
+            reclaim.register(self, self.reclaims_for)
+
+    def reclaim(self, need: int) -> int:
+        """An allocation failed for ``need`` bytes: evict about that much,
+        whatever the budget; returns the bytes of the storages freed. The
+        inputs of the op under way are locked, so never chosen; another
+        thread inside the session gets 0 (see the Python session's reclaim)."""
+        if self.closed or need <= 0:
+            return 0
+        freed = int(self.native.reclaim(need))
+        if freed < 0:
+            reclaim.refused(self, need)
+            return 0
+        return freed
 
     def set_budget(self, budget: int) -> None:
         """Change the running entry's budget (bytes, 0 = unlimited)."""
@@ -203,6 +225,8 @@ class NativeSession:
                     self.tune_error = str(exc)
         finally:
             self.closed = True
+            if self.reclaims_for is not None:
+                reclaim.unregister(self, self.reclaims_for)
             self._sync_end = sync_count()
             self.engine.close()
         # A view's wrapper references its base's: go round until a round hands back nothing.
@@ -292,7 +316,7 @@ class NativeMode:
 
 def is_native_tensor(t: Any) -> bool:
     """Whether ``t`` is a tensor of a native region."""
-    ext = region_ext.extension() if region_ext.choice() is not False else None
+    ext = region_ext.loaded()  # none of its tensors exist before it is loaded
     return ext is not None and isinstance(t, torch.Tensor) and bool(ext.is_wrapper(t))
 
 
