@@ -49,11 +49,11 @@ def _model() -> nn.Module:
     return nn.Sequential(*_LAYERS())
 
 
-def _train(model: nn.Module, steps: int = 3) -> list[torch.Tensor]:
+def _train(model: nn.Module, steps: int = 3, shape: tuple[int, ...] = (512, 64)) -> list[torch.Tensor]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out = []
     for step in range(steps):
-        x = torch.randn(512, 64, generator=torch.Generator().manual_seed(step))
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
         loss = model(x).square().mean()
         loss.backward()
@@ -135,20 +135,6 @@ def _encoder() -> nn.Module:
     return nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0), 2, enable_nested_tensor=False)
 
 
-def _train_encoder(model: nn.Module, steps: int = 3) -> list[torch.Tensor]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    out = []
-    for step in range(steps):
-        x = torch.randn(16, 8, 32, generator=torch.Generator().manual_seed(step))
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        out.append(loss.detach().clone())
-        out.extend(p.detach().clone() for p in model.parameters())
-    return out
-
-
 def _enabled_at(monkeypatch: pytest.MonkeyPatch, threshold: str) -> Any:
     monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", threshold)
     return memscale.enable(memscale.Config(log_summary=False, untracked_steps=False))
@@ -161,25 +147,25 @@ def test_the_threshold_named_trains_where_the_floor_does_not(monkeypatch: pytest
     enabled = _enabled_at(monkeypatch, "1%")
     try:
         with pytest.raises(BudgetBelowFloorError) as err:
-            _train_encoder(_encoder())
+            _train(_encoder(), shape=(16, 8, 32))
     finally:
         enabled.disable()
     floor, least = err.value.floor, err.value.least
     assert floor < least < 1.5 * floor, (floor, least)
     assert f"The least threshold that works: MEMSCALE_EVICTION_THRESHOLD={least} " in str(err.value)
     assert "and a replay of its recorded program ran out of room at" in str(err.value)
-    ref = _train_encoder(_encoder())
+    ref = _train(_encoder(), shape=(16, 8, 32))
     # at the floor the step stops partway (why the floor alone is not named) ...
     enabled = _enabled_at(monkeypatch, str(floor))
     try:
         with pytest.raises(NoRoomError):
-            _train_encoder(_encoder())
+            _train(_encoder(), shape=(16, 8, 32))
     finally:
         enabled.disable()
     # ... at the threshold named it trains, bitwise, within it
     enabled = _enabled_at(monkeypatch, str(least))
     try:
-        got = _train_encoder(_encoder())
+        got = _train(_encoder(), shape=(16, 8, 32))
         summary = enabled.summary()
     finally:
         enabled.disable()
