@@ -157,13 +157,15 @@ test-native-models: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
 	  $(VPY) -m pytest -q -m "not slow" pytorch_plugin/tests/test_zoo.py pytorch_plugin/tests/test_families.py
 
-# More of the plugin's suites on the native region (about 90 s; in test-slow):
-# the files that pass there as they are (fifth session's triage; the others
-# have known native gaps, docs/limits.md, or check the Python region only).
+# More of the plugin's suites on the native region (about 4 minutes; in
+# test-slow): the region's files that pass there (the others check the Python
+# region only, or have a known native gap: docs/limits.md).
 NATIVE_MORE := $(addprefix pytorch_plugin/tests/,test_check.py test_distributed.py test_escapes.py \
   test_untracked_steps.py test_compat.py test_dtr_engine.py test_dtr_models.py test_dtr_compile.py \
   test_save_copy.py test_stats.py test_step_boundary.py test_hf.py test_rebuild_rounds.py \
-  test_swap_ordering.py test_auto_steps.py test_api.py test_blocks_drop_in.py)
+  test_swap_ordering.py test_auto_steps.py test_api.py test_blocks_drop_in.py test_budget.py \
+  test_budget_before_step.py test_budget_floor.py test_dtr_ops.py test_dtr_tuning.py test_step_boundaries.py \
+  test_torch_memory.py test_usage_allocator.py test_op_batch.py test_reclaim.py)
 
 test-native-more: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \

@@ -89,8 +89,9 @@ _patched = False
 
 def _read_data_through_wrappers() -> None:
     """Let the few tensor methods that read data without an op (``tolist``,
-    ``numpy``, printing) read a native region tensor's real tensor, and the
-    legacy constructor ``new`` work on one.
+    ``numpy``, printing) read a native region tensor's real tensor, the
+    legacy constructor ``new`` work on one, and ``copy.deepcopy`` of one give
+    a plain tensor.
 
     A native wrapper has no storage of its own; every op on it reaches the
     region, but ``Tensor.tolist``, ``Tensor.numpy`` and ``repr`` read the data
@@ -129,6 +130,25 @@ def _read_data_through_wrappers() -> None:
         return legacy_new(self, *args, **kwargs)
 
     torch.Tensor.new = new  # type: ignore[method-assign]
+
+    # A deep copy is a snapshot the program keeps: a plain tensor, as the
+    # Python region's (DTRTensor.__deepcopy__), copied outside the region.
+    legacy_deepcopy = torch.Tensor.__deepcopy__
+    set_included = ext.set_included
+
+    def deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+        if not is_wrapper(self):
+            return legacy_deepcopy(self, memo)  # type: ignore[no-any-return]
+        real = unwrap(self)
+        was = set_included(False)
+        try:
+            copied = real.clone()
+        finally:
+            set_included(was)
+        memo[id(self)] = copied
+        return copied  # type: ignore[no-any-return]
+
+    torch.Tensor.__deepcopy__ = deepcopy  # type: ignore[method-assign]
     _patched = True
 
 
@@ -196,9 +216,10 @@ class NativeSession:
         self.native.set_budgeted(budget > 0 or bool(self.config.get("stress")))
 
     def synchronizations(self) -> int:
-        """How many times the entry's code waited for the device."""
+        """How many times the entry's code waited for the device (the Python
+        side's, and the C++ session's host reads: verified rebuilds)."""
         end = self._sync_end if self._sync_end is not None else sync_count()
-        return end - self.sync_mark
+        return end - self.sync_mark + int(self.native.counters()["synchronizations"])
 
     def counters(self) -> dict[str, int]:
         """The native path's own counters (ops, re-runs, predictions...)."""

@@ -99,6 +99,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["parked"] = c.parked;
         d["exposed"] = c.exposed;
         d["device_timed"] = c.device_timed;
+        d["synchronizations"] = c.synchronizations;
         return d;
       });
 }

@@ -86,6 +86,7 @@ struct SessionCounters {
   int64_t parked = 0;            // storages outer levels of a rebuild held, parked in host memory
   int64_t exposed = 0;           // cells whose data pointer or storage was taken (Session::expose)
   int64_t device_timed = 0;      // calls whose device time was read from events (device_timer.h)
+  int64_t synchronizations = 0;  // host reads of device values (verified rebuilds' fingerprints)
 };
 
 class Session {

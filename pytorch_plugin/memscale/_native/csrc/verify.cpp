@@ -15,7 +15,10 @@ namespace {
 
 // Two reductions of a tensor's bits read as integers: their sum and a sum
 // weighted by position (same tensor -> same fingerprint; a pass over the
-// data, no copy kept). The C++ twin of memscale/_region/verify.py's.
+// data, no copy kept). The C++ twin of memscale/_region/verify.py's. Each
+// of the two sums read by the host is a synchronization on a GPU.
+constexpr int64_t kFingerprintSyncs = 2;
+
 std::pair<int64_t, int64_t> fingerprint(const at::Tensor& t) {
   KernelGuard guard;
   at::Tensor flat = t.detach().resolve_conj().resolve_neg().contiguous();
@@ -39,13 +42,17 @@ std::pair<int64_t, int64_t> fingerprint(const at::Tensor& t) {
 void Session::fingerprint_outputs(const OpFacts& f, const std::vector<CellPtr>& cells) {
   if (!verify_ || !f.reproducible) return;
   for (const CellPtr& c : cells) {
-    if (c->root == c->id && c->tensor.defined()) prints_[c->id] = fingerprint(c->tensor);
+    if (c->root == c->id && c->tensor.defined()) {
+      prints_[c->id] = fingerprint(c->tensor);
+      counters_.synchronizations += kFingerprintSyncs;
+    }
   }
 }
 
 void Session::check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& rebuilt) {
   auto it = prints_.find(r.outputs[k]->id);
   if (it == prints_.end()) return;
+  counters_.synchronizations += kFingerprintSyncs;
   TORCH_CHECK(fingerprint(rebuilt) == it->second, "memscale.check: re-running ", r.op.schema().name(),
               " gave different values for its output ", k,
               " than its first run; this op cannot be rematerialized bitwise");
