@@ -174,3 +174,18 @@ def test_the_builder_removes_its_own_marker_only(tmp_path: Path, monkeypatch: An
     assert marker.exists()
     marker.write_text(f"{os.getpid()}\n")  # this one's (the process started for the build): not waited for
     assert region_ext._main() == 0 and not marker.exists()
+
+
+def test_a_failed_background_build_is_not_started_again_on_every_run(tmp_path: Path, monkeypatch: Any) -> None:
+    spawned = _fresh(monkeypatch, tmp_path)
+
+    def no_compiler(target: Path) -> Path:
+        raise RuntimeError("Error building extension: c++: not found")
+
+    monkeypatch.setattr(region_ext, "_build", no_compiler)
+    assert region_ext._main() == 1  # the background builder fails
+    assert region_ext.extension() is None
+    reason = region_ext.unavailable_reason()
+    assert reason is not None and "c++: not found" in reason and "MEMSCALE_NATIVE=1" in reason
+    assert spawned == []  # not started again
+    assert region_ext.cached_path().with_suffix(".failed").exists()

@@ -144,6 +144,7 @@ def _build(target: Path) -> Path:
         if not built.exists():
             built = next(work.glob(f"{build_name()}*.so"))
         os.replace(built, target)
+        target.with_suffix(".failed").unlink(missing_ok=True)  # an earlier failure of these sources
     finally:
         shutil.rmtree(work, ignore_errors=True)
     prune_builds(target)
@@ -236,7 +237,8 @@ def extension() -> ModuleType | None:
             target = _waiting or cached_path()  # the sources hashed once while waiting
             if not target.exists():
                 _waiting = target
-                _reason = start_background_build()
+                failed = _failed_build(target)
+                _reason = failed if failed is not None else start_background_build()
                 return None
         try:
             _module = _load()
@@ -260,6 +262,21 @@ STALE_BUILD_MARKER_S: Final[float] = 3600.0
 
 def _marker() -> Path:
     return cached_path().with_suffix(".building")
+
+
+def _failed_build(target: Path) -> str | None:
+    """Why the last background build of ``target`` failed (``None``: it did
+    not): a first use does not start it again on every run (no compiler, no
+    headers); ``MEMSCALE_NATIVE=1`` or ``python -m memscale._native.region_ext``
+    tries again."""
+    try:
+        why = target.with_suffix(".failed").read_text().strip()
+    except OSError:
+        return None
+    return (
+        f"its build failed ({why}; log: {target.with_suffix('.log')}); MEMSCALE_NATIVE=1 or "
+        "`python -m memscale._native.region_ext` tries again"
+    )
 
 
 def _building_elsewhere(marker: Path) -> bool:
@@ -375,7 +392,14 @@ def _main() -> int:
         print(f"memscale: native region: {cached_path()}", flush=True)
         return 0
     except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
-        print(f"memscale: the native region's extension did not build: {type(exc).__name__}: {exc}", flush=True)
+        first = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {first[0] if first else exc}"
+        print(f"memscale: the native region's extension did not build: {why}", flush=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.with_suffix(".failed").write_text(why + "\n")
+        except OSError:
+            pass
         return 1
     finally:
         marker = _marker()
