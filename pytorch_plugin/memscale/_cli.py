@@ -224,7 +224,14 @@ def _peak_advice(summary: Any, flag: str | None) -> str:
     half = summary.peak_usage // 2
     size = f"{half / 2**20:.0f}MiB" if half >= 2**20 else str(half)
     floor = ""
-    if summary.min_budget > 0:
+    least = int(getattr(summary, "least_threshold", 0) or 0)
+    if least > 0:
+        below = " - half is below it, so expect an error there" if least > half else ""
+        floor = (
+            f"; the least threshold found to run every step: {format_bytes(least)} "
+            f"(--threshold {least}: replays of each step's program ran at it){below}"
+        )
+    elif summary.min_budget > 0:
         below = " - half is below it, so expect an error there" if summary.min_budget > half else ""
         floor = (
             f"; no threshold below {format_bytes(summary.min_budget)} can work (the steps' minimum budget, "

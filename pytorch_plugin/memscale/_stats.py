@@ -85,6 +85,10 @@ class Summary:
             need a budget; 0 without the memscale allocator).
         min_budget: the highest of the regions' ``min_budget`` (bytes): a lower
             bound below which no budget can run these steps (0: not measured).
+        least_threshold: under :func:`memscale.enable`, the least threshold
+            found to run every step shape measured (bytes: replays of each
+            shape's first step, searched upward from its floor; 0: none
+            searched) - the one to set, where ``min_budget`` is a bound.
         untracked_promoted: steps that began untracked and met a forward the
             fits of their shapes did not have (gradient accumulation over
             another micro-batch shape): tracked from that forward on; not in
@@ -114,6 +118,7 @@ class Summary:
     untracked_over_budget: int = 0
     untracked_promoted: int = 0
     min_budget: int = 0
+    least_threshold: int = 0
     granules_mapped: int = 0
     granules_unmapped: int = 0
     granules_remapped: int = 0
@@ -137,6 +142,7 @@ class Summary:
             **added,
             peak_usage=max(self.peak_usage, other.peak_usage),
             min_budget=max(self.min_budget, other.min_budget),
+            least_threshold=max(self.least_threshold, other.least_threshold),
             budget=self.budget if self.budget is not None else other.budget,
             tuning=self.tuning if self.tuning is not None else other.tuning,
             budget_source=self.budget_source or other.budget_source,

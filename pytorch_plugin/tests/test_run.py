@@ -153,9 +153,11 @@ def test_run_without_a_threshold_on_the_cpu_measures_the_peak(tmp_path: Path) ->
     assert s["active"] and s["evictions"] == 0 and s["budget"] is None and s["peak_usage"] > 0, s
     assert "no threshold was set: the training steps peaked at" in proc.stderr, proc.stderr
     assert "--threshold 50%" in proc.stderr and "MEMSCALE_EVICTION_THRESHOLD=" in proc.stderr, proc.stderr
-    # ... and the least that can work (the regions' minimum budget, a lower bound).
-    assert 0 < s["min_budget"] <= s["peak_usage"], s
-    assert "the steps' minimum budget, a lower bound" in proc.stderr, proc.stderr
+    # ... and the least threshold that works (replays of the step's program
+    # searched upward from its minimum budget, a lower bound).
+    assert 0 < s["min_budget"] <= s["least_threshold"], s
+    assert "the least threshold found to run every step: " in proc.stderr, proc.stderr
+    assert f"--threshold {s['least_threshold']}" in proc.stderr, proc.stderr
     _assert_bitwise(plain["out"], torch.load(out), "gpt2 without a threshold")
     half = _run(["gpt2_adamw_loop.py", "3"], tmp_path, threshold="50%")
     h = half["summary"]

@@ -195,6 +195,11 @@ class Floors:
                 best = (type(module).__name__, floor.least, floor.step)
         return best
 
+    def least_threshold(self) -> int:
+        """The highest least threshold found over the step shapes measured
+        (bytes; 0: none searched): the least that runs every one of them."""
+        return max((f.least.nbytes for f in self._floors.values() if f.least is not None), default=0)
+
     def works(self, shape: Shape, module: Any, budget: int) -> bool:
         """Whether a step of ``shape`` is known to run at ``budget``: at or
         above the least threshold found for it."""

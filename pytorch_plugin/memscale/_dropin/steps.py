@@ -520,6 +520,7 @@ class Steps:
             untracked_promoted=self.fits.promoted,
             peak_usage=max(self._untracked_peak, self._failed_peak),
             min_budget=self._failed_floor,
+            least_threshold=self.floors.least_threshold(),
         )
         summaries = list(self._finished)
         if self._region is not None:
