@@ -189,3 +189,18 @@ def test_a_failed_background_build_is_not_started_again_on_every_run(tmp_path: P
     assert reason is not None and "c++: not found" in reason and "MEMSCALE_NATIVE=1" in reason
     assert spawned == []  # not started again
     assert region_ext.cached_path().with_suffix(".failed").exists()
+
+
+def test_a_build_in_this_process_marks_itself_while_it_runs(tmp_path: Path, monkeypatch: Any) -> None:
+    _fresh(monkeypatch, tmp_path)
+    marker = region_ext.cached_path().with_suffix(".building")
+    seen: list[str] = []
+
+    def build(target: Path) -> Path:
+        seen.append(marker.read_text().strip())
+        return target
+
+    monkeypatch.setattr(region_ext, "_build", build)
+    assert region_ext._build_marked(region_ext.cached_path()) == region_ext.cached_path()
+    assert seen == [str(os.getpid())]  # a first use elsewhere meanwhile sees a live builder
+    assert not marker.exists()

@@ -202,7 +202,7 @@ def _load() -> ModuleType:
         _wait_for(target)
     if not target.exists():
         log.info("memscale: building the native region's extension into %s (once per torch and source)", target)
-        target = _build(target)
+        target = _build_marked(target)
     name = build_name()
     module = sys.modules.get(name)
     if module is None:
@@ -305,6 +305,28 @@ def _wait_for(target: Path, poll_s: float = 1.0) -> None:
     marker = _marker()
     while not target.exists() and _building_elsewhere(marker):
         time.sleep(poll_s)
+
+
+def _build_marked(target: Path) -> Path:
+    """:func:`_build` in this process, its marker naming this process while it
+    runs, so that a first use elsewhere meanwhile waits for it or uses the
+    Python region instead of starting a second build of the same sources."""
+    marker = _marker()
+    own = False
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        marker.unlink(missing_ok=True)  # not a live builder's: the caller checked
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        own = True
+    except OSError:
+        pass  # another process marked it just now, or the cache is read-only: build all the same
+    try:
+        return _build(target)
+    finally:
+        if own:
+            marker.unlink(missing_ok=True)
 
 
 def _spawn_build(log_path: Path) -> int:
