@@ -49,6 +49,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _path_line(region: Any) -> str:
+    """Which per-op path the region ran on, and why when not the native one."""
+    if region.native:
+        return "native (the per-op path in C++)"
+    from ._native import region_ext
+
+    why = region_ext.unavailable_reason()
+    return "Python" + (f" ({why})" if why else " (MEMSCALE_NATIVE=0)")
+
+
 def _tuning_line(tuning: dict[str, Any] | None) -> str:
     """The engine's choice at the end of step 1, as the demo prints it."""
     if not tuning:
@@ -196,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tuned after step 1", _tuning_line(s.get("tuning"))),
         ("step time", f"{statistics.median(times[skip:]):.3f} s vs {statistics.median(ref_times[skip:]):.3f} s plain ({ratio:.2f}x)"),
         ("unbudgeted region step", f"{statistics.median(free_times[skip:]):.3f} s (op recording only)"),
+        ("region path", _path_line(region)),
         ("losses", ", ".join(f"{float(x):.4f}" for x in losses) + ("  (bitwise equal to plain)" if same else "  (DIFFER from plain!)")),
     ]
     width = max(len(k) for k, _ in rows)
