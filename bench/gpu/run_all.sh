@@ -217,6 +217,8 @@ main() {
 
 	# 0. Smoke: memscale as PyTorch's allocator, one PASS/FAIL line per check.
 	step smoke 120 "$PY" bench/gpu/smoke.py --out "$STEPS/smoke.json"
+	# What a mapping costs by its size (issue 29 item 2: one handle per large request?).
+	step map_cost 60 "$PY" bench/gpu/map_cost.py --out "$STEPS/map_cost.json"
 
 	# 1. C ABI on the device.
 	# Device mode: streams made with cuStreamCreate, host-side data checks skipped.

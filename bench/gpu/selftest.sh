@@ -51,6 +51,7 @@ check dry-native-ext "$PY" $G/native_ext.py --dry-run
 check dry-env "$PY" $G/env_info.py --dry-run
 check dry-planner "$PY" $G/planner_check.py --dry-run
 check dry-fresh-warm "$PY" $G/fresh_warm.py --dry-run
+check dry-map-cost "$PY" $G/map_cost.py --dry-run
 
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	echo "note: this machine has a GPU; skipping the no-GPU skip checks"
@@ -59,6 +60,8 @@ else
 	check skip-correctness "$PY" $G/correctness.py --allocator memscale --save "$T/m.pt" --out "$T/cm.json"
 	check skip-gpt2 "$PY" $G/gpt2_dtr.py --out-dir "$T/g0"
 	check skip-smoke "$PY" $G/smoke.py --out "$T/s0.json"
+	check skip-map-cost "$PY" $G/map_cost.py --out "$T/mc.json"
+	expect skip-map-cost-json '"skipped"' "$T/mc.json"
 	expect skip-smoke-json '"skipped"' "$T/s0.json"
 	expect skip-correctness-json '"skipped"' "$T/cm.json"
 	expect skip-gpt2-json '"skipped"' "$T/g0/gpt2_dtr.json"
