@@ -307,6 +307,16 @@ def _wait_for(target: Path, poll_s: float = 1.0) -> None:
         time.sleep(poll_s)
 
 
+def _claim(marker: Path) -> int:
+    """Create ``marker`` for a build about to start (one left over is removed
+    first: the caller checked that no live process holds it) and return its
+    descriptor, for the builder's pid. Raises FileExistsError when another
+    process claimed it just now, OSError when the cache cannot be written."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    return os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+
+
 def _build_marked(target: Path) -> Path:
     """:func:`_build` in this process, its marker naming this process while it
     runs, so that a first use elsewhere meanwhile waits for it or uses the
@@ -314,9 +324,7 @@ def _build_marked(target: Path) -> Path:
     marker = _marker()
     own = False
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        marker.unlink(missing_ok=True)  # not a live builder's: the caller checked
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = _claim(marker)
         os.write(fd, f"{os.getpid()}\n".encode())
         os.close(fd)
         own = True
@@ -363,24 +371,25 @@ def start_background_build() -> str:
     if _background is not None or _building_elsewhere(marker):
         return why
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if marker.exists():
-            marker.unlink()  # left over: its process is gone
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = _claim(marker)
     except FileExistsError:
         return why  # another process started one just now
     except OSError as exc:
-        return f"its build cannot be started ({exc}); run `make native` or `python -m memscale._native.region_ext`"
+        return _cannot_start(exc)
     try:
         pid = _spawn_build(log_path)
         os.write(fd, f"{pid}\n".encode())
     except OSError as exc:
-        os.close(fd)
         marker.unlink(missing_ok=True)
-        return f"its build cannot be started ({exc}); run `make native` or `python -m memscale._native.region_ext`"
-    os.close(fd)
+        return _cannot_start(exc)
+    finally:
+        os.close(fd)
     _background = log_path
     return why
+
+
+def _cannot_start(exc: OSError) -> str:
+    return f"its build cannot be started ({exc}); run `make native` or `python -m memscale._native.region_ext`"
 
 
 def _torch_version() -> str:

@@ -17,7 +17,9 @@ to evict (:meth:`NativeSession.reclaim`, the allocator's reclaimer).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -134,22 +136,29 @@ def _read_data_through_wrappers() -> None:
     # A deep copy is a snapshot the program keeps: a plain tensor, as the
     # Python region's (DTRTensor.__deepcopy__), copied outside the region.
     legacy_deepcopy = torch.Tensor.__deepcopy__
-    set_included = ext.set_included
 
     def deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
         if not is_wrapper(self):
             return legacy_deepcopy(self, memo)  # type: ignore[no-any-return]
         real = unwrap(self)
-        was = set_included(False)
-        try:
+        with _key_off(ext):
             copied = real.clone()
-        finally:
-            set_included(was)
         memo[id(self)] = copied
         return copied  # type: ignore[no-any-return]
 
     torch.Tensor.__deepcopy__ = deepcopy  # type: ignore[method-assign]
     _patched = True
+
+
+@contextlib.contextmanager
+def _key_off(ext: Any) -> Iterator[None]:
+    """The region's key off on this thread meanwhile: ops reach the kernels,
+    not a session (an open one, or one that just closed)."""
+    was = ext.set_included(False)
+    try:
+        yield
+    finally:
+        ext.set_included(was)
 
 
 def _lacking(region: RegionSettings, sink: Any) -> str | None:
@@ -191,7 +200,7 @@ class NativeSession:
         #: The device whose allocation failures this session evicts for
         #: (:mod:`.reclaim`), and how many it could not help with because
         #: another thread was inside it.
-        self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
+        self.reclaims_for = reclaim.device_of(config)
         self.reclaims_refused = 0
         if self.reclaims_for is not None:
             reclaim.register(self, self.reclaims_for)
@@ -255,16 +264,13 @@ class NativeSession:
         # hand-back's ops must not reach this closed session.
         ext = region_ext.extension()
         assert ext is not None
-        was_included = ext.set_included(False)
-        try:
+        with _key_off(ext):
             pending = list(handed)
             while pending:
                 left = [(w, t) for w, t in pending if not hand_back(w, t)]
                 if len(left) == len(pending):
                     break
                 pending = left
-        finally:
-            ext.set_included(was_included)
         return stats
 
 

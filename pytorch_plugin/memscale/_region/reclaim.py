@@ -71,6 +71,13 @@ def _reclaim(device: int, need: int, ctx: Any) -> int:
 _CALLBACK: Final = _Reclaimer(_reclaim)
 
 
+def device_of(config: dict[str, Any]) -> int | None:
+    """The device whose allocation failures a session of engine configuration
+    ``config`` evicts for: one whose usage is that device's allocator's
+    (``"usage": "allocator"``); ``None`` for the others."""
+    return config.get("device") if config.get("usage") == "allocator" else None
+
+
 def refused(session: Any, need: int) -> None:
     """Count an allocation on another thread that ``session`` could not evict
     for (it was busy on its own thread); the first one is logged."""

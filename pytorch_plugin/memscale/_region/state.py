@@ -165,7 +165,7 @@ class SessionState:
         #: Whether the engine parks (its configuration's ``park``).
         self.parking = bool(config.get("park"))
         #: The device whose allocation failures this session evicts for.
-        self.reclaims_for: int | None = config.get("device") if config.get("usage") == "allocator" else None
+        self.reclaims_for = reclaim.device_of(config)
         self.budgeted = False
         self.drain_at = UNBUDGETED_DRAIN_BATCH
         #: Fingerprints checking every rebuild (:mod:`.verify`), when on.
