@@ -19,8 +19,11 @@ import (
 // leaves the step must be resident at once, or where the heuristic's victims
 // leave no room. LeastBudget finds a budget that works by replaying the
 // step's recorded program with the configuration the step would run with,
-// searching upward from the lower bound: the answer is a budget at which a
-// replay finished (or the ceiling, a budget the step itself ran at).
+// rebuilding as the plugin's region does (replay.Options.Region: inputs in
+// argument order, the outer levels of a nested rebuild parked in host
+// memory, restarts, room for what leaves the step at once), searching upward
+// from the lower bound: the answer is a budget at which a replay finished
+// (or the ceiling, a budget the step itself ran at).
 
 // LeastOverheadLimit is the replays' default overhead limit: a budget at
 // which the step's compute grows past this factor (rebuilding much of a long
@@ -105,7 +108,7 @@ func LeastBudget(tr *rc.Trace, opt LeastOptions) (LeastReport, error) {
 	floor := max(opt.Floor, 1)
 	rep := LeastReport{Floor: floor}
 	works := func(b uint64) (bool, error) {
-		res, err := replay.Run(tr, replay.Options{Budget: b, Engine: cfg, OverheadLimit: limit, Plans: true})
+		res, err := replay.Run(tr, replay.Options{Budget: b, Engine: cfg, OverheadLimit: limit, Plans: true, Region: true})
 		if err != nil {
 			return false, fmt.Errorf("autotune: replay at %d bytes: %w", b, err)
 		}

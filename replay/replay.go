@@ -75,6 +75,14 @@ type Options struct {
 	// simulator: depth first, locking an op's resident inputs just before
 	// rebuilding its missing ones.
 	Plans bool
+	// Region rebuilds as the plugin's region does (it implies Plans'
+	// plans; region.go): an op's inputs made resident in argument order,
+	// the storages of a rebuild's outer levels parked in host memory
+	// (evict.Engine.Park, with Engine.Park set) when an inner level finds no
+	// room, the outermost rebuild started over after a nested one found no
+	// room, and room made at the end for every output at once. It predicts
+	// the least budget a live step runs at (package autotune's LeastBudget).
+	Region bool
 	// Record has the engine record the program it runs (evict.Config.Record)
 	// and returns the recording in Result.Recording: the trace as the C ABI
 	// would have reported it, which package autotune tunes on.
@@ -222,6 +230,12 @@ type runner struct {
 	outs     []evict.Output
 	limit    int64 // remat compute allowed; <0 = none
 	res      Result
+	// Options.Region (region.go): the locks taken, to be released in
+	// order; the inputs each open level of a rebuild reads, outermost
+	// first; the tensors whose re-runs found no room.
+	held       []rc.TensorID
+	levels     [][]rc.TensorID
+	roomFailed []rc.TensorID
 }
 
 // Run replays tr under opt. Running out of memory and passing the overhead
@@ -321,6 +335,15 @@ func (r *runner) run() error {
 		}
 	}
 	// Everything still referenced is an output: it must be resident.
+	if r.opt.Region {
+		if err := r.leaveRegion(); err != nil {
+			return err
+		}
+		if r.opt.Check {
+			return r.check(true)
+		}
+		return nil
+	}
 	for _, t := range r.tr.Outputs {
 		id := r.ids[t]
 		if err := r.materialize(id); err != nil {
@@ -362,6 +385,9 @@ func (r *runner) step(in *rc.Instr) error {
 		}
 		return nil
 	case rc.KindCall, rc.KindMutate:
+		if r.opt.Region {
+			return r.callRegion(in)
+		}
 		return r.call(in)
 	case rc.KindCopy:
 		return r.eng.Retain(r.ids[in.T])
@@ -377,6 +403,16 @@ func (r *runner) step(in *rc.Instr) error {
 	case rc.KindPin:
 		// a recorded engine's pin (a gradient kept): resident for good
 		id := r.ids[in.T]
+		if r.opt.Region {
+			mark := len(r.held)
+			if err := r.rebuildRegion(id); err != nil {
+				return err
+			}
+			if err := r.eng.Pin(id); err != nil {
+				return err
+			}
+			return r.regionRelease(mark)
+		}
 		if err := r.materialize(id); err != nil {
 			return err
 		}
@@ -449,33 +485,14 @@ func (r *runner) call(in *rc.Instr) error {
 			}
 		}
 	}
-	if !r.counter {
-		var sizes []uint64
-		for _, o := range in.Outs {
-			if o.Alias < 0 {
-				sizes = append(sizes, o.Size)
-			}
-		}
-		if err := r.reserve(false, sizes...); err != nil {
-			return err
-		}
+	if err := r.placeOutputs(in); err != nil {
+		return err
 	}
 	_, ids, err := r.eng.Call(in.Op, args, outs, in.Time, 0)
 	if err != nil {
 		return err
 	}
-	var blocks []Block
-	if !r.counter {
-		blocks = r.take()
-	}
-	k := 0
-	for i, o := range in.Outs {
-		r.ids[o.T] = ids[i]
-		if o.Alias < 0 && !r.counter {
-			r.assign(ids[i], blocks[k])
-			k++
-		}
-	}
+	r.bindOutputs(in, ids)
 	for _, a := range args {
 		if err := r.eng.Unlock(a); err != nil {
 			return err
@@ -489,6 +506,38 @@ func (r *runner) call(in *rc.Instr) error {
 		}
 	}
 	return r.drain()
+}
+
+// placeOutputs places the fresh outputs of in with the memory model (not
+// Counting) before the op runs.
+func (r *runner) placeOutputs(in *rc.Instr) error {
+	if r.counter {
+		return nil
+	}
+	var sizes []uint64
+	for _, o := range in.Outs {
+		if o.Alias < 0 {
+			sizes = append(sizes, o.Size)
+		}
+	}
+	return r.reserve(false, sizes...)
+}
+
+// bindOutputs maps in's outputs to the engine's tensors ids and gives the
+// fresh ones the blocks placeOutputs placed.
+func (r *runner) bindOutputs(in *rc.Instr, ids []rc.TensorID) {
+	var blocks []Block
+	if !r.counter {
+		blocks = r.take()
+	}
+	k := 0
+	for i, o := range in.Outs {
+		r.ids[o.T] = ids[i]
+		if o.Alias < 0 && !r.counter {
+			r.assign(ids[i], blocks[k])
+			k++
+		}
+	}
 }
 
 // materialize makes t resident.
