@@ -66,7 +66,7 @@ def test_every_corpus_script_under_memscale_run(script: str) -> None:
 @pytest.mark.slow  # four runs of each script in child processes
 @pytest.mark.parametrize("script", ["transformer_lm", "word_lstm", "resnet_dummy"])
 def test_the_threshold_memscale_names_trains_the_script(script: str) -> None:
-    """At ``--threshold 1%`` the second step is refused before it starts and
+    """At ``--threshold 1%`` the step after the measured ones is refused before it starts and
     the error names the least threshold that works; at it the script trains
     (these three stopped at the floor, the threshold named before, issue 30)."""
     [row] = corpus.check(script, ["named"])

@@ -18,6 +18,15 @@ its floor bounds the later steps whose keyword arguments hold no tensor, so a
 model called with keyword tensors alone (``model(**batch)``) is checked
 against the floors of its second step on.
 
+The first :data:`MEASURED_STEPS` steps of each shape are measured: each
+records its program and its engine searches the least budget it runs at, and
+the least threshold kept for the shape is the highest they found. A shape's
+first step can carry in less than its later ones: under gradient accumulation
+the second micro-batch's backward reads the gradients the first one made
+(externals, pinned while they are read), and a GAN's step on fakes reads the
+generator's graph that the step before built. The later steps are like the
+second (the same gradients, the same graph from the phase before).
+
 When a step opens under a budget below the floor of its shape,
 :meth:`Floors.check` raises :class:`BudgetBelowFloorError` before the step's
 region is entered: one line, naming the budget, the floor and where it was
@@ -42,6 +51,11 @@ from ..errors import BudgetBelowFloorError
 from .fitting import signature
 
 __all__ = ["BudgetBelowFloorError", "Floors", "Shape"]
+
+#: The steps of each shape measured (their programs recorded and searched; on
+#: the CPU under a percentage, run unbudgeted): the first carries in less than
+#: the later ones can (see the module's docstring).
+MEASURED_STEPS: Final[int] = 2
 
 #: What each part of the engine's ``min_budget_parts`` is, in the error's words.
 _PARTS: Final[tuple[tuple[str, str], ...]] = (
@@ -83,6 +97,7 @@ class Least(NamedTuple):
     replayed: bool  # a replay finished at the least budget found (else: the step itself ran at it)
     replays: int
     headroom: int = 0  # the search's precision, added to the least budget found
+    step: int = 0  # the 1-based number of the step whose program was searched (0: not known)
 
     @staticmethod
     def of(report: Any) -> Least | None:
@@ -103,7 +118,8 @@ class Floor:
     parts: Mapping[str, Any]
     module: weakref.ref[Any]
     peak: int = 0  # the step's peak, when it ran whole with nothing evicted (a budget that works; 0: not known)
-    least: Least | None = None  # the engine's search for the least budget the step runs at (None: not searched)
+    least: Least | None = None  # the highest least budget the searches of its steps found (None: not searched)
+    searched: int = 0  # the steps of the shape that ran whole and whose least was searched
 
 
 def _parts_text(parts: Mapping[str, Any]) -> str:
@@ -126,14 +142,22 @@ def _peak_text(floor: Floor) -> str:
 
 def _least_text(floor: Floor, least: Least) -> str:
     """How the least threshold named is known to work."""
+    step = least.step or floor.step
     if least.replayed:
         tries = f"{least.replays} replays" if least.replays != 1 else "1 replay"
         where = f"{format_bytes(least.headroom)} below it, the headroom for later steps" if least.headroom else "at it"
-        return f"a replay of step {floor.step}'s recorded program finished {where}; {tries} searched up from the floor"
+        return f"a replay of step {step}'s recorded program finished {where}; {tries} searched up from the floor"
     if floor.peak and least.nbytes - least.headroom >= floor.peak:
-        return (f"step {floor.step} ran with nothing evicted at its peak of {format_bytes(floor.peak)}, and "
+        return (f"step {step} ran with nothing evicted at its peak of {format_bytes(floor.peak)}, and "
                 f"{format_bytes(least.headroom)} of headroom for later steps")
-    return f"step {floor.step} ran whole {format_bytes(least.headroom)} below it, the headroom for later steps"
+    return f"step {step} ran whole {format_bytes(least.headroom)} below it, the headroom for later steps"
+
+
+def _higher(a: Least | None, b: Least | None) -> Least | None:
+    """The higher of two searches' results (``None``: not searched)."""
+    if a is None or (b is not None and b.nbytes > a.nbytes):
+        return b
+    return a
 
 
 def _least(floor: int, source: str) -> str:
@@ -176,6 +200,16 @@ class Floors:
         """Whether a step of ``shape`` measured a floor (what :meth:`check` checks against)."""
         return self._find(shape, module) is not None
 
+    def measuring(self, shape: Shape, module: Any) -> bool:
+        """Whether a step of ``shape`` that opens now is one of the first
+        :data:`MEASURED_STEPS` of its shape: measured (its program searched)."""
+        searched = 0
+        for key in shape:  # the first step's shape may be its second key (keyword arguments not seen)
+            found = self._floors.get(key) if key is not None else None
+            if found is not None and found.module() is module:
+                searched += found.searched
+        return searched < MEASURED_STEPS
+
     def _find(self, shape: Shape, module: Any) -> Floor | None:
         for key in shape:
             found = self._floors.get(key) if key is not None else None
@@ -207,11 +241,11 @@ class Floors:
         return floor is not None and floor.least is not None and budget >= floor.least.nbytes
 
     def known(self, shape: Shape, module: Any) -> bool:
-        """Whether a step of ``shape`` measured its floor already (else the
-        step that opens now measures it, and its engine searches the least
-        budget it runs at: :attr:`memscale.dtr.least_budget`)."""
-        found = self._floors.get(shape.key) if shape.key is not None else None
-        return found is not None and found.module() is module and found.least is not None
+        """Whether the first :data:`MEASURED_STEPS` steps of ``shape`` were
+        searched already (else the step that opens now measures its floor,
+        and its engine searches the least budget it runs at:
+        :attr:`memscale.dtr.least_budget`)."""
+        return shape.key is not None and not self.measuring(shape, module)
 
     def measured(self, key: Hashable | None, module: Any, nbytes: int, step: int, whole: bool,
                  parts: Mapping[str, Any] | None, peak: int = 0, least: Least | None = None) -> None:
@@ -220,17 +254,23 @@ class Floors:
         ``least``: the engine's search for the least budget it runs at)."""
         if key is None or nbytes <= 0:
             return
+        if least is not None:
+            least = least._replace(step=least.step or step)
+        searched = 1 if whole and least is not None else 0
+        if not whole:
+            least = None  # a search needs the whole program
         known = self._floors.get(key)
         if known is not None and known.module() is module:
-            if least is None or not whole:
-                least = known.least  # the least found for a step of this shape
+            # The floor is the lowest measured (a bound for every step of the
+            # shape); the least threshold the highest found (one that runs
+            # every step searched).
+            least, searched = _higher(known.least, least), known.searched + searched
             if known.nbytes <= nbytes:
-                if known.least is None and least is not None:
-                    self._floors[key] = Floor(known.nbytes, known.step, known.whole, known.parts, known.module,
-                                              known.peak, least)
+                self._floors[key] = Floor(known.nbytes, known.step, known.whole, known.parts, known.module,
+                                          known.peak, least, searched)
                 return
         self._floors[key] = Floor(nbytes, step, whole, dict(parts or {}), weakref.ref(module), peak if whole else 0,
-                                  least if whole or known is not None else None)
+                                  least, searched)
 
     def check(self, shape: Shape, module: Any, budget: int, source: str) -> None:
         """Raise :class:`BudgetBelowFloorError` when a step of ``shape`` is

@@ -230,17 +230,22 @@ class Steps:
             keyed, positional = keyed_by, () if positional is None else positional
         shape = Floors.shape(keyed, args, positional)
         if not self._warmup and region is not self._baseline_region:
-            self.floors.check(shape, keyed, region.budget, region.budget_source)
             if self._baseline_region is not None and region.budget > 0 and shape.key is not None \
-                    and not self.floors.has(shape, keyed):
-                # The budget is of a measured step's peak (no GPU): a step of
-                # shapes no step measured is measured the same way first - it
-                # runs unbudgeted, and the steps of its shapes after it are
-                # checked against its floor before they start.
+                    and self.floors.measuring(shape, keyed):
+                # The budget is of a measured step's peak (no GPU): the first
+                # steps of shapes not measured yet (floors.MEASURED_STEPS: the
+                # second carries in what the first made - gradients under
+                # accumulation, a GAN's graph from the phase before) are
+                # measured the same way - they run unbudgeted, and the steps
+                # of their shapes after them are checked against their floor
+                # and least threshold before they start.
                 self._budgeted = region
+                which = "one of the first steps" if self.floors.has(shape, keyed) else "the first step"
                 region = self._region = self._new_region(
-                    Budget(0, f"the first step of its shapes, measured (the budget {region.budget_source} is of a "
+                    Budget(0, f"{which} of its shapes, measured (the budget {region.budget_source} is of a "
                               "measured step)"))
+            else:
+                self.floors.check(shape, keyed, region.budget, region.budget_source)
         # The first step of a shape measures its floor: its engine also
         # searches the least budget the step runs at (replays of its program).
         region.least_budget = shape.key is not None and not self.floors.known(shape, keyed)
