@@ -98,7 +98,9 @@ class Row:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
+    # MEMSCALE_NATIVE passes through: which region ran is part of the measurement (an unset one
+    # can switch to the native region partway when its background build finishes).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k in ("MEMSCALE_LIBRARY", "MEMSCALE_NATIVE")}
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     env["HF_HUB_OFFLINE"] = "1"

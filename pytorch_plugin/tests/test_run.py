@@ -136,15 +136,16 @@ def test_unmodified_script_runs_with_blocks(tmp_path: Path) -> None:
 def test_run_without_a_threshold_on_the_cpu_measures_the_peak(tmp_path: Path) -> None:
     """No threshold: nothing is evicted, the values are the plain run's, and
     the run prints the peak it measured with the threshold that halves it -
-    the one a percentage of 50 % gives on the CPU."""
-    plain = _run(["gpt2_adamw_loop.py", "3"], tmp_path)
+    the one a percentage of 50 % gives on the CPU. Four steps: at 50 % the
+    first two steps of each shape are measured unbudgeted (floors.MEASURED_STEPS)."""
+    plain = _run(["gpt2_adamw_loop.py", "4"], tmp_path)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCALE_") or k == "MEMSCALE_LIBRARY"}
     child_env["PYTHONPATH"] = str(PLUGIN)
     out, summary = tmp_path / "bare.pt", tmp_path / "bare.json"
     proc = subprocess.run(
         [
             sys.executable, "-m", "memscale", "run", "--summary-json", str(summary),
-            str(SCRIPTS / "gpt2_adamw_loop.py"), str(out), "3",
+            str(SCRIPTS / "gpt2_adamw_loop.py"), str(out), "4",
         ],
         env=child_env, capture_output=True, text=True, timeout=600,
     )
@@ -159,7 +160,7 @@ def test_run_without_a_threshold_on_the_cpu_measures_the_peak(tmp_path: Path) ->
     assert "the least threshold found to run every step: " in proc.stderr, proc.stderr
     assert f"--threshold {s['least_threshold']}" in proc.stderr, proc.stderr
     _assert_bitwise(plain["out"], torch.load(out), "gpt2 without a threshold")
-    half = _run(["gpt2_adamw_loop.py", "3"], tmp_path, threshold="50%")
+    half = _run(["gpt2_adamw_loop.py", "4"], tmp_path, threshold="50%")
     h = half["summary"]
     assert h["budget"] == h["baseline_peak"] // 2 and "--threshold 50%: of the first step's measured peak" in h[
         "budget_source"

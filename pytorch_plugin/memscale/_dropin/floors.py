@@ -283,7 +283,9 @@ class Floors:
         least = floor.least
         if floor.nbytes <= budget:
             # At or above the floor the step may run: a replay that ran out of
-            # room there does not prove the region would (it does not park).
+            # room there does not prove the region would (the replay rebuilds
+            # as the region does, with the op costs the measured step saw; the
+            # region's own costs differ from run to run, and so its choices).
             return
         how = "ran whole" if floor.whole else "failed, measuring up to where it failed"
         name = type(module).__name__
