@@ -103,33 +103,9 @@ func (r *runner) callRegion(in *rc.Instr) error {
 			}
 		}
 	}
-	outs := r.outs[:0]
-	var fresh uint64
-	for _, o := range in.Outs {
-		outs = append(outs, evict.Output{Size: o.Size, Alias: o.Alias})
-		if o.Alias < 0 {
-			fresh += o.Size
-		}
-	}
-	r.outs = outs
-	if err := r.allocate(fresh); err != nil {
+	if err := r.runOp(in, args); err != nil {
 		return err
 	}
-	if r.opt.Check {
-		for i, a := range args {
-			if !g.IsResident(a) {
-				return fmt.Errorf("op %s input %d (%s) is not resident when it runs", in.Op, i, r.tr.Names[in.Args[i]])
-			}
-		}
-	}
-	if err := r.placeOutputs(in); err != nil {
-		return err
-	}
-	_, ids, err := r.eng.Call(in.Op, args, outs, in.Time, 0)
-	if err != nil {
-		return err
-	}
-	r.bindOutputs(in, ids)
 	// Unlocked after the op as the region's Held does (its results are
 	// registered first).
 	if err := r.regionRelease(mark); err != nil {

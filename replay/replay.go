@@ -466,33 +466,9 @@ func (r *runner) call(in *rc.Instr) error {
 			return err
 		}
 	}
-	outs := r.outs[:0]
-	var fresh uint64
-	for _, o := range in.Outs {
-		outs = append(outs, evict.Output{Size: o.Size, Alias: o.Alias})
-		if o.Alias < 0 {
-			fresh = satmath.AddUint64(fresh, o.Size)
-		}
-	}
-	r.outs = outs
-	if err := r.allocate(fresh); err != nil {
+	if err := r.runOp(in, args); err != nil {
 		return err
 	}
-	if r.opt.Check {
-		for i, a := range args {
-			if !g.IsResident(a) {
-				return fmt.Errorf("op %s input %d (%s) is not resident when it runs", in.Op, i, r.tr.Names[in.Args[i]])
-			}
-		}
-	}
-	if err := r.placeOutputs(in); err != nil {
-		return err
-	}
-	_, ids, err := r.eng.Call(in.Op, args, outs, in.Time, 0)
-	if err != nil {
-		return err
-	}
-	r.bindOutputs(in, ids)
 	for _, a := range args {
 		if err := r.eng.Unlock(a); err != nil {
 			return err
@@ -510,6 +486,40 @@ func (r *runner) call(in *rc.Instr) error {
 
 // placeOutputs places the fresh outputs of in with the memory model (not
 // Counting) before the op runs.
+// runOp runs in with its inputs args resident and locked: room for what it
+// allocates, then the engine's Call, its results bound to the trace's ids
+// (both the simulator's call and the region's callRegion).
+func (r *runner) runOp(in *rc.Instr, args []rc.TensorID) error {
+	outs := r.outs[:0]
+	var fresh uint64
+	for _, o := range in.Outs {
+		outs = append(outs, evict.Output{Size: o.Size, Alias: o.Alias})
+		if o.Alias < 0 {
+			fresh = satmath.AddUint64(fresh, o.Size)
+		}
+	}
+	r.outs = outs
+	if err := r.allocate(fresh); err != nil {
+		return err
+	}
+	if r.opt.Check {
+		for i, a := range args {
+			if !r.eng.Graph().IsResident(a) {
+				return fmt.Errorf("op %s input %d (%s) is not resident when it runs", in.Op, i, r.tr.Names[in.Args[i]])
+			}
+		}
+	}
+	if err := r.placeOutputs(in); err != nil {
+		return err
+	}
+	_, ids, err := r.eng.Call(in.Op, args, outs, in.Time, 0)
+	if err != nil {
+		return err
+	}
+	r.bindOutputs(in, ids)
+	return nil
+}
+
 func (r *runner) placeOutputs(in *rc.Instr) error {
 	if r.counter {
 		return nil
