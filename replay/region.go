@@ -74,15 +74,9 @@ func noRoom(err error) bool {
 
 // callRegion runs a CALL or MUTATE as the region does (see above).
 func (r *runner) callRegion(in *rc.Instr) error {
-	args := r.args[:0]
-	for _, a := range in.Args {
-		args = append(args, r.ids[a])
-	}
-	r.args = args
-	for _, a := range args {
-		if err := r.eng.Access(a); err != nil {
-			return err
-		}
+	args, err := r.accessArgs(in)
+	if err != nil {
+		return err
 	}
 	g := r.eng.Graph()
 	mark := len(r.held)
@@ -111,14 +105,7 @@ func (r *runner) callRegion(in *rc.Instr) error {
 	if err := r.regionRelease(mark); err != nil {
 		return err
 	}
-	if in.Kind == rc.KindMutate {
-		for _, m := range in.Mutated {
-			if err := r.eng.Release(args[m]); err != nil {
-				return err
-			}
-		}
-	}
-	return r.drain()
+	return r.afterOp(in, args)
 }
 
 // inputsRegion makes ts resident and locked, in order, as one level of a

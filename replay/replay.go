@@ -430,15 +430,9 @@ func (r *runner) release(t rc.TensorID) error {
 
 // call runs a CALL or MUTATE: make the inputs resident, make room, run.
 func (r *runner) call(in *rc.Instr) error {
-	args := r.args[:0]
-	for _, a := range in.Args {
-		args = append(args, r.ids[a])
-	}
-	r.args = args
-	for _, a := range args {
-		if err := r.eng.Access(a); err != nil {
-			return err
-		}
+	args, err := r.accessArgs(in)
+	if err != nil {
+		return err
 	}
 	g := r.eng.Graph()
 	// As the simulator does: lock what is resident, then bring back the
@@ -474,6 +468,28 @@ func (r *runner) call(in *rc.Instr) error {
 			return err
 		}
 	}
+	return r.afterOp(in, args)
+}
+
+// accessArgs maps in's arguments to the engine's ids (into r.args, reused)
+// and tells the engine each is accessed (both call and callRegion).
+func (r *runner) accessArgs(in *rc.Instr) ([]rc.TensorID, error) {
+	args := r.args[:0]
+	for _, a := range in.Args {
+		args = append(args, r.ids[a])
+	}
+	r.args = args
+	for _, a := range args {
+		if err := r.eng.Access(a); err != nil {
+			return nil, err
+		}
+	}
+	return args, nil
+}
+
+// afterOp ends a CALL or MUTATE once its inputs are unlocked: a MUTATE's old
+// versions are released, then the engine's pending frees drained.
+func (r *runner) afterOp(in *rc.Instr, args []rc.TensorID) error {
 	if in.Kind == rc.KindMutate {
 		for _, m := range in.Mutated {
 			if err := r.eng.Release(args[m]); err != nil {
@@ -484,8 +500,6 @@ func (r *runner) call(in *rc.Instr) error {
 	return r.drain()
 }
 
-// placeOutputs places the fresh outputs of in with the memory model (not
-// Counting) before the op runs.
 // runOp runs in with its inputs args resident and locked: room for what it
 // allocates, then the engine's Call, its results bound to the trace's ids
 // (both the simulator's call and the region's callRegion).
@@ -520,6 +534,8 @@ func (r *runner) runOp(in *rc.Instr, args []rc.TensorID) error {
 	return nil
 }
 
+// placeOutputs places the fresh outputs of in with the memory model (not
+// Counting) before the op runs.
 func (r *runner) placeOutputs(in *rc.Instr) error {
 	if r.counter {
 		return nil

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,23 +93,33 @@ def test_a_step_below_its_measured_floor_fails_before_it_runs(monkeypatch: pytes
     assert "the headroom for later steps" in message, message
 
 
-def test_the_least_threshold_the_error_names_trains(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "50%")
+def _refused_then_trained(
+    monkeypatch: pytest.MonkeyPatch, threshold: str, train: Callable[[nn.Module], list[torch.Tensor]]
+) -> tuple[int, list[torch.Tensor], list[torch.Tensor], Any]:
+    """``train`` under ``threshold`` is refused before a step; returns the least
+    threshold the error named, a plain run's results, the results of a run at
+    that threshold and its summary."""
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", threshold)
     enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
     try:
         with pytest.raises(BudgetBelowFloorError) as err:
-            _train(_model())
+            train(_model())
     finally:
         enabled.disable()
-    floor = err.value.least
-    ref = _train(_model())
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", str(floor))
+    named = err.value.least
+    ref = train(_model())
+    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", str(named))
     enabled = memscale.enable(memscale.Config(heuristic="lru", untracked_steps=False, log_summary=False))
     try:
-        got = _train(_model())
+        got = train(_model())
         summary = enabled.summary()
     finally:
         enabled.disable()
+    return named, ref, got, summary
+
+
+def test_the_least_threshold_the_error_names_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    floor, ref, got, summary = _refused_then_trained(monkeypatch, "50%", _train)
     assert summary.steps == 3 and summary.budget == floor and summary.peak_usage <= floor, summary
     assert summary.evictions > 0, summary
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
@@ -431,21 +442,6 @@ def test_the_threshold_named_covers_later_steps_that_carry_in_more(monkeypatch: 
     native region the second step stopped partway under it (NoRoomError). The
     first MEASURED_STEPS steps of each shape are measured now, and the
     threshold named (the highest least found) trains every step."""
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", "1%")
-    enabled = memscale.enable(memscale.Config(heuristic="lru", log_summary=False))
-    try:
-        with pytest.raises(BudgetBelowFloorError) as err:
-            _accumulate(_model())
-    finally:
-        enabled.disable()
-    named = err.value.least
-    ref = _accumulate(_model())
-    monkeypatch.setenv("MEMSCALE_EVICTION_THRESHOLD", str(named))
-    enabled = memscale.enable(memscale.Config(heuristic="lru", untracked_steps=False, log_summary=False))
-    try:
-        got = _accumulate(_model())
-        summary = enabled.summary()
-    finally:
-        enabled.disable()
+    named, ref, got, summary = _refused_then_trained(monkeypatch, "1%", _accumulate)
     assert summary.steps == 4 and summary.peak_usage <= named, summary
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
