@@ -381,12 +381,7 @@ func (r *runner) leaveRegion() error {
 	for _, t := range r.tr.Outputs {
 		id := r.ids[t]
 		if err := r.rebuildRegion(id); err != nil {
-			var stop *errStop
-			if errors.As(err, &stop) {
-				stop.err = fmt.Errorf("bringing back output %s at the end: %w", r.tr.Names[t], stop.err)
-				return stop
-			}
-			return fmt.Errorf("replay: bringing back output %s: %w", r.tr.Names[t], err)
+			return r.outputLost(t, err)
 		}
 	}
 	for _, t := range r.tr.Outputs {

@@ -347,12 +347,7 @@ func (r *runner) run() error {
 	for _, t := range r.tr.Outputs {
 		id := r.ids[t]
 		if err := r.materialize(id); err != nil {
-			var stop *errStop
-			if errors.As(err, &stop) {
-				stop.err = fmt.Errorf("bringing back output %s at the end: %w", r.tr.Names[t], stop.err)
-				return stop
-			}
-			return fmt.Errorf("replay: bringing back output %s: %w", r.tr.Names[t], err)
+			return r.outputLost(t, err)
 		}
 		if err := r.eng.Pin(id); err != nil {
 			return fmt.Errorf("replay: pinning output %s: %w", r.tr.Names[t], err)
@@ -498,6 +493,17 @@ func (r *runner) afterOp(in *rc.Instr, args []rc.TensorID) error {
 		}
 	}
 	return r.drain()
+}
+
+// outputLost says which output of the step could not be brought back at its
+// end (a replay that ran out of room stays one: errStop).
+func (r *runner) outputLost(t int32, err error) error {
+	var stop *errStop
+	if errors.As(err, &stop) {
+		stop.err = fmt.Errorf("bringing back output %s at the end: %w", r.tr.Names[t], stop.err)
+		return stop
+	}
+	return fmt.Errorf("replay: bringing back output %s: %w", r.tr.Names[t], err)
 }
 
 // runOp runs in with its inputs args resident and locked: room for what it
