@@ -216,14 +216,10 @@ func (r *runner) materializeRegion(t rc.TensorID) error {
 		if g.IsResident(t) {
 			return r.regionLock(t)
 		}
-		if r.depth == len(r.steps) {
-			r.steps = append(r.steps, nil)
-		}
-		steps, err := r.eng.Plan(t, r.steps[r.depth][:0])
+		steps, err := r.plan(t)
 		if err != nil {
 			return err
 		}
-		r.steps[r.depth] = steps[:0]
 		if len(steps) == 0 {
 			return fmt.Errorf("tensor %d is not resident and its plan is empty", t)
 		}

@@ -707,19 +707,28 @@ func (r *runner) overLimit() error {
 	return nil
 }
 
-// materializePlan makes t resident by running the engine's plan. The
-// engine holds the inputs of the step about to run; an input that is not
-// resident when its step comes (the budget loop took it while earlier steps
-// ran) is rebuilt first by a nested plan, as the C ABI's callers do.
-func (r *runner) materializePlan(t rc.TensorID) error {
+// plan is the engine's plan for t, in the buffer kept for this rebuild depth.
+func (r *runner) plan(t rc.TensorID) ([]rc.Step, error) {
 	if r.depth == len(r.steps) {
 		r.steps = append(r.steps, nil)
 	}
 	steps, err := r.eng.Plan(t, r.steps[r.depth][:0])
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.steps[r.depth] = steps[:0]
+	return steps, nil
+}
+
+// materializePlan makes t resident by running the engine's plan. The
+// engine holds the inputs of the step about to run; an input that is not
+// resident when its step comes (the budget loop took it while earlier steps
+// ran) is rebuilt first by a nested plan, as the C ABI's callers do.
+func (r *runner) materializePlan(t rc.TensorID) error {
+	steps, err := r.plan(t)
+	if err != nil {
+		return err
+	}
 	if len(steps) == 0 {
 		return nil
 	}
