@@ -166,6 +166,9 @@ type Graph struct {
 	opStamp  []uint64
 	swapped  uint64 // bytes of the storages in state Swapped
 	live     uint64 // bytes of the storages not Released (at most MaxLiveBytes)
+
+	tensorIDs  idArena[TensorID]  // ops' Inputs and Outputs
+	storageIDs idArena[StorageID] // storages' first Parents and Children
 }
 
 // MaxSize is the largest storage the graph accepts, in bytes: 256 TiB, the
@@ -349,8 +352,8 @@ func (g *Graph) AddOp(name string, inputs []TensorID, outs []OutSpec, cost int64
 	}
 	g.live += fresh
 	id := OpID(len(g.ops))
-	op := Op{Name: name, Inputs: append([]TensorID(nil), inputs...), Cost: cost, Flags: flags}
-	op.Outputs = make([]TensorID, len(outs))
+	op := Op{Name: name, Inputs: g.tensorIDs.clone(inputs), Cost: cost, Flags: flags}
+	op.Outputs = g.tensorIDs.take(len(outs))
 	g.epoch++
 	for i, o := range outs {
 		t := TensorID(len(g.tensors))
@@ -398,9 +401,9 @@ func (g *Graph) link(id OpID) {
 				continue
 			}
 			p, c := &g.storages[ps], &g.storages[cs]
-			p.Children = append(p.Children, cs)
+			p.Children = g.storageIDs.appendTo(p.Children, cs)
 			p.LiveChildren++
-			c.Parents = append(c.Parents, ps)
+			c.Parents = g.storageIDs.appendTo(c.Parents, ps)
 		}
 	}
 }
