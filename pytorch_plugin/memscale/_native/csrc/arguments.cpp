@@ -172,7 +172,7 @@ void Session::flatten_results(c10::IValue* results, size_t n, Outputs& out) {
   }
 }
 
-std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+CellList Session::register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                             int64_t* fresh_bytes) {
   const size_t n_in = in.cells.size();
   const size_t n_out = out.tensors.size();
@@ -237,17 +237,17 @@ std::vector<CellPtr> Session::register_call(const OpFacts& f, const Inputs& in, 
             static_cast<long long>(op_id), f.name.c_str(), n_in, n_out, n_rel,
             static_cast<long long>(status_->usage));
   }
-  std::vector<CellPtr> cells = make_cells(in, out, op_id, w, sizes, aliases);
+  CellList cells = make_cells(in, out, op_id, w, sizes, aliases);
   int64_t handed = w[n_out];
   carry_out_handed(w + n_out + 1, handed);
   *fresh_bytes = fresh;
   return cells;
 }
 
-std::vector<CellPtr> Session::make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
-                                         c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases) {
+CellList Session::make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
+                             c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases) {
   const size_t n_out = out.tensors.size();
-  std::vector<CellPtr> cells;
+  CellList cells;
   cells.reserve(n_out);
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& o = out.tensors[k];
@@ -268,13 +268,13 @@ std::vector<CellPtr> Session::make_cells(const Inputs& in, const Outputs& out, i
       g.cells.push_back(cell);
       g.live++;
     }
-    cell->session.store(this);
+    cell->session.store(this, std::memory_order_release);
     cells.push_back(std::move(cell));
   }
   return cells;
 }
 
-std::vector<CellPtr> Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+CellList Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                          c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
                                          int64_t fresh, int64_t* fresh_bytes) {
   // No decision waits on this op: its record is queued with the ids the
@@ -304,7 +304,7 @@ std::vector<CellPtr> Session::queue_call(const OpFacts& f, const Inputs& in, con
   }
   c10::SmallVector<int64_t, 4> ids;
   for (size_t k = 0; k < n_out; ++k) ids.push_back(first + static_cast<int64_t>(k));
-  std::vector<CellPtr> cells = make_cells(in, out, op_id, ids.data(), sizes, aliases);
+  CellList cells = make_cells(in, out, op_id, ids.data(), sizes, aliases);
   if (batch_ops_ >= kBatchOps) flush();
   *fresh_bytes = fresh;
   return cells;
@@ -334,15 +334,15 @@ void Session::carry_out_handed(const int64_t* pairs, int64_t n) {
 }
 
 int64_t Session::name_id(const OpFacts& f) {
-  auto it = name_ids_.find(&f);
-  if (it != name_ids_.end()) return it->second;
+  if (f.index < name_ids_.size() && name_ids_[f.index] >= 0) return name_ids_[f.index];
   int64_t id = abi_.name(h_, f.name.c_str());
   if (id < 0) fail("memscale_dtr_name(" + f.name + ")");
-  name_ids_.emplace(&f, id);
+  if (name_ids_.size() <= f.index) name_ids_.resize(f.index + 1, -1);
+  name_ids_[f.index] = id;
   return id;
 }
 
-void Session::wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells) {
+void Session::wrap_results(c10::IValue* results, Outputs& out, c10::ArrayRef<CellPtr> cells) {
   int owned = -1;
   for (size_t k = 0; k < cells.size(); ++k) {
     auto [r, elem] = out.places[k];

@@ -83,6 +83,8 @@ struct Cell : c10::intrusive_ptr_target {
 };
 
 using CellPtr = c10::intrusive_ptr<Cell>;
+// The cells an op's results became (most ops return one or two tensors: no allocation then).
+using CellList = c10::SmallVector<CellPtr, 2>;
 
 // One storage and the cells on it.
 struct Group {
@@ -126,6 +128,10 @@ struct RecordedOp {
   bool shape_only = false;
   int64_t fresh_bytes = 0;         // what a re-run allocates
   bool grad_mode = false;          // the grad mode of the first run (kernels read it: mkldnn_rnn_layer)
+  // Arguments (bit i: position i) that were Python numbers passed where a
+  // tensor goes (y + 1.0): kept as the number, made a wrapped-number tensor
+  // again at a re-run - so a record keeps no tensor alive but its cells'.
+  uint32_t numbers = 0;
 
   explicit RecordedOp(const c10::OperatorHandle& op_) : op(op_) {}
 };

@@ -76,7 +76,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
   closed_ = true;
   groups_.for_each([&](int64_t, Group& g) {
     for (const CellPtr& c : g.cells) {
-      c->session.store(nullptr);
+      c->session.store(nullptr, std::memory_order_release);
       if (c->wrappers.load() > 0 && !c->released) {
         derive(c);
         if (ok && c->tensor.defined() && c->wrapper.has_value()) {

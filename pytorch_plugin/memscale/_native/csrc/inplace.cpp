@@ -57,7 +57,7 @@ void Session::dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts
   out.tensors.push_back(view);
   out.places.emplace_back(0, -1);
   int64_t fresh = 0;
-  std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+  CellList cells = register_call(f, in, out, cost, &fresh);
   if (rec) {
     rec->outputs.assign(cells.begin(), cells.end());
     ops_[cells.front()->op] = std::move(rec);
@@ -288,7 +288,7 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
     // Fresh results (batch norm's, besides its running statistics): their
     // re-run writes into scratch copies of the written arguments.
     int64_t fresh = 0;
-    std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+    CellList cells = register_call(f, in, out, cost, &fresh);
     if (extra || size_key) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
     if (rec) {
       auto call = std::make_unique<RecordedOp>(*rec);

@@ -141,12 +141,24 @@ OpFactsTable& facts_table() {
 }
 
 const OpFacts& OpFactsTable::of(const c10::OperatorHandle& op) {
+  // Facts are never removed, so a pointer once found stays valid.
+  thread_local std::unordered_map<const void*, const OpFacts*> seen;
+  const void* key = &op.schema();
+  auto it = seen.find(key);
+  if (it != seen.end()) return *it->second;
+  const OpFacts& f = shared(op);
+  seen.emplace(key, &f);
+  return f;
+}
+
+const OpFacts& OpFactsTable::shared(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
   std::lock_guard<std::mutex> guard(mu_);
   auto it = facts_.find(key);
   if (it != facts_.end()) return *it->second;
   auto& slot = facts_[key];
   slot = compute(op);
+  slot->index = facts_.size() - 1;
   return *slot;
 }
 

@@ -30,21 +30,26 @@ struct OpFacts {
   bool all_views = false;          // every result views an argument: nothing allocated
   bool seeded = false;             // draws random numbers (generator state recorded)
   bool inplace_view = false;       // changes a tensor's shape or strides in place
-  bool shape_only = false;
-  bool reproducible = true;        // the same inputs give bitwise the same results (not empty*)         // `self` is read for its metadata only (empty_like, new_zeros...)
+  bool shape_only = false;         // `self` is read for its metadata only (empty_like, new_zeros...)
+  bool reproducible = true;        // the same inputs give bitwise the same results (not empty*)
   int32_t flags = 0;               // engine flags of its registrations (kNoRecompute)
   int device_arg = -1;             // position of a `device` argument, or -1
+  size_t index = 0;                // this overload's number in the process (0, 1, ...): sessions index by it
 
   // Whether this call writes any argument (false for batch norm in eval mode).
   bool writes(const c10::IValue* args) const;
 };
 
-// The facts of every overload seen, computed once each (thread-safe).
+// The facts of every overload seen, computed once each (thread-safe). Each
+// thread keeps its own map of what it looked up (no lock per op); the table's
+// is read under the lock the first time a thread meets an overload.
 class OpFactsTable {
  public:
   const OpFacts& of(const c10::OperatorHandle& op);
 
  private:
+  const OpFacts& shared(const c10::OperatorHandle& op);
+
   std::mutex mu_;
   std::unordered_map<const void*, std::unique_ptr<OpFacts>> facts_;
 };

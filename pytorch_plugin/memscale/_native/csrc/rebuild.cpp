@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_set>
 
+#include <ATen/ScalarOps.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
@@ -169,6 +170,9 @@ void Session::rerun(int64_t op_id) {
     }
   }
   torch::jit::Stack stack(r.args.begin(), r.args.end());
+  for (size_t i = 0; i < stack.size() && i < 32; ++i) {
+    if (r.numbers & (uint32_t{1} << i)) stack[i] = at::native::wrapped_scalar_tensor(stack[i].toScalar());
+  }
   if (r.shape_only) {
     const at::Tensor& meta = r.args[0].toTensor();
     const CellPtr& any = r.outputs.front();

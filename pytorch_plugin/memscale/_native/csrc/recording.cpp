@@ -40,6 +40,31 @@ uint64_t kind_of(const c10::IValue& v) {
 
 uint64_t mix(uint64_t seed, uint64_t v) { return c10::hash_combine(seed, v); }
 
+// The number a wrapped-number tensor holds (a Python number passed where a
+// tensor goes), when a re-run can make the same tensor from it: a CPU scalar
+// of the dtype the number's own type gives (c10::scalar_to_tensor's).
+c10::optional<c10::Scalar> wrapped_number(const c10::IValue& v) {
+  if (!v.isTensor()) return c10::nullopt;
+  const at::Tensor& t = v.toTensor();
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu() || t.dim() != 0 ||
+      t.requires_grad() || !t.has_storage()) {
+    return c10::nullopt;
+  }
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return c10::Scalar(*t.const_data_ptr<double>());
+    case at::kLong:
+      return c10::Scalar(*t.const_data_ptr<int64_t>());
+    case at::kBool:
+      return c10::Scalar(*t.const_data_ptr<bool>());
+    case at::kComplexDouble:
+      return c10::Scalar(*t.const_data_ptr<c10::complex<double>>());
+    default:
+      return c10::nullopt;
+  }
+}
+
+
 // What of an argument decides what an op allocates, mixed into `h`: a
 // tensor's sizes, strides and dtype, a scalar's value, every element of a
 // list (convolution_backward's output_mask decides which gradients it
@@ -95,6 +120,12 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
   rec->inputs.assign(in.cells.begin(), in.cells.end());
   rec->shape_only = f.shape_only;
   rec->grad_mode = c10::GradMode::is_enabled();
+  for (size_t i = 0; i < f.n_args && i < 32; ++i) {
+    if (auto number = wrapped_number(args[i])) {
+      rec->args[i] = c10::IValue(*number);
+      rec->numbers |= uint32_t{1} << i;
+    }
+  }
   // Tensors are not kept: each slot names its cell (a list argument is copied).
   int last = -1;
   for (const Slot& s : in.slots) {

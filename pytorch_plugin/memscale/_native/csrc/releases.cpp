@@ -38,6 +38,7 @@ void Session::queue_release(const CellPtr& cell) {
   }
   std::lock_guard<std::mutex> guard(release_mu_);
   released_.push_back(cell);
+  any_released_.store(true, std::memory_order_release);
 }
 
 void Session::expose(const CellPtr& cell) {
@@ -74,6 +75,10 @@ void Session::release(const CellPtr& cell) {
   if (cell->released || cell->session.load() != this || cell->wrappers.load() > 0) return;
   unexpose(cell);
   cell->released = true;
+  // No wrapper names it any more: the dead ones' memory goes now, not at the
+  // exit (a cell's weak reference keeps a dead TensorImpl allocated).
+  cell->wrapper.reset();
+  cell->others.clear();
   release_ids_.push_back(cell->id);
   Group* g = groups_.find(cell->root);
   if (g == nullptr) return;
@@ -86,9 +91,11 @@ void Session::release(const CellPtr& cell) {
 }
 
 void Session::take_releases() {
+  if (!any_released_.load(std::memory_order_acquire)) return;
   std::vector<CellPtr> batch;
   {
     std::lock_guard<std::mutex> guard(release_mu_);
+    any_released_.store(false, std::memory_order_relaxed);
     if (released_.empty()) return;
     batch.swap(released_);
   }

@@ -215,11 +215,11 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   uint64_t size_key = 0;
   int64_t extra = 0;
   bool predicted = false;
-  if (!f.all_views && (budgeted_ || !unbudgeted_seen_.count(&op.schema()))) {
+  if (!f.all_views && (budgeted_ || !seen_unbudgeted(f))) {
     // Without a budget only the first call of each overload in this session
     // is looked at: its meta prediction against its real bytes (the ratio
     // the budgeted regions scale their predictions by).
-    if (!budgeted_) unbudgeted_seen_.insert(&op.schema());
+    if (!budgeted_) unbudgeted_seen_[f.index] = true;
     extra = predict(op, f, args, &size_key);
     if (!budgeted_) extra = 0;
     predicted = true;
@@ -249,7 +249,7 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   if (out.tensors.empty()) return;
   cost = device_cost(op, out.tensors.front(), std::move(started), cost);
   int64_t fresh = 0;
-  std::vector<CellPtr> cells = register_call(f, in, out, cost, &fresh);
+  CellList cells = register_call(f, in, out, cost, &fresh);
   if (predicted) output_sizes().learn(size_key, &op.schema(), fresh, last_meta_);
   if (rec) {
     rec->outputs.assign(cells.begin(), cells.end());

@@ -160,14 +160,14 @@ class Session {
   void make_inputs_resident(Inputs& in, Held& held);
   void fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals);
   void flatten_results(c10::IValue* results, size_t n, Outputs& out);
-  std::vector<CellPtr> register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+  CellList register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                      int64_t* fresh_bytes);
-  std::vector<CellPtr> queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
+  CellList queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                                   c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
                                   int64_t fresh, int64_t* fresh_bytes);
-  std::vector<CellPtr> make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
+  CellList make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
                                   c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases);
-  void wrap_results(c10::IValue* results, Outputs& out, const std::vector<CellPtr>& cells);
+  void wrap_results(c10::IValue* results, Outputs& out, c10::ArrayRef<CellPtr> cells);
 
   // The paths of dispatch.
   void room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Held& held);
@@ -217,6 +217,11 @@ class Session {
     return abi_;
   }
   int64_t name_id(const OpFacts& f);
+  // Whether an unbudgeted call of f's overload was looked at (the table grown to hold it).
+  bool seen_unbudgeted(const OpFacts& f) {
+    if (unbudgeted_seen_.size() <= f.index) unbudgeted_seen_.resize(f.index + 1, false);
+    return unbudgeted_seen_[f.index];
+  }
   void after_op();
   void make_room(int64_t extra, const std::string& what);
   void evict(int64_t extra, const std::string& why);
@@ -272,15 +277,17 @@ class Session {
   std::vector<WeakImpl> leaves_;
   std::unordered_set<const void*> graph_seen_;  // graph_leaves' walked nodes and leaves
   int64_t last_meta_ = -1;  // what the last prediction's meta run said (-1: none)
-  std::unordered_set<const void*> unbudgeted_seen_;
+  // Overloads (OpFacts::index) whose first call without a budget was looked at.
+  std::vector<bool> unbudgeted_seen_;
   // Verified rebuilds: a fingerprint of each fresh tensor's first run.
   const bool verify_;
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> prints_;
-  void fingerprint_outputs(const OpFacts& f, const std::vector<CellPtr>& cells);
+  void fingerprint_outputs(const OpFacts& f, c10::ArrayRef<CellPtr> cells);
   void check_rebuilt(const RecordedOp& r, size_t k, const at::Tensor& rebuilt);
 
   std::mutex release_mu_;
   std::vector<CellPtr> released_;       // queued by dying wrappers
+  std::atomic<bool> any_released_{false};  // released_ may be non-empty (read without the lock per op)
   std::vector<int64_t> release_ids_;    // told to the engine with its next call
   std::vector<int64_t> frame_;
   // Queued registrations (memscale_dtr_ops records) and the ids they take.
@@ -297,7 +304,7 @@ class Session {
   // engine last heard of releases; at kPromptReleaseBytes they are sent at once.
   int64_t dead_bytes_ = 0;
   static constexpr int64_t kPromptReleaseBytes = 1 << 20;
-  std::unordered_map<const OpFacts*, int64_t> name_ids_;
+  std::vector<int64_t> name_ids_;  // the engine's name id per overload (OpFacts::index), -1: not named yet
   SessionCounters counters_;
   BackwardWatch backward_;
   int64_t ops_since_scan_ = 0;

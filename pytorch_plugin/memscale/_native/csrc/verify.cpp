@@ -39,7 +39,7 @@ std::pair<int64_t, int64_t> fingerprint(const at::Tensor& t) {
 
 }  // namespace
 
-void Session::fingerprint_outputs(const OpFacts& f, const std::vector<CellPtr>& cells) {
+void Session::fingerprint_outputs(const OpFacts& f, c10::ArrayRef<CellPtr> cells) {
   if (!verify_ || !f.reproducible) return;
   for (const CellPtr& c : cells) {
     if (c->root == c->id && c->tensor.defined()) {
