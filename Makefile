@@ -141,10 +141,11 @@ native: $(LIB) $(STAMP)
 	  "from memscale._native import region_ext as r; m = r.extension(); print('native region:', r.cached_path() if m else r.unavailable_reason()); raise SystemExit(m is None)"
 
 # The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
-# path's own tests, op_db (every 8th op), the budget's accounting and steps
-# inside one entry (optimizers, closures, end_step).
+# path's own tests, op_db (every 8th op), the budget's accounting, steps
+# inside one entry (optimizers, closures, end_step) and gradients pinned once
+# accumulated.
 NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py pytorch_plugin/tests/test_budget_accounting.py \
-  pytorch_plugin/tests/test_dtr_steps.py
+  pytorch_plugin/tests/test_dtr_steps.py pytorch_plugin/tests/test_native_grad_pin.py
 
 test-native: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \

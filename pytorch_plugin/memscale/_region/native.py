@@ -6,7 +6,9 @@ the region (:class:`~.region.DTRRegion`) creates one of each per entry when
 :func:`use_native` says so. Python keeps the engine's lifetime
 (:class:`~memscale._native.engine.Engine`: create, stats, tuning, destroy)
 and the exit's hand-back of escaping tensors; every op, eviction and rebuild
-happens in C++ (``memscale/_native/csrc/session.h``).
+happens in C++ (``memscale/_native/csrc/session.h``). Accumulated gradients
+are pinned through a hook per leaf that calls into C++
+(:func:`_pin_accumulated_gradients`, ``csrc/grad_pin.h``).
 
 What the native path does not do yet chooses the Python region at entry
 (never in the middle of a step): a trace recorder (``sink``). A backward pass
@@ -83,10 +85,46 @@ def use_native(region: RegionSettings, sink: Any) -> bool:
             )
         return False
     _read_data_through_wrappers()
+    _pin_accumulated_gradients()
     return True
 
 
 _patched = False
+_hooking = False
+
+
+def _pin_accumulated_gradients() -> None:
+    """Have the sessions pin each leaf's gradient once autograd accumulates
+    it, as the Python region does (``externals.py``'s ``_pin_gradient``):
+    gradients outlive the step, and evicting one would mean re-running the
+    backward pass that made it.
+
+    Once per process, the extension is given the callable that registers the
+    hook on the leaves a session hands it (``csrc/grad_pin.h``): the leaves it
+    notes that no session handed over before, once per leaf for the process's
+    life, at the end of the op that found them. The hook is the extension's
+    ``pin_gradient`` itself, registered through
+    ``register_post_accumulate_grad_hook`` beside the program's own hooks
+    (PyTorch has one C++ slot per tensor, which Python's hooks share); it
+    does nothing for a plain gradient or one of a closed session, so a leaf
+    outside any entry pays one call per accumulation.
+    """
+    global _hooking
+    if _hooking:
+        return
+    ext = region_ext.extension()
+    assert ext is not None
+    pin = ext.pin_gradient
+
+    def hook_leaves(leaves: list[torch.Tensor]) -> None:
+        for leaf in leaves:
+            try:
+                leaf.register_post_accumulate_grad_hook(pin)
+            except RuntimeError:
+                pass  # no longer a leaf that requires grad: no gradient accumulates in it
+
+    ext.set_leaf_hooker(hook_leaves)
+    _hooking = True
 
 
 def _read_data_through_wrappers() -> None:

@@ -39,7 +39,9 @@ CellPtr Session::cell_of(const at::Tensor& t) {
     if (cell->session.load() == this) return cell;
     // A wrapper of an earlier entry: its real tensor is an external here, and
     // the graph that entry built may accumulate gradients in this one.
+    const size_t first = leaves_.size();
     graph_leaves(t, graph_seen_, leaves_);
+    if (leaves_.size() > first) note_leaves(first);
     TORCH_CHECK(cell->tensor.defined(),
                 "memscale.dtr: a tensor of an earlier region entry was evicted when that entry exited with an "
                 "error; its data cannot be rebuilt");
@@ -94,8 +96,10 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
   cell->external = true;
   cell->session.store(this);
   externals_.emplace(impl, External{WeakImpl(t.getIntrusivePtr()), cell});
+  const size_t first = leaves_.size();
   if (t.requires_grad() && t.is_leaf()) leaves_.emplace_back(t.getIntrusivePtr());
   graph_leaves(t, graph_seen_, leaves_);  // a graph built outside the entry
+  if (leaves_.size() > first) note_leaves(first);  // their gradients pinned once accumulated
   counters_.externals++;
   return cell;
 }

@@ -55,6 +55,8 @@ struct Cell : c10::intrusive_ptr_target {
   // A wrapper's data pointer or storage was taken (Session::expose): locked in
   // the engine until released, as raw pointers into it may outlive the op.
   bool exposed = false;
+  // A leaf's accumulated gradient, pinned in the engine (Session::pin_gradient).
+  bool grad_pinned = false;
   // Wrappers naming this cell; the last one to die queues its release.
   std::atomic<int> wrappers{0};
   // The latest wrapper made for it (to repoint it after an in-place op, and

@@ -99,6 +99,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Session::close(bool ok) {
   external_roots_.clear();
   leaves_.clear();
   graph_seen_.clear();
+  to_hook_.clear();  // not handed over (an op failed): the next entry notes them again
   {
     std::lock_guard<std::mutex> g(release_mu_);
     released_.clear();

@@ -40,6 +40,7 @@ const EngineAbi& EngineAbi::load(const std::string& path) {
   bind(handle, "memscale_dtr_mutate", abi.mutate, path);
   bind(handle, "memscale_dtr_lock", abi.lock, path);
   bind(handle, "memscale_dtr_unlock", abi.unlock, path);
+  bind(handle, "memscale_dtr_pin", abi.pin, path);
   bind(handle, "memscale_dtr_evict", abi.evict, path);
   bind(handle, "memscale_dtr_reclaim", abi.reclaim, path);
   bind(handle, "memscale_dtr_plan", abi.plan, path);

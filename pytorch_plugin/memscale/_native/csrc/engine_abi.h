@@ -43,6 +43,7 @@ struct EngineAbi {
                     int32_t n_mut, int64_t cost_ns, int32_t flags, int64_t* out_ids);
   int (*lock)(int64_t h, int64_t t);
   int (*unlock)(int64_t h, int64_t t);
+  int (*pin)(int64_t h, int64_t t);
   int32_t (*evict)(int64_t h, int64_t extra, int64_t* ids, int32_t* actions, int32_t cap);
   int32_t (*reclaim)(int64_t h, int64_t need, int64_t* ids, int32_t* actions, int32_t cap);
   int32_t (*plan)(int64_t h, int64_t t, int32_t* kinds, int64_t* ids, int32_t cap);

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "dispatch_key.h"
+#include "grad_pin.h"
 #include "kernels.h"
 #include "session.h"
 #include "wrapper.h"
@@ -30,6 +31,21 @@ void leave(const std::shared_ptr<Session>& session, bool was_included) {
   if (memscale::active_session() == session.get()) memscale::set_active_session(nullptr);
 }
 
+// The sessions hand the leaves whose gradients they pin to `hooker` (a Python
+// callable taking a list of tensors, which registers the gradient hook on
+// each: grad_pin.h). Called from an op's thread with no session lock held.
+void set_leaf_hooker(py::object hooker) {
+  // Never freed: the process-wide hooker may be called until the interpreter's exit.
+  auto* fn = new py::object(std::move(hooker));
+  memscale::set_leaf_hooker([fn](const std::vector<at::Tensor>& leaves) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    py::list list;
+    for (const at::Tensor& leaf : leaves) list.append(py::cast(leaf));
+    (*fn)(list);
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -40,6 +56,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_included", &memscale::set_region_included, py::arg("on"),
         "Set the region key in this thread's include set; returns whether it was on");
   m.def("enter", &enter);
+  m.def("set_leaf_hooker", &set_leaf_hooker, py::arg("hooker"),
+        "Set the callable that registers the gradient hook on the leaves the sessions hand it (a list)");
+  m.def("pin_gradient", &memscale::pin_accumulated, py::arg("leaf"), py::call_guard<py::gil_scoped_release>(),
+        "The gradient hook's work: `leaf`'s gradient was accumulated; the open session it is a wrapper of "
+        "pins it (rebuilt first if evicted)");
   m.def("leave", &leave);
   m.def("is_wrapper", [](const at::Tensor& t) { return memscale::wrapper_of(t) != nullptr; });
   m.def("unwrap", [](const at::Tensor& t) -> at::Tensor {
@@ -100,6 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["exposed"] = c.exposed;
         d["device_timed"] = c.device_timed;
         d["synchronizations"] = c.synchronizations;
+        d["gradients_pinned"] = c.gradients_pinned;
         return d;
       });
 }

@@ -10,6 +10,7 @@
 
 #include "dispatch_key.h"
 #include "errors.h"
+#include "grad_pin.h"
 #include "output_sizes.h"
 #include "session_util.h"
 #include "wrapper.h"
@@ -132,34 +133,41 @@ void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     run_outside(op, stack);
     return;
   }
-  std::lock_guard<std::recursive_mutex> guard(mu_);
-  Busy busy(*this);
-  TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");
-  take_releases();
-  if (dead_bytes_ >= kPromptReleaseBytes) {
-    // Under a budget the engine frees what the program released (the
-    // registrations queued meanwhile carry no releases back): large ones are
-    // sent now, so their memory goes before the next op allocates, as a plain
-    // tensor's would. Left for the next crossing instead, a step's working
-    // set grows by up to kBatchOps outputs: GPT-2 on the CPU ran 1.28x plain's
-    // CPU time at 100 % of its peak (cold caches, page faults), 1.06x without.
-    dead_bytes_ = 0;
-    evict(0, "");
+  std::vector<at::Tensor> leaves;  // first seen by this op, not hooked yet (grad_pin.h): empty, no allocation
+  {
+    std::lock_guard<std::recursive_mutex> guard(mu_);
+    Busy busy(*this);
+    TORCH_CHECK(!closed_, "memscale.dtr: an op reached a region entry that is closed");
+    take_releases();
+    if (dead_bytes_ >= kPromptReleaseBytes) {
+      // Under a budget the engine frees what the program released (the
+      // registrations queued meanwhile carry no releases back): large ones are
+      // sent now, so their memory goes before the next op allocates, as a plain
+      // tensor's would. Left for the next crossing instead, a step's working
+      // set grows by up to kBatchOps outputs: GPT-2 on the CPU ran 1.28x plain's
+      // CPU time at 100 % of its peak (cold caches, page faults), 1.06x without.
+      dead_bytes_ = 0;
+      evict(0, "");
+    }
+    if (++ops_since_scan_ >= kScanExternalsEvery) {
+      ops_since_scan_ = 0;
+      release_expired_externals();
+    }
+    counters_.ops++;
+    const OpFacts& f = facts_table().of(op);
+    c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+    if (f.inplace_view) {
+      dispatch_inplace_view(op, f, stack);
+    } else if (f.writes(args)) {
+      dispatch_mutating(op, f, stack);
+    } else {
+      dispatch_pure(op, f, stack);
+    }
+    if (!to_hook_.empty() && busy_ == 1) leaves.swap(to_hook_);  // the outermost dispatch on this thread
   }
-  if (++ops_since_scan_ >= kScanExternalsEvery) {
-    ops_since_scan_ = 0;
-    release_expired_externals();
-  }
-  counters_.ops++;
-  const OpFacts& f = facts_table().of(op);
-  c10::IValue* args = stack->data() + (stack->size() - f.n_args);
-  if (f.inplace_view) {
-    dispatch_inplace_view(op, f, stack);
-  } else if (f.writes(args)) {
-    dispatch_mutating(op, f, stack);
-  } else {
-    dispatch_pure(op, f, stack);
-  }
+  // Python registers the hooks: with mu_ held, taking the GIL could deadlock
+  // against a Python thread waiting for mu_ (an unwrap, the gradient hook).
+  if (!leaves.empty()) hook_leaves(std::move(leaves));
 }
 
 void Session::room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Held& held) {

@@ -32,7 +32,8 @@
 // (externals, arguments, the registration of results), recording.cpp (records
 // for re-runs, size predictions), verify.cpp (verified rebuilds), inplace.cpp
 // (in-place ops, copy-on-write), rebuild.cpp (rebuilds, parking), close.cpp
-// (the exit); run_outside is outside.cpp's. What several of them share (the
+// (the exit), grad_pin.cpp (gradients pinned once accumulated); run_outside
+// is outside.cpp's. What several of them share (the
 // private nested types, helpers on arguments) is in session_util.h.
 #pragma once
 
@@ -87,6 +88,7 @@ struct SessionCounters {
   int64_t exposed = 0;           // cells whose data pointer or storage was taken (Session::expose)
   int64_t device_timed = 0;      // calls whose device time was read from events (device_timer.h)
   int64_t synchronizations = 0;  // host reads of device values (verified rebuilds' fingerprints)
+  int64_t gradients_pinned = 0;  // accumulated gradients pinned (Session::pin_gradient)
 };
 
 class Session {
@@ -106,6 +108,11 @@ class Session {
   // evicted and locked until released (a raw pointer may be read after later
   // ops: ctc_loss reads its lengths' after running _ctc_loss).
   void expose(const CellPtr& cell);
+
+  // Autograd accumulated `cell`, a leaf's gradient (the leaf's hook,
+  // grad_pin.h): made resident - rebuilt if evicted - and pinned in the
+  // engine, once per cell; nothing once closed or for another session's cell.
+  void pin_gradient(const CellPtr& cell);
 
   // A wrapper died: its cell is released at the next op (any thread).
   void queue_release(const CellPtr& cell);
@@ -276,6 +283,11 @@ class Session {
   // read, and those of graphs built outside it (graph_leaves.h).
   std::vector<WeakImpl> leaves_;
   std::unordered_set<const void*> graph_seen_;  // graph_leaves' walked nodes and leaves
+  // Leaves noted since leaves_[first] that no session handed to the gradient
+  // hooker yet go to to_hook_, handed over at the end of the outermost
+  // dispatch, mu_ released (grad_pin.h).
+  void note_leaves(size_t first);
+  std::vector<at::Tensor> to_hook_;
   int64_t last_meta_ = -1;  // what the last prediction's meta run said (-1: none)
   // Overloads (OpFacts::index) whose first call without a budget was looked at.
   std::vector<bool> unbudgeted_seen_;
