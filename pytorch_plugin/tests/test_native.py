@@ -188,6 +188,26 @@ def test_random_ops_are_replayed() -> None:
     _compare(program, lambda: memscale.dtr(stress=True))
 
 
+def test_python_numbers_in_re_runs_keep_their_type_promotion() -> None:
+    """A record keeps a Python number passed as a tensor (``y * 0.1``) as the
+    number and makes a wrapped-number tensor of it again at a re-run: the
+    flag decides type promotion (a float16 tensor times a Python float stays
+    float16; times a float64 tensor it would be float64), and the value's
+    type decides the tensor's (int, float, bool, complex)."""
+
+    def program() -> Any:
+        h = torch.arange(12, dtype=torch.float16).reshape(3, 4)
+        i = torch.arange(12).reshape(3, 4)
+        a = h * 0.1 + 3
+        b = (i * 2 + True) // 3
+        c = torch.where(i > 5, i, 7) - 1.5
+        d = torch.arange(4.0).to(torch.complex64) * (1 + 2j)
+        return [a * 2, b + 1, c * 1, d + 0, a.dtype, b.dtype, c.dtype, d.dtype]
+
+    r = _compare(program, lambda: memscale.dtr(stress=True))
+    assert r.summary()["rematerializations"] > 0, "nothing was re-run: the test shows nothing"
+
+
 def test_shape_changes_in_place() -> None:
     def program() -> Any:
         a = torch.arange(12.0).reshape(3, 4) * 1.5
