@@ -268,7 +268,16 @@ bool Session::park_outer_levels(int64_t extra) {
   bool parked = false;
   for (size_t l = 0; l + 1 < levels_.size(); ++l) {
     for (const CellPtr& cell : levels_[l]) {
-      if (!cell->tensor.defined() || !seen.insert(cell->root).second) continue;
+      // By its storage, not its tensor: a view whose storage came back (a
+      // copy back, its base re-run) has no tensor until its own view op
+      // re-runs (derive), yet its storage is resident and locked all the
+      // same. Skipped, it kept the room an inner level needed: GPT-2 with
+      // checkpointing at 30 % failed so (a bmm's view input, locked by the
+      // op's level, came back while the other input's nested plans ran,
+      // and their next step found nothing evictable). The Python region's
+      // copy back re-makes the views it copied out, so its own tensor check
+      // missed fewer of them.
+      if (!seen.insert(cell->root).second) continue;
       Group* g = groups_.find(cell->root);
       if (g == nullptr || !g->resident()) continue;
       int took = engine().park(h_, cell->root);
