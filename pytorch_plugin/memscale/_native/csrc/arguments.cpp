@@ -177,7 +177,7 @@ void Session::flatten_results(c10::IValue* results, size_t n, Outputs& out) {
 }
 
 CellList Session::register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                            int64_t* fresh_bytes) {
+                                int64_t* fresh_bytes) {
   const size_t n_in = in.cells.size();
   const size_t n_out = out.tensors.size();
   c10::SmallVector<int64_t, 4> sizes(n_out);
@@ -279,8 +279,8 @@ CellList Session::make_cells(const Inputs& in, const Outputs& out, int64_t op_id
 }
 
 CellList Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                         c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
-                                         int64_t fresh, int64_t* fresh_bytes) {
+                             c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases, int64_t fresh,
+                             int64_t* fresh_bytes) {
   // No decision waits on this op: its record is queued with the ids the
   // engine will give it (they run in sequence; memscale_dtr_ops checks them).
   if (batch_ops_ == 0) {

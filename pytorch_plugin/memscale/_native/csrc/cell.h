@@ -133,6 +133,8 @@ struct RecordedOp {
   // Arguments (bit i: position i) that were Python numbers passed where a
   // tensor goes (y + 1.0): kept as the number, made a wrapped-number tensor
   // again at a re-run - so a record keeps no tensor alive but its cells'.
+  // Positions from kNumberArgs on keep their tensor.
+  static constexpr size_t kNumberArgs = 32;
   uint32_t numbers = 0;
 
   explicit RecordedOp(const c10::OperatorHandle& op_) : op(op_) {}

@@ -170,7 +170,7 @@ void Session::rerun(int64_t op_id) {
     }
   }
   torch::jit::Stack stack(r.args.begin(), r.args.end());
-  for (size_t i = 0; i < stack.size() && i < 32; ++i) {
+  for (size_t i = 0; i < stack.size() && i < RecordedOp::kNumberArgs; ++i) {
     if (r.numbers & (uint32_t{1} << i)) stack[i] = at::native::wrapped_scalar_tensor(stack[i].toScalar());
   }
   if (r.shape_only) {

@@ -64,7 +64,6 @@ c10::optional<c10::Scalar> wrapped_number(const c10::IValue& v) {
   }
 }
 
-
 // What of an argument decides what an op allocates, mixed into `h`: a
 // tensor's sizes, strides and dtype, a scalar's value, every element of a
 // list (convolution_backward's output_mask decides which gradients it
@@ -120,7 +119,7 @@ std::unique_ptr<RecordedOp> Session::start_record(const c10::OperatorHandle& op,
   rec->inputs.assign(in.cells.begin(), in.cells.end());
   rec->shape_only = f.shape_only;
   rec->grad_mode = c10::GradMode::is_enabled();
-  for (size_t i = 0; i < f.n_args && i < 32; ++i) {
+  for (size_t i = 0; i < f.n_args && i < RecordedOp::kNumberArgs; ++i) {
     if (auto number = wrapped_number(args[i])) {
       rec->args[i] = c10::IValue(*number);
       rec->numbers |= uint32_t{1} << i;

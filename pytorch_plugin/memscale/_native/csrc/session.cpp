@@ -223,11 +223,10 @@ void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, tor
   uint64_t size_key = 0;
   int64_t extra = 0;
   bool predicted = false;
-  if (!f.all_views && (budgeted_ || !seen_unbudgeted(f))) {
+  if (!f.all_views && (budgeted_ || first_unbudgeted_call(f))) {
     // Without a budget only the first call of each overload in this session
     // is looked at: its meta prediction against its real bytes (the ratio
     // the budgeted regions scale their predictions by).
-    if (!budgeted_) unbudgeted_seen_[f.index] = true;
     extra = predict(op, f, args, &size_key);
     if (!budgeted_) extra = 0;
     predicted = true;

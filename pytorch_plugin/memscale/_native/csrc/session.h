@@ -33,8 +33,8 @@
 // for re-runs, size predictions), verify.cpp (verified rebuilds), inplace.cpp
 // (in-place ops, copy-on-write), rebuild.cpp (rebuilds, parking), close.cpp
 // (the exit), grad_pin.cpp (gradients pinned once accumulated); run_outside
-// is outside.cpp's. What several of them share (the
-// private nested types, helpers on arguments) is in session_util.h.
+// is outside.cpp's. What several of them share (the private nested types,
+// helpers on arguments) is in session_util.h.
 #pragma once
 
 #include <atomic>
@@ -168,12 +168,12 @@ class Session {
   void fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals);
   void flatten_results(c10::IValue* results, size_t n, Outputs& out);
   CellList register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                     int64_t* fresh_bytes);
+                         int64_t* fresh_bytes);
   CellList queue_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
-                                  c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases,
-                                  int64_t fresh, int64_t* fresh_bytes);
+                      c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases, int64_t fresh,
+                      int64_t* fresh_bytes);
   CellList make_cells(const Inputs& in, const Outputs& out, int64_t op_id, const int64_t* ids,
-                                  c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases);
+                      c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> aliases);
   void wrap_results(c10::IValue* results, Outputs& out, c10::ArrayRef<CellPtr> cells);
 
   // The paths of dispatch.
@@ -224,10 +224,13 @@ class Session {
     return abi_;
   }
   int64_t name_id(const OpFacts& f);
-  // Whether an unbudgeted call of f's overload was looked at (the table grown to hold it).
-  bool seen_unbudgeted(const OpFacts& f) {
+  // Whether this is the session's first call of f's overload without a
+  // budget (true once per overload: it is marked seen).
+  bool first_unbudgeted_call(const OpFacts& f) {
     if (unbudgeted_seen_.size() <= f.index) unbudgeted_seen_.resize(f.index + 1, false);
-    return unbudgeted_seen_[f.index];
+    if (unbudgeted_seen_[f.index]) return false;
+    unbudgeted_seen_[f.index] = true;
+    return true;
   }
   void after_op();
   void make_room(int64_t extra, const std::string& what);
