@@ -244,7 +244,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.ExactScan {
 		e.sel = newScanSelector(e)
 	} else {
-		e.sel = newIndexSelector(e)
+		z := newLazySelector(e)
+		z.set.reserve(cfg.Reserve.Storages)
+		e.sel = z
 	}
 	e.tr.setLowered(e.sel.lowered, e.sel.fell)
 	if cfg.Record || cfg.Heuristic == Auto {

@@ -26,6 +26,11 @@ type twin struct {
 	// abandoned is set when a plan run was given up (AbandonPlans): the
 	// history ends there, as a failed rebuild ends the program's step.
 	abandoned bool
+	// budgetAt > 0: the history starts with no budget in reach (nothing is
+	// evicted, so the lazy index stays a set) and budget is set at that
+	// step; the first pick then builds the index from a long history.
+	budgetAt int
+	budget   uint64
 }
 
 const twinLogLen = 30
@@ -74,12 +79,20 @@ func newTwin(t *testing.T, seed int64) *twin {
 		cfg.EvicteeMinSize = uint64(rng.Intn(200))
 	}
 	cfg.DropNeededReleased = rng.Intn(2) == 0
+	budgetAt := 0
+	if rng.Intn(3) == 0 {
+		budgetAt = 50 + rng.Intn(250)
+	}
+	budget := cfg.Budget
+	if budgetAt > 0 {
+		cfg.Budget = 1 << 40
+	}
 	a, err := New(cfg)
 	require.NoError(t, err)
 	cfg.ExactScan = true
 	b, err := New(cfg)
 	require.NoError(t, err)
-	return &twin{t: t, rng: rng, idx: a, scan: b}
+	return &twin{t: t, rng: rng, idx: a, scan: b, budgetAt: budgetAt, budget: budget}
 }
 
 func (w *twin) fail(format string, args ...any) {
@@ -279,12 +292,16 @@ func TestIndexMatchesExactScan(t *testing.T) {
 	if testing.Short() {
 		seeds = 50
 	}
-	picks, reserve, abandoned := 0, 0, 0
+	picks, reserve, abandoned, built := 0, 0, 0, 0
 	var resets uint64
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		w := newTwin(t, seed)
 		finished := true
 		for i := 0; i < 400; i++ {
+			if i > 0 && i == w.budgetAt {
+				w.bothArg("budget", int64(w.budget), func(e *Engine) error { e.SetBudget(w.budget); return nil })
+				built++
+			}
 			if !w.step() {
 				finished = false
 				break // out of memory (both agreed) or plans abandoned
@@ -299,16 +316,19 @@ func TestIndexMatchesExactScan(t *testing.T) {
 		}
 		checkSoftHolds(t, w.idx, fmt.Sprintf("seed %d, end", seed))
 		picks += int(w.idx.Stats().VictimSearches)
-		resets += w.idx.sel.(*indexSelector).resets
+		if x := w.idx.sel.(*lazySelector).index; x != nil {
+			resets += x.resets
+		}
 		reserve += int(w.idx.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Stats().Evictions, w.scan.Stats().Evictions)
 		require.Equal(t, w.idx.Stats().ReserveEvictions, w.scan.Stats().ReserveEvictions)
 		require.Equal(t, w.idx.Clock(), w.scan.Clock())
 	}
-	t.Logf("%d histories (%d ended by abandoned plans), %d victim selections compared, %d reserve victims, %d corrected keys reset by a fall",
-		seeds, abandoned, picks, reserve, resets)
+	t.Logf("%d histories (%d given a budget late), %d ended by abandoned plans, %d victim selections compared, %d reserve victims, %d corrected keys reset by a fall",
+		seeds, built, abandoned, picks, reserve, resets)
 	require.Greater(t, picks, 1000)
 	require.Positive(t, reserve, "some victims are reserve candidates")
 	require.Positive(t, abandoned, "some histories abandon their plans")
+	require.Positive(t, built, "some histories run long without a budget in reach, then get one (the lazy index built late)")
 	require.Positive(t, resets, "falls of neighbourhood costs reset corrected keys (indexSelector.fell)")
 }

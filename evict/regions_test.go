@@ -69,8 +69,18 @@ func checkEngine(t *testing.T, e *Engine, what string) {
 	reg, later := e.PinnedBytes()
 	_, pinned := scanPinned(e, nil)
 	require.Equal(t, pinned, reg+later, "%s: pinned totals", what)
-	x, ok := e.sel.(*indexSelector)
+	z, ok := e.sel.(*lazySelector)
 	require.True(t, ok)
+	if z.index == nil {
+		// Not built yet (no victim searched): the set holds exactly the
+		// storages that may be evicted.
+		for s := rc.StorageID(0); int(s) < g.NumStorages(); s++ {
+			member := int(s) < len(z.set.pos) && z.set.pos[s] >= 0
+			require.Equal(t, e.eligible(g.Storage(s)), member, "%s: storage %d in the unbuilt index's set", what, s)
+		}
+		return
+	}
+	x := z.index
 	for s, sl := range x.slotOf {
 		if sl < 0 {
 			continue

@@ -1,6 +1,8 @@
 package evict
 
 import (
+	"slices"
+
 	rc "github.com/memscale/memscale/recompute"
 )
 
@@ -34,6 +36,13 @@ type scanSelector struct {
 }
 
 func newScanSelector(e *Engine) *scanSelector { return &scanSelector{e: e} }
+
+// reserve makes room for n storages up front (Config.Reserve).
+func (s *scanSelector) reserve(n int) {
+	s.members = slices.Grow(s.members, n)
+	s.pos = slices.Grow(s.pos, n)
+	s.seqs = slices.Grow(s.seqs, n)
+}
 
 func (s *scanSelector) add(id rc.StorageID) {
 	for int(id) >= len(s.pos) {
