@@ -142,10 +142,10 @@ native: $(LIB) $(STAMP)
 
 # The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
 # path's own tests, op_db (every 8th op), the budget's accounting, steps
-# inside one entry (optimizers, closures, end_step) and gradients pinned once
-# accumulated.
+# inside one entry (optimizers, closures, end_step), gradients pinned once
+# accumulated and the unboxed entries' borrowed arguments.
 NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py pytorch_plugin/tests/test_budget_accounting.py \
-  pytorch_plugin/tests/test_dtr_steps.py pytorch_plugin/tests/test_native_grad_pin.py
+  pytorch_plugin/tests/test_dtr_steps.py pytorch_plugin/tests/test_native_grad_pin.py pytorch_plugin/tests/test_native_unboxed.py
 
 test-native: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \

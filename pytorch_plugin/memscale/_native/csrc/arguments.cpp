@@ -149,15 +149,29 @@ void Session::make_inputs_resident(Inputs& in, Held& held) {
   in.missing = false;
 }
 
-void Session::fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals) {
+namespace {
+
+// Puts `real(slot.input)` where each slot says (lists copied first, once).
+template <typename Real>
+void fill_slots(c10::IValue* args, c10::ArrayRef<Slot> slots, Real&& real) {
   int last_owned = -1;
   for (const Slot& s : slots) {
     if (s.elem >= 0 && s.arg != last_owned) {
       own_lists(args[s.arg]);
       last_owned = s.arg;
     }
-    set_tensor(args[s.arg], s.elem, reals[s.input]);
+    set_tensor(args[s.arg], s.elem, real(s.input));
   }
+}
+
+}  // namespace
+
+void Session::fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals) {
+  fill_slots(args, slots, [&](int i) -> const at::Tensor& { return reals[i]; });
+}
+
+void Session::fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<CellPtr> cells) {
+  fill_slots(args, slots, [&](int i) -> const at::Tensor& { return cells[i]->tensor; });
 }
 
 // ----------------------------------------------------------------- results
@@ -294,11 +308,19 @@ CellList Session::queue_call(const OpFacts& f, const Inputs& in, const Outputs& 
   const int64_t header[8] = {name_id(f), static_cast<int64_t>(n_rel), static_cast<int64_t>(n_in),
                              static_cast<int64_t>(n_out), cost, f.flags | (recording_ ? 0 : kNoRecompute), op_id,
                              first};
-  batch_.insert(batch_.end(), header, header + 8);
-  batch_.insert(batch_.end(), release_ids_.begin(), release_ids_.end());
-  batch_.insert(batch_.end(), in.ids.begin(), in.ids.end());
-  batch_.insert(batch_.end(), sizes.begin(), sizes.end());
-  batch_.insert(batch_.end(), aliases.begin(), aliases.end());
+  const size_t at = batch_.size();
+  batch_.resize(at + 8 + n_rel + n_in + 2 * n_out);
+  int64_t* w = batch_.data() + at;
+  std::memcpy(w, header, sizeof(header));
+  w += 8;
+  if (n_rel) std::memcpy(w, release_ids_.data(), n_rel * sizeof(int64_t));
+  w += n_rel;
+  if (n_in) std::memcpy(w, in.ids.data(), n_in * sizeof(int64_t));
+  w += n_in;
+  if (n_out) {
+    std::memcpy(w, sizes.data(), n_out * sizeof(int64_t));
+    std::memcpy(w + n_out, aliases.data(), n_out * sizeof(int64_t));
+  }
   release_ids_.clear();
   ++batch_ops_;
   queued_fresh_ += fresh;

@@ -1,6 +1,7 @@
 #include "kernels.h"
 
 #include <memory>
+#include <string_view>
 #include <mutex>
 #include <unordered_set>
 #include <vector>
@@ -11,23 +12,30 @@
 #include <c10/core/InferenceMode.h>
 
 #include "dispatch_key.h"
+#include "borrowed.h"
 #include "session.h"
+#include "unboxed.h"
 
 namespace memscale {
 
-namespace {
-
-void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+void region_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, BorrowedArgs* borrowed) {
   Session* s = active_session();
   // Under torch.inference_mode ops run as outside the region: a wrapper made
   // there is an inference tensor, which autograd's view tracking refuses for
   // views of normal tensors ("Cannot set version_counter for inference
   // tensor"); plain results are what inference code gets without memscale.
   if (s != nullptr && !s->suspended.load(std::memory_order_relaxed) && !c10::InferenceMode::is_enabled()) {
-    s->dispatch(op, stack);
+    s->dispatch(op, stack, borrowed);
   } else {
+    if (borrowed != nullptr) borrowed->own();
     run_outside(op, stack);
   }
+}
+
+namespace {
+
+void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  region_call(op, stack, nullptr);
 }
 
 constexpr const char* kDebug = "memscale native DTR region (pytorch_plugin/memscale/_native/csrc/kernels.cpp)";
@@ -57,6 +65,11 @@ class Registry {
   size_t count() {
     std::lock_guard<std::mutex> guard(mu_);
     return done_.size();
+  }
+
+  size_t unboxed() {
+    std::lock_guard<std::mutex> guard(mu_);
+    return unboxed_;
   }
 
  private:
@@ -93,8 +106,24 @@ class Registry {
         continue;
       }
       if (op->hasKernelForDispatchKey(kRegionKey)) continue;  // someone else's: leave it
-      handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
-                                        std::nullopt, nullptr, kDebug));
+      // The most called operators get an unboxed entry (unboxed.h); one
+      // whose signature this torch spells differently keeps the boxed kernel.
+      bool unboxed = false;
+      constexpr std::string_view kAten = "aten::";
+      auto entry = name.name.rfind(kAten, 0) == 0 ? unboxed_kernel(name.name.substr(kAten.size()), name.overload_name)
+                                                  : c10::nullopt;
+      if (entry) {
+        try {
+          handles_.push_back(d.registerImpl(name, kRegionKey, std::move(entry->kernel), entry->signature, nullptr, kDebug));
+          unboxed = true;
+          unboxed_++;
+        } catch (const c10::Error&) {
+        }
+      }
+      if (!unboxed) {
+        handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
+                                          std::nullopt, nullptr, kDebug));
+      }
       done_.insert(std::move(key));
     }
   }
@@ -105,6 +134,7 @@ class Registry {
   std::vector<c10::RegistrationHandleRAII> listener_;
   std::vector<c10::RegistrationHandleRAII> handles_;
   std::unordered_set<std::string> done_;
+  size_t unboxed_ = 0;
   std::mutex pending_mu_;
   std::vector<c10::OperatorName> pending_;
 };
@@ -120,5 +150,6 @@ Registry& registry() {
 std::string install_kernels() { return registry().install(); }
 void refresh_kernels() { registry().refresh(); }
 size_t registered_kernels() { return registry().count(); }
+size_t unboxed_kernels() { return registry().unboxed(); }
 
 }  // namespace memscale

@@ -1,6 +1,7 @@
 // The region's kernel and its registration on the region key.
 //
-// One boxed function (region_kernel) serves every operator. It is registered
+// One boxed function (region_kernel) serves every operator but the most called
+// ones, which get an unboxed entry to the same logic (unboxed.h). It is registered
 // per operator, not only as a backend fallback: a fallback is shadowed by the
 // CompositeExplicitAutograd kernels many ops have (add.Tensor, mm,
 // mul.Scalar), which cover every backend key, PrivateUse2 included. Ops with
@@ -17,7 +18,17 @@
 
 #include <string>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
 namespace memscale {
+
+class BorrowedArgs;
+
+// The region's logic for one call: the active session's dispatch, or the op
+// run as outside any region. `borrowed` names the stack's borrowed tensors
+// (an unboxed entry's call, unboxed.h), or is null.
+void region_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, BorrowedArgs* borrowed);
 
 // Registers the kernel on every operator (once per process). Returns "" on
 // success, else why the native region cannot be used (the key is taken).
@@ -28,5 +39,8 @@ void refresh_kernels();
 
 // How many operators carry the region's kernel.
 size_t registered_kernels();
+
+// How many of them through an unboxed entry (unboxed.h).
+size_t unboxed_kernels();
 
 }  // namespace memscale

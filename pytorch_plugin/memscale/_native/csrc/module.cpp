@@ -53,6 +53,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &memscale::install_kernels,
         "Register the region's kernel on every operator; '' or why the native region cannot be used");
   m.def("registered_kernels", &memscale::registered_kernels);
+  m.def("unboxed_kernels", &memscale::unboxed_kernels, "How many operators reach the region through an unboxed entry.");
   m.def("set_included", &memscale::set_region_included, py::arg("on"),
         "Set the region key in this thread's include set; returns whether it was on");
   m.def("enter", &enter);

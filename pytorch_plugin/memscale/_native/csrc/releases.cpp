@@ -163,7 +163,10 @@ void Session::carry_out(int64_t root, int32_t action) {
   Group* found = groups_.find(root);
   TORCH_CHECK(found != nullptr, "memscale.dtr: the engine evicted unknown storage ", root);
   Group& g = *found;
-  if (action == kActionSwap && g.resident()) {
+  // Already dropped (a released storage, freed at its release without a
+  // budget, that the engine now banishes): its wrappers hold nothing already.
+  if (!g.resident()) return;
+  if (action == kActionSwap) {
     const c10::Device device = g.cells.front()->device;
     at::Tensor bytes = bytes_of(g.storage, device);
     KernelGuard guard;

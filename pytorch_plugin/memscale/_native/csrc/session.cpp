@@ -128,8 +128,9 @@ bool Session::backward_failed() {
   return backward_.failed();
 }
 
-void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack, BorrowedArgs* borrowed) {
   if (after_failed_backward()) {
+    if (borrowed != nullptr) borrowed->own();
     run_outside(op, stack);
     return;
   }
@@ -157,11 +158,13 @@ void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     const OpFacts& f = facts_table().of(op);
     c10::IValue* args = stack->data() + (stack->size() - f.n_args);
     if (f.inplace_view) {
+      if (borrowed != nullptr) borrowed->own();
       dispatch_inplace_view(op, f, stack);
     } else if (f.writes(args)) {
+      if (borrowed != nullptr) borrowed->own();
       dispatch_mutating(op, f, stack);
     } else {
-      dispatch_pure(op, f, stack);
+      dispatch_pure(op, f, stack, borrowed);
     }
     if (!to_hook_.empty() && busy_ == 1) leaves.swap(to_hook_);  // the outermost dispatch on this thread
   }
@@ -184,11 +187,7 @@ void Session::room_for_op(const OpFacts& f, int64_t extra, const Inputs& in, Hel
 int64_t Session::run_on_reals(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::IValue* args,
                               const Inputs& in) {
   // The op on the real tensors (the stack's wrappers replaced), timed.
-  c10::SmallVector<at::Tensor, 4> reals;
-  reals.reserve(in.cells.size());
-  for (const CellPtr& c : in.cells) reals.push_back(c->tensor);
-  fill(args, in.slots, reals);
-  reals.clear();
+  fill(args, in.slots, in.cells);
   int64_t t0 = clock_.start();
   {
     // An allocation of the kernel that fails asks this session to evict
@@ -214,12 +213,26 @@ int64_t Session::device_cost(const c10::OperatorHandle& op, const at::Tensor& fi
   return host_ns;  // the calls after this one are timed
 }
 
-void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack) {
+void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack,
+                            BorrowedArgs* borrowed) {
   c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+  if (borrowed != nullptr && f.shape_only) borrowed->own();  // `self` is read, and replaced, below
   Inputs in;
   collect(f, args, in);
   Held held(*this);
   if (in.missing) make_inputs_resident(in, held);
+  if (borrowed != nullptr && borrowed->any()) {
+    // The program's tensors are borrowed (an unboxed entry): every input
+    // takes its real tensor now, before anything below copies an argument
+    // (a copy of a tensor Python owns takes the GIL); what is left (a
+    // wrapped number, a zero tensor) becomes an ordinary reference.
+    const size_t base = stack->size() - f.n_args;
+    for (const Slot& s : in.slots) {
+      if (s.elem < 0) borrowed->take(base + static_cast<size_t>(s.arg));
+    }
+    fill(args, in.slots, in.cells);
+    borrowed->own();
+  }
   uint64_t size_key = 0;
   int64_t extra = 0;
   bool predicted = false;

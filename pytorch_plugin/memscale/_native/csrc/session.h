@@ -53,6 +53,7 @@
 #include <ATen/core/stack.h>
 
 #include "backward_watch.h"
+#include "borrowed.h"
 #include "cell.h"
 #include "device_timer.h"
 #include "engine_abi.h"
@@ -98,8 +99,10 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Runs one op inside the region (the kernel's job while this session is active).
-  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  // Runs one op inside the region (the kernel's job while this session is
+  // active). `borrowed`: the stack's tensors the caller lent without a
+  // reference (an unboxed entry's, borrowed.h), or null.
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack, BorrowedArgs* borrowed = nullptr);
 
   // The real tensor of a cell of this session, rebuilt if evicted.
   at::Tensor read(const CellPtr& cell);
@@ -166,6 +169,8 @@ class Session {
   CellPtr extern_cell(const at::Tensor& t);
   void make_inputs_resident(Inputs& in, Held& held);
   void fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<at::Tensor> reals);
+  // The same with each input's real tensor (all resident, derived).
+  void fill(c10::IValue* args, c10::ArrayRef<Slot> slots, c10::ArrayRef<CellPtr> cells);
   void flatten_results(c10::IValue* results, size_t n, Outputs& out);
   CellList register_call(const OpFacts& f, const Inputs& in, const Outputs& out, int64_t cost,
                          int64_t* fresh_bytes);
@@ -183,7 +188,7 @@ class Session {
   // (the first result on CUDA starts the timer), else `host_ns`.
   int64_t device_cost(const c10::OperatorHandle& op, const at::Tensor& first, std::unique_ptr<DeviceEvent> started,
                       int64_t host_ns);
-  void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
+  void dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack, BorrowedArgs* borrowed);
   void dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   void dispatch_inplace_view(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack);
   c10::Storage copy_old_data(const CellPtr& cell);

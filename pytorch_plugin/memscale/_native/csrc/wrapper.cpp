@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <typeinfo>
 
 #include "dispatch_key.h"
 #include "session.h"
@@ -119,7 +120,9 @@ const char* DTRTensorImpl::tensorimpl_type_name() const { return "memscale::DTRT
 
 DTRTensorImpl* wrapper_of(const at::Tensor& t) {
   if (!t.defined() || !t.key_set().has_backend(kRegionBackend)) return nullptr;
-  return dynamic_cast<DTRTensorImpl*>(t.unsafeGetTensorImpl());
+  // DTRTensorImpl is final: a type check, not a walk of the class hierarchy.
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(DTRTensorImpl) ? static_cast<DTRTensorImpl*>(impl) : nullptr;
 }
 
 at::Tensor make_wrapper(const CellPtr& cell, const c10::Storage& storage) {
