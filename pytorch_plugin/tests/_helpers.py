@@ -108,6 +108,20 @@ def native_region() -> bool:
     return os.environ.get("MEMSCALE_NATIVE") == "1"
 
 
+def force_native(monkeypatch: Any) -> Iterator[None]:
+    """An autouse fixture's body for the native region's own tests: every
+    region entry of the test runs native, and a build that cannot be used
+    fails the test, naming why."""
+    import pytest
+
+    from memscale._native import region_ext
+
+    monkeypatch.setenv("MEMSCALE_NATIVE", "1")
+    if region_ext.extension() is None:
+        pytest.fail(f"the native region's extension cannot be used: {region_ext.unavailable_reason()}")
+    yield
+
+
 def python_region_only(reason: str) -> Any:
     """Mark a test that checks what only the Python region has by design:
     skipped under ``MEMSCALE_NATIVE=1``; ``reason`` names what the native region lacks."""

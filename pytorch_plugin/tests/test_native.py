@@ -9,26 +9,21 @@ op_db corpus, the zoo and the escapes on the native path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 import memscale
-from _helpers import require_engine
+from _helpers import force_native, require_engine
 from memscale._native import region_ext
 from memscale.errors import ConfigError, MemscaleError
 
 require_engine()
 
 
-@pytest.fixture(autouse=True)
-def _native(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("MEMSCALE_NATIVE", "1")
-    if region_ext.extension() is None:
-        pytest.fail(f"the native region's extension cannot be used: {region_ext.unavailable_reason()}")
-    yield
+_native = pytest.fixture(autouse=True)(force_native)
 
 
 def _ext() -> Any:

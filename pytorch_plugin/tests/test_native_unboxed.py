@@ -11,7 +11,7 @@ the results bitwise against a plain run.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,18 +19,13 @@ import torch
 import torch.nn.functional as F
 
 import memscale
-from _helpers import require_engine
+from _helpers import force_native, require_engine
 from memscale._native import region_ext
 
 require_engine()
 
 
-@pytest.fixture(autouse=True)
-def _native(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("MEMSCALE_NATIVE", "1")
-    if region_ext.extension() is None:
-        pytest.fail(f"the native region's extension cannot be used: {region_ext.unavailable_reason()}")
-    yield
+_native = pytest.fixture(autouse=True)(force_native)
 
 
 def _region(setting: str) -> memscale.DTRRegion:
