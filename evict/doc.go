@@ -50,7 +50,10 @@
 //     candidates' keys, whose nodes know when their comparison can next flip
 //     as the clock advances; scanSelector scans every candidate (exact, the
 //     definition; Config.ExactScan) and the property test in index_test.go
-//     checks that both choose the same victims over random histories.
+//     checks that both choose the same victims over random histories. The
+//     engine builds the tree at its first victim search (lazySelector,
+//     lazy.go): until then the candidates are a set, so a step that never
+//     evicts pays no tree upkeep per op.
 //   - key (heuristic.go) is what the selectors compare: a clock-free
 //     numerator a = cost^T / size^M (T, M: recomp_time_factor and
 //     recomp_memory_factor), the last access l, a tie-break sequence and a
@@ -382,5 +385,6 @@
 //	eqclass.go    eqTracker (union-find classes)
 //	select.go     the selector interface and scanSelector
 //	index.go      indexSelector (the kinetic tournament tree)
+//	lazy.go       lazySelector (the tree built at the first pick)
 //	record.go     the recorder and Recording
 package evict
