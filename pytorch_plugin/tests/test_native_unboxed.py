@@ -75,6 +75,12 @@ _STEPS: list[tuple[str, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = [
     ("views", lambda t: t["y"].t().transpose(0, 1).permute(1, 0).t().view(16, 8).unsqueeze(0).squeeze(0).t()),
     ("select slice split expand", lambda t: t["y"][1:5].split(2)[1].select(0, 1).expand(8, 16) + t["y"]),
     ("clone to detach", lambda t: t["y"].clone().double().float().detach()),
+    ("conv2d", lambda t: F.conv2d(t["y"].reshape(1, 2, 8, 8), t["w"].reshape(-1)[:36].reshape(2, 2, 3, 3), padding=1).reshape(8, 16)),
+    ("max_pool2d", lambda t: F.max_pool2d(t["y"].reshape(1, 2, 8, 8), 3, stride=1, padding=1).reshape(8, 16)),
+    ("avg_pool2d", lambda t: F.avg_pool2d(t["y"].reshape(1, 2, 8, 8), 3, stride=1, padding=1).reshape(8, 16)),
+    ("cross_entropy", lambda t: t["y"] + F.cross_entropy(t["y"], t["ids"], reduction="none")[:, None]),
+    ("baddbmm", lambda t: torch.baddbmm(t["y"].reshape(2, 4, 16), t["y"].reshape(2, 4, 16)[..., :8], t["w"][:8].expand(2, 8, 16)).reshape(8, 16)),
+    ("attention", lambda t: F.scaled_dot_product_attention(*(t["y"].reshape(1, 2, 4, 16),) * 3).reshape(8, 16)),
 ]
 
 
@@ -96,7 +102,7 @@ def test_the_listed_operators_have_unboxed_entries() -> None:
     assert ext is not None
     with memscale.dtr(None):  # the kernels are registered at the first entry
         torch.ones(2) + 1
-    assert ext.unboxed_kernels() >= 45, "the listed operators should reach the region unboxed"
+    assert ext.unboxed_kernels() >= 60, "the listed operators should reach the region unboxed"
     assert ext.unboxed_kernels() < ext.registered_kernels()
 
 
@@ -158,6 +164,35 @@ def test_a_training_step_through_the_entries_is_bitwise() -> None:
         loss = torch.softmax(model(x), dim=-1).pow(2).mean()
         loss.backward()
         return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
+
+    plain_loss, plain_grads = step()
+    for r in (memscale.dtr(None, stress=True), memscale.dtr(1 << 40)):
+        with r:
+            loss, grads = step()
+        assert r.native
+        assert torch.equal(loss, plain_loss)
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
+def test_a_convolutional_step_with_attention_through_the_entries_is_bitwise() -> None:
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3),
+        torch.nn.Sigmoid(), torch.nn.AvgPool2d(2),
+    )
+    head = torch.nn.Linear(8, 5)
+    x = torch.randn(4, 3, 12, 12)
+    labels = torch.tensor([0, 3, 1, 4])
+    params = [*conv.parameters(), *head.parameters()]
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for p in params:
+            p.grad = None
+        h = conv(x).flatten(2).transpose(1, 2)  # (4, 4, 8): four positions of eight channels
+        h = F.scaled_dot_product_attention(h, h, h)
+        loss = F.cross_entropy(head(h.mean(dim=1)), labels)
+        loss.backward()
+        return loss.detach().clone(), [p.grad.clone() for p in params]
 
     plain_loss, plain_grads = step()
     for r in (memscale.dtr(None, stress=True), memscale.dtr(1 << 40)):

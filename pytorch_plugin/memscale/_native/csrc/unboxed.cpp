@@ -4,14 +4,30 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/_unsafe_view_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/avg_pool2d_backward_ops.h>
+#include <ATen/ops/avg_pool2d_ops.h>
+#include <ATen/ops/baddbmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/clone_ops.h>
+#include <ATen/ops/convolution_backward_ops.h>
+#include <ATen/ops/convolution_ops.h>
+#include <ATen/ops/cudnn_convolution_ops.h>
 #include <ATen/ops/detach_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/embedding_dense_backward_ops.h>
@@ -21,6 +37,8 @@
 #include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_ops.h>
+#include <ATen/ops/max_pool2d_with_indices_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
@@ -29,11 +47,14 @@
 #include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/neg_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
 #include <ATen/ops/permute_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/select_ops.h>
+#include <ATen/ops/sigmoid_backward_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
 #include <ATen/ops/silu_backward_ops.h>
 #include <ATen/ops/silu_ops.h>
@@ -110,7 +131,11 @@ struct Listed {
 
 // The operators of a transformer's or a convolutional network's step that
 // take tensors the program holds: arithmetic, matrix products, activations
-// and their backward kernels, normalization, dropout, views. In-place and
+// and their backward kernels, normalization, dropout, views; losses,
+// convolutions, pooling and attention. A new operator is one line here (and
+// its header): the template takes its signature from its at::_ops struct,
+// which must exist in every torch the extension builds against (2.11 on the
+// GPU machine: docs/testing.md's syntax check). In-place and
 // out= overloads are not listed: they write their arguments and take the
 // boxed path's mutation handling anyway.
 #define MEMSCALE_ENTRY(op) {#op, "", &make_entry<at::_ops::op>}
@@ -166,6 +191,29 @@ const Listed kListed[] = {
     MEMSCALE_ENTRY_OVERLOAD(slice, Tensor),
     MEMSCALE_ENTRY_OVERLOAD(split, Tensor),
     MEMSCALE_ENTRY(detach),
+    // Losses, convolutions, pooling and attention (the CPU's and each CUDA
+    // backend's kernels and their backward ones).
+    MEMSCALE_ENTRY(_log_softmax),
+    MEMSCALE_ENTRY(_log_softmax_backward_data),
+    MEMSCALE_ENTRY(nll_loss_forward),
+    MEMSCALE_ENTRY(nll_loss_backward),
+    MEMSCALE_ENTRY(convolution),
+    MEMSCALE_ENTRY(convolution_backward),
+    MEMSCALE_ENTRY(cudnn_convolution),
+    MEMSCALE_ENTRY(max_pool2d_with_indices),
+    MEMSCALE_ENTRY(max_pool2d_with_indices_backward),
+    MEMSCALE_ENTRY(avg_pool2d),
+    MEMSCALE_ENTRY(avg_pool2d_backward),
+    MEMSCALE_ENTRY(baddbmm),
+    MEMSCALE_ENTRY(sigmoid_backward),
+    MEMSCALE_ENTRY(_scaled_dot_product_efficient_attention),
+    MEMSCALE_ENTRY(_scaled_dot_product_efficient_attention_backward),
+    MEMSCALE_ENTRY(_scaled_dot_product_flash_attention),
+    MEMSCALE_ENTRY(_scaled_dot_product_flash_attention_backward),
+    MEMSCALE_ENTRY(_scaled_dot_product_flash_attention_for_cpu),
+    MEMSCALE_ENTRY(_scaled_dot_product_flash_attention_for_cpu_backward),
+    MEMSCALE_ENTRY(_scaled_dot_product_cudnn_attention),
+    MEMSCALE_ENTRY(_scaled_dot_product_cudnn_attention_backward),
 };
 
 #undef MEMSCALE_ENTRY
