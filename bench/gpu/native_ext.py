@@ -127,12 +127,15 @@ def run(a: argparse.Namespace) -> int:
         traceback.print_exc()
         _common.write_json(a.out, result)
         return 1
+    # The operators with the region's kernel, and how many through an unboxed
+    # entry (csrc/unboxed.h: each listed at::_ops struct compiled against this torch).
+    result["kernels"] = {"registered": int(ext.registered_kernels()), "unboxed": int(ext.unboxed_kernels())}
     ok = result["check"]["native_path"] and result["check"]["equal"]
     result["status"] = "ok" if ok else "failed"
     if not ok:
         result["error"] = f"the check op: {result['check']}"
     print(f"{'ok' if ok else 'FAIL'} {STEP}: {'built' if state['built'] else 'loaded from the cache'} in "
-          f"{result['seconds']} s; check op {result['check']}", flush=True)
+          f"{result['seconds']} s; check op {result['check']}; kernels {result['kernels']}", flush=True)
     _common.write_json(a.out, result)
     return 0 if ok else 1
 
