@@ -151,6 +151,18 @@ def test_listed_operators_are_bitwise(setting: str) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
+def _bitwise_under_stress_and_budget(step: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+    """``step() -> (loss, gradients)`` plainly, then under the stress setting
+    and under a budget on the native path: bitwise the same."""
+    plain_loss, plain_grads = step()
+    for r in (memscale.dtr(None, stress=True), memscale.dtr(1 << 40)):
+        with r:
+            loss, grads = step()
+        assert r.native
+        assert torch.equal(loss, plain_loss)
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
 def test_a_training_step_through_the_entries_is_bitwise() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -165,13 +177,7 @@ def test_a_training_step_through_the_entries_is_bitwise() -> None:
         loss.backward()
         return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
 
-    plain_loss, plain_grads = step()
-    for r in (memscale.dtr(None, stress=True), memscale.dtr(1 << 40)):
-        with r:
-            loss, grads = step()
-        assert r.native
-        assert torch.equal(loss, plain_loss)
-        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    _bitwise_under_stress_and_budget(step)
 
 
 def test_a_convolutional_step_with_attention_through_the_entries_is_bitwise() -> None:
@@ -194,13 +200,7 @@ def test_a_convolutional_step_with_attention_through_the_entries_is_bitwise() ->
         loss.backward()
         return loss.detach().clone(), [p.grad.clone() for p in params]
 
-    plain_loss, plain_grads = step()
-    for r in (memscale.dtr(None, stress=True), memscale.dtr(1 << 40)):
-        with r:
-            loss, grads = step()
-        assert r.native
-        assert torch.equal(loss, plain_loss)
-        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    _bitwise_under_stress_and_budget(step)
 
 
 def test_an_error_leaves_borrowed_arguments_intact() -> None:
