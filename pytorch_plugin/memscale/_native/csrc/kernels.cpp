@@ -1,8 +1,8 @@
 #include "kernels.h"
 
 #include <memory>
-#include <string_view>
 #include <mutex>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -11,8 +11,8 @@
 
 #include <c10/core/InferenceMode.h>
 
-#include "dispatch_key.h"
 #include "borrowed.h"
+#include "dispatch_key.h"
 #include "session.h"
 #include "unboxed.h"
 
@@ -118,6 +118,7 @@ class Registry {
           unboxed = true;
           unboxed_++;
         } catch (const c10::Error&) {
+          // Another kernel fixed a different C++ signature for it: boxed below.
         }
       }
       if (!unboxed) {
