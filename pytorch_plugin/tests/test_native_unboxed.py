@@ -80,6 +80,7 @@ _STEPS: list[tuple[str, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = [
     ("avg_pool2d", lambda t: F.avg_pool2d(t["y"].reshape(1, 2, 8, 8), 3, stride=1, padding=1).reshape(8, 16)),
     ("cross_entropy", lambda t: t["y"] + F.cross_entropy(t["y"], t["ids"], reduction="none")[:, None]),
     ("baddbmm", lambda t: torch.baddbmm(t["y"].reshape(2, 4, 16), t["y"].reshape(2, 4, 16)[..., :8], t["w"][:8].expand(2, 8, 16)).reshape(8, 16)),
+    ("tril pad", lambda t: F.pad(t["y"].tril(), (1, 1))[:, 1:-1]),
     ("attention", lambda t: F.scaled_dot_product_attention(*(t["y"].reshape(1, 2, 4, 16),) * 3).reshape(8, 16)),
 ]
 
@@ -195,7 +196,7 @@ def test_a_convolutional_step_with_attention_through_the_entries_is_bitwise() ->
         for p in params:
             p.grad = None
         h = conv(x).flatten(2).transpose(1, 2)  # (4, 4, 8): four positions of eight channels
-        h = F.scaled_dot_product_attention(h, h, h)
+        h = F.scaled_dot_product_attention(h, h, h, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril())
         loss = F.cross_entropy(head(h.mean(dim=1)), labels)
         loss.backward()
         return loss.detach().clone(), [p.grad.clone() for p in params]

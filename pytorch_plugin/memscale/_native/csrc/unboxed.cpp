@@ -6,6 +6,7 @@
 
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_safe_softmax_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
 #include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
@@ -20,11 +21,13 @@
 #include <ATen/ops/_unsafe_view_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/alias_ops.h>
 #include <ATen/ops/avg_pool2d_backward_ops.h>
 #include <ATen/ops/avg_pool2d_ops.h>
 #include <ATen/ops/baddbmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/clone_ops.h>
+#include <ATen/ops/constant_pad_nd_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
 #include <ATen/ops/cudnn_convolution_ops.h>
@@ -36,6 +39,7 @@
 #include <ATen/ops/expand_ops.h>
 #include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/lift_fresh_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_ops.h>
 #include <ATen/ops/max_pool2d_with_indices_ops.h>
@@ -68,6 +72,7 @@
 #include <ATen/ops/tanh_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
 #include <ATen/ops/transpose_ops.h>
+#include <ATen/ops/tril_ops.h>
 #include <ATen/ops/unsqueeze_ops.h>
 #include <ATen/ops/view_ops.h>
 #include <ATen/ops/where_ops.h>
@@ -166,7 +171,10 @@ const Listed kListed[] = {
     MEMSCALE_ENTRY(tanh),
     MEMSCALE_ENTRY(tanh_backward),
     MEMSCALE_ENTRY(_softmax),
+    MEMSCALE_ENTRY(_safe_softmax),
     MEMSCALE_ENTRY(_softmax_backward_data),
+    MEMSCALE_ENTRY(tril),
+    MEMSCALE_ENTRY(constant_pad_nd),
     MEMSCALE_ENTRY(native_layer_norm),
     MEMSCALE_ENTRY(native_layer_norm_backward),
     MEMSCALE_ENTRY(native_dropout),
@@ -191,6 +199,8 @@ const Listed kListed[] = {
     MEMSCALE_ENTRY_OVERLOAD(slice, Tensor),
     MEMSCALE_ENTRY_OVERLOAD(split, Tensor),
     MEMSCALE_ENTRY(detach),
+    MEMSCALE_ENTRY(alias),
+    MEMSCALE_ENTRY(lift_fresh),
     // Losses, convolutions, pooling and attention (the CPU's and each CUDA
     // backend's kernels and their backward ones).
     MEMSCALE_ENTRY(_log_softmax),
