@@ -1,13 +1,13 @@
 // Stack slots holding tensors the stack does not own: an unboxed entry's
 // arguments (unboxed.h), boxed without taking a reference.
 //
-// Why: since torch 2.10 a TensorImpl that has a Python object references that
-// object while C++ holds a second reference to it (c10/util/intrusive_ptr.h:
-// a count going from 1 to 2 calls incref_pyobject, back to 1 decref_pyobject),
-// and both take the GIL - which the Python bindings released around the op.
-// Boxing a program's tensor (a copy into the stack) and dropping it again cost
-// two GIL round trips per tensor argument, more than the rest of the region's
-// bookkeeping of that argument. A borrowed slot is a tensor at +0
+// Why: in torch 2.11 and 2.15 (the GPU machine's and the tests') a TensorImpl
+// that has a Python object references that object while C++ holds a second
+// reference to the tensor (c10/util/intrusive_ptr.h: a count going from 1 to
+// 2 calls incref_pyobject, back to 1 decref_pyobject), and both take the GIL,
+// which the Python bindings released around the op. Boxing a program's
+// tensor (a copy into the stack) and dropping it again cost two GIL round
+// trips per tensor argument. A borrowed slot is a tensor at +0
 // (c10::MaybeOwnedTraits<at::Tensor>::createBorrow): reading it is free; it
 // must leave the stack through take() (dropped without a decrement) or own()
 // (made an ordinary reference) - never destroyed or overwritten in place.
