@@ -574,3 +574,20 @@ def test_parking_takes_a_locked_view_whose_storage_came_back(monkeypatch: pytest
     assert not zoo.differences(ref, got), zoo.differences(ref, got)[:5]
     assert 0 < s["peak_usage"] <= budget
     assert s["parked"] > 0
+
+
+def test_sparse_tensors_are_refused_with_memscales_error() -> None:
+    """A sparse result, a sparse input an op is registered for, and one whose
+    sparse kernel the region backend lacks: each refused with memscale's error
+    naming the layout, as on the Python region (not the dispatcher's)."""
+    x = torch.randn(4, 4)
+    csr = torch.eye(4).to_sparse_csr()
+    cases: list[tuple[str, Callable[[torch.Tensor], Any]]] = [
+        ("torch.sparse_coo", lambda y: y.to_sparse()),
+        ("torch.sparse_csr", lambda y: torch.sparse.sampled_addmm(csr, y, y)),
+        ("torch.sparse_coo", lambda y: y + torch.eye(4).to_sparse()),
+    ]
+    for layout, op in cases:
+        with pytest.raises(MemscaleError, match=layout):
+            with memscale.dtr(None):
+                op(x * 2)

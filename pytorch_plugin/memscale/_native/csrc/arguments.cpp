@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "errors.h"
 #include "graph_leaves.h"
 #include "session_util.h"
 #include "wrapper.h"
@@ -58,9 +59,11 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
     externals_.erase(it);
   }
   if (t.layout() == at::kStrided && t._is_zerotensor()) return CellPtr();  // no storage: a constant
-  TORCH_CHECK(t.layout() == at::kStrided, "memscale.dtr: a ", t.layout(),
-              " tensor was passed to an op; only strided (dense) tensors can be used in a DTR region - convert "
-              "it with .to_dense() first");
+  if (t.layout() != at::kStrided) {
+    throw RefusedError("memscale.dtr: a " + python_layout_name(t.layout()) +
+                       " tensor was passed to an op; only strided (dense) tensors can be used in a DTR region - "
+                       "convert it with .to_dense() first");
+  }
   const c10::Storage& storage = t.storage();
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   CellPtr cell;
@@ -181,9 +184,11 @@ void Session::flatten_results(c10::IValue* results, size_t n, Outputs& out) {
     for_tensors(results[r], [&](const at::Tensor& t, int elem) {
       if (!t.defined()) return;
       if (t.layout() == at::kStrided && t._is_zerotensor()) return;  // a constant, handed back as it is
-      TORCH_CHECK(t.layout() == at::kStrided, "memscale.dtr: an op returned a ", t.layout(),
-                  " tensor; only strided (dense) tensors can live in a DTR region (run this op outside the "
-                  "region, or with MEMSCALE_NATIVE=0 for the Python region's message)");
+      if (t.layout() != at::kStrided) {
+        throw RefusedError("memscale.dtr: an op returned a " + python_layout_name(t.layout()) +
+                           " tensor; only strided (dense) tensors can live in a DTR region (run this op outside "
+                           "the region)");
+      }
       out.tensors.push_back(t);
       out.places.emplace_back(static_cast<int>(r), elem);
     });

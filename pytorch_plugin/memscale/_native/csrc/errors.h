@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include <c10/core/Layout.h>
 #include <torch/csrc/Exceptions.h>
 
 namespace memscale {
@@ -24,5 +25,15 @@ struct NoRoomError : public torch::PyTorchError {
   // memscale._native.engine.NoRoomError (RuntimeError if it cannot be imported).
   PyObject* python_type() override;
 };
+
+// What the region refuses on purpose (a tensor layout it cannot hold):
+// memscale.errors.MemscaleError, as the Python region raises it.
+struct RefusedError : public torch::PyTorchError {
+  explicit RefusedError(std::string message) : torch::PyTorchError(std::move(message)) {}
+  PyObject* python_type() override;
+};
+
+// A layout as Python names it (torch.sparse_coo), for messages.
+std::string python_layout_name(c10::Layout layout);
 
 }  // namespace memscale

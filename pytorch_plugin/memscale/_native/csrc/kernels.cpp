@@ -13,6 +13,7 @@
 
 #include "borrowed.h"
 #include "dispatch_key.h"
+#include "errors.h"
 #include "session.h"
 #include "unboxed.h"
 
@@ -38,6 +39,23 @@ void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   region_call(op, stack, nullptr);
 }
 
+// A sparse tensor reaching an op inside the region (the key in the include
+// set) selects the region backend's sparse keys, which have no kernels: the
+// op is refused with memscale's error naming the layout, as on the Python
+// region, instead of the dispatcher's "could not run" error.
+void refuse_sparse(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  std::string layout = "a non-strided";
+  for (const c10::IValue& v : *stack) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != at::kStrided) {
+      layout = python_layout_name(v.toTensor().layout());
+      break;
+    }
+  }
+  throw RefusedError("memscale.dtr: a " + layout + " tensor was passed to " + op.schema().name() +
+                     "; only strided (dense) tensors can be used in a DTR region - convert it with .to_dense() "
+                     "first");
+}
+
 constexpr const char* kDebug = "memscale native DTR region (pytorch_plugin/memscale/_native/csrc/kernels.cpp)";
 
 class Registry {
@@ -51,6 +69,12 @@ class Registry {
     }
     fallback_.push_back(d.registerFallback(kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
                                            kDebug));
+    for (c10::DispatchKey sparse : {c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr}) {
+      const c10::DispatchKey key = c10::toRuntimePerBackendFunctionalityKey(sparse, kRegionBackend);
+      if (d.hasBackendFallbackForDispatchKey(key)) continue;  // someone else's: leave it
+      fallback_.push_back(
+          d.registerFallback(key, c10::KernelFunction::makeFromBoxedFunction<&refuse_sparse>(), kDebug));
+    }
     listener_.push_back(d.addRegistrationListener(std::make_unique<Listener>(this)));
     installed_ = true;
     register_pending();
