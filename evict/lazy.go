@@ -1,6 +1,7 @@
 package evict
 
 import (
+	"cmp"
 	"slices"
 
 	rc "github.com/memscale/memscale/recompute"
@@ -36,15 +37,7 @@ func (z *lazySelector) built() *indexSelector {
 	}
 	members := slices.Clone(z.set.members)
 	seqs := z.set.seqs
-	slices.SortFunc(members, func(a, b rc.StorageID) int {
-		switch {
-		case seqs[a] < seqs[b]:
-			return -1
-		case seqs[a] > seqs[b]:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(members, func(a, b rc.StorageID) int { return cmp.Compare(seqs[a], seqs[b]) })
 	x := newIndexSelector(z.e).(*indexSelector)
 	if n := len(members); n > x.n {
 		x.grow(n) // one rebuild, not one per doubling

@@ -59,11 +59,7 @@ CellPtr Session::extern_cell(const at::Tensor& t) {
     externals_.erase(it);
   }
   if (t.layout() == at::kStrided && t._is_zerotensor()) return CellPtr();  // no storage: a constant
-  if (t.layout() != at::kStrided) {
-    throw RefusedError("memscale.dtr: a " + python_layout_name(t.layout()) +
-                       " tensor was passed to an op; only strided (dense) tensors can be used in a DTR region - "
-                       "convert it with .to_dense() first");
-  }
+  if (t.layout() != at::kStrided) refuse_layout(t.layout(), "an op");
   const c10::Storage& storage = t.storage();
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   CellPtr cell;

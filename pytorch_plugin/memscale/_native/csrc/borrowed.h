@@ -54,9 +54,7 @@ class BorrowedArgs {
   void take(size_t pos) {
     if (pos >= kMost || !(mask_ & (uint32_t{1} << pos))) return;
     mask_ &= ~(uint32_t{1} << pos);
-    if (pos >= stack_.size() || !stack_[pos].isTensor() || stack_[pos].unsafeToTensorImpl() != impls_[pos]) {
-      return;  // not where it was put: left alone (a leak, never a wrong count)
-    }
+    if (!lent_at(pos)) return;  // not where it was put: left alone (a leak, never a wrong count)
     at::Tensor t = std::move(stack_[pos]).toTensor();
     c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
     stack_[pos] = c10::IValue();
@@ -66,7 +64,7 @@ class BorrowedArgs {
   void own() {
     for (size_t pos = 0; mask_ != 0 && pos < kMost; ++pos) {
       if (!(mask_ & (uint32_t{1} << pos))) continue;
-      if (pos >= stack_.size() || !stack_[pos].isTensor() || stack_[pos].unsafeToTensorImpl() != impls_[pos]) {
+      if (!lent_at(pos)) {
         mask_ &= ~(uint32_t{1} << pos);
         continue;
       }
@@ -77,6 +75,11 @@ class BorrowedArgs {
   }
 
  private:
+  // Whether slot pos still holds the tensor lent there.
+  bool lent_at(size_t pos) const {
+    return pos < stack_.size() && stack_[pos].isTensor() && stack_[pos].unsafeToTensorImpl() == impls_[pos];
+  }
+
   void take_all() {
     for (size_t pos = 0; mask_ != 0 && pos < kMost; ++pos) take(pos);
   }

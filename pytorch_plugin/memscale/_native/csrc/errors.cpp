@@ -52,8 +52,13 @@ std::string python_layout_name(c10::Layout layout) {
     case c10::kJagged:
       return "torch.jagged";
     default:
-      return "a non-strided layout";
+      return "non-strided";
   }
+}
+
+void refuse_layout(c10::Layout layout, const std::string& what) {
+  throw RefusedError("memscale.dtr: a " + python_layout_name(layout) + " tensor was passed to " + what +
+                     "; only strided (dense) tensors can be used in a DTR region - convert it with .to_dense() first");
 }
 
 }  // namespace memscale

@@ -36,4 +36,7 @@ struct RefusedError : public torch::PyTorchError {
 // A layout as Python names it (torch.sparse_coo), for messages.
 std::string python_layout_name(c10::Layout layout);
 
+// Refuses a `layout` tensor passed to `what` (an operator's name, or "an op").
+[[noreturn]] void refuse_layout(c10::Layout layout, const std::string& what);
+
 }  // namespace memscale

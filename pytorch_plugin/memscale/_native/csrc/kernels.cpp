@@ -44,16 +44,13 @@ void region_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
 // op is refused with memscale's error naming the layout, as on the Python
 // region, instead of the dispatcher's "could not run" error.
 void refuse_sparse(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  std::string layout = "a non-strided";
   for (const c10::IValue& v : *stack) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != at::kStrided) {
-      layout = python_layout_name(v.toTensor().layout());
-      break;
+      refuse_layout(v.toTensor().layout(), op.schema().name());
     }
   }
-  throw RefusedError("memscale.dtr: a " + layout + " tensor was passed to " + op.schema().name() +
-                     "; only strided (dense) tensors can be used in a DTR region - convert it with .to_dense() "
-                     "first");
+  // The sparse tensor is in a list: its layout is named "non-strided".
+  refuse_layout(c10::Layout::NumOptions, op.schema().name());
 }
 
 constexpr const char* kDebug = "memscale native DTR region (pytorch_plugin/memscale/_native/csrc/kernels.cpp)";

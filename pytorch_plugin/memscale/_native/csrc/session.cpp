@@ -157,11 +157,14 @@ void Session::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
     counters_.ops++;
     const OpFacts& f = facts_table().of(op);
     c10::IValue* args = stack->data() + (stack->size() - f.n_args);
+    const bool writes = !f.inplace_view && f.writes(args);
+    // Only a pure op's path replaces borrowed inputs before copying arguments;
+    // the others (and a shape-only op, whose `self` is read and replaced)
+    // get ordinary references first.
+    if (borrowed != nullptr && (f.inplace_view || writes || f.shape_only)) borrowed->own();
     if (f.inplace_view) {
-      if (borrowed != nullptr) borrowed->own();
       dispatch_inplace_view(op, f, stack);
-    } else if (f.writes(args)) {
-      if (borrowed != nullptr) borrowed->own();
+    } else if (writes) {
       dispatch_mutating(op, f, stack);
     } else {
       dispatch_pure(op, f, stack, borrowed);
@@ -216,7 +219,6 @@ int64_t Session::device_cost(const c10::OperatorHandle& op, const at::Tensor& fi
 void Session::dispatch_pure(const c10::OperatorHandle& op, const OpFacts& f, torch::jit::Stack* stack,
                             BorrowedArgs* borrowed) {
   c10::IValue* args = stack->data() + (stack->size() - f.n_args);
-  if (borrowed != nullptr && f.shape_only) borrowed->own();  // `self` is read, and replaced, below
   Inputs in;
   collect(f, args, in);
   Held held(*this);
