@@ -141,15 +141,18 @@ native: $(LIB) $(STAMP)
 	  "from memscale._native import region_ext as r; m = r.extension(); print('native region:', r.cached_path() if m else r.unavailable_reason()); raise SystemExit(m is None)"
 
 # The correctness suites on the native region (MEMSCALE_NATIVE=1): the native
-# path's own tests, op_db (every 8th op), the budget's accounting, steps
-# inside one entry (optimizers, closures, end_step), gradients pinned once
-# accumulated and the unboxed entries' borrowed arguments.
+# path's own tests, the whole op_db corpus (its slow-marked rows take the
+# Python region minutes, the native one 15 s: a second run), the budget's
+# accounting, steps inside one entry (optimizers, closures, end_step),
+# gradients pinned once accumulated and the unboxed entries' borrowed arguments.
 NATIVE_SUITES := pytorch_plugin/tests/test_native.py pytorch_plugin/tests/test_opdb.py pytorch_plugin/tests/test_budget_accounting.py \
   pytorch_plugin/tests/test_dtr_steps.py pytorch_plugin/tests/test_native_grad_pin.py pytorch_plugin/tests/test_native_unboxed.py
 
 test-native: native
 	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
 	  $(VPY) -m pytest -q -m "not slow" $(NATIVE_SUITES)
+	PYTHONPATH=$(abspath pytorch_plugin) MEMSCALE_LIBRARY=$(abspath $(LIB)) HF_HUB_OFFLINE=1 MEMSCALE_NATIVE=1 \
+	  $(VPY) -m pytest -q -m slow pytorch_plugin/tests/test_opdb.py
 
 # The zoo and the model families on the native region, the tightest budgets
 # (slow-marked) included (two and a half minutes; in test-slow, which CI runs):

@@ -591,3 +591,38 @@ def test_sparse_tensors_are_refused_with_memscales_error() -> None:
         with pytest.raises(MemscaleError, match=layout):
             with memscale.dtr(None):
                 op(x * 2)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        # A CUDA kernel of its own, none for the CPU: plain CPU tensors decompose
+        # (the CPU has no _fused_rms_norm_backward).
+        pytest.param(lambda x, w: torch.nn.functional.rms_norm(x, [x.shape[-1]], w), id="rms_norm"),
+        # A CPU kernel of its own, none for CUDA: plain CPU tensors run it under its formula.
+        pytest.param(lambda x, w: torch.nn.functional.channel_shuffle(x * w, 2), id="channel_shuffle"),
+    ],
+)
+@pytest.mark.parametrize("setting", ["unbudgeted", "stress"])
+def test_autograd_that_differs_by_device_follows_the_datas_device(op: Callable[..., Any], setting: str) -> None:
+    """Ops whose autograd on plain tensors depends on the device (decomposed
+    on one, a kernel and its formula on the other) record on the wrappers the
+    graph plain tensors of the wrappers' device get, and train bitwise."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+
+    def step() -> tuple[str, list[torch.Tensor]]:
+        x.grad = w.grad = None
+        y = op(x * 1.5, w)
+        name = type(y.grad_fn).__name__
+        y.pow(2).sum().backward()
+        return name, [y.detach(), x.grad, w.grad]
+
+    plain_fn, plain = step()
+    r = memscale.dtr(None) if setting == "unbudgeted" else memscale.dtr(stress=True)
+    with r:
+        got_fn, got = step()
+    assert r.native
+    assert got_fn == plain_fn
+    assert _same(plain, got)

@@ -12,6 +12,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "borrowed.h"
+#include "device_autograd.h"
 #include "dispatch_key.h"
 #include "errors.h"
 #include "session.h"
@@ -145,6 +146,11 @@ class Registry {
       if (!unboxed) {
         handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
                                           std::nullopt, nullptr, kDebug));
+      }
+      // Autograd as plain tensors of the wrappers' device get it (device_autograd.h).
+      const c10::DispatchKey autograd = c10::getAutogradKeyFromBackend(kRegionBackend);
+      if (autograd_differs_by_device(*op) && !op->hasKernelForDispatchKey(autograd)) {
+        handles_.push_back(d.registerImpl(name, autograd, device_autograd_kernel(), std::nullopt, nullptr, kDebug));
       }
       done_.insert(std::move(key));
     }

@@ -1,0 +1,80 @@
+#include "device_autograd.h"
+
+#include <optional>
+
+#include <ATen/core/stack.h>
+#include <c10/core/TensorOptions.h>
+
+#include "wrapper.h"
+
+namespace memscale {
+
+namespace {
+
+// The device of the op's data: the first wrapper's among the arguments (a
+// plain argument may be a CPU scalar beside CUDA wrappers), else the first
+// defined tensor's.
+std::optional<c10::Device> data_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t n = op.schema().arguments().size();
+  std::optional<c10::Device> first;
+  auto look = [&](const at::Tensor& t) {
+    if (!t.defined()) return false;
+    if (wrapper_of(t) != nullptr) {
+      first = t.device();
+      return true;
+    }
+    if (!first) first = t.device();
+    return false;
+  };
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      if (look(it->toTensor())) break;
+    } else if (it->isTensorList()) {
+      bool found = false;
+      for (const at::Tensor& t : it->toTensorList().vec()) {
+        if ((found = look(t))) break;
+      }
+      if (found) break;
+    } else if (it->isList()) {  // Tensor?[]
+      bool found = false;
+      for (const c10::IValue& v : it->toListRef()) {
+        if (v.isTensor() && (found = look(v.toTensor()))) break;
+      }
+      if (found) break;
+    }
+  }
+  return first;
+}
+
+void device_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const std::optional<c10::Device> device = data_device(op, *stack);
+  TORCH_CHECK(device.has_value(), "memscale: ", op.schema().name(),
+              " reached the region's autograd kernel with no tensor argument; report this as a memscale bug");
+  const c10::DispatchKey dense = c10::computeDispatchKey(std::nullopt, c10::kStrided, *device);
+  const c10::DispatchKey autograd = c10::getAutogradKeyFromBackend(c10::toBackendComponent(dense));
+  // What plain tensors on that device get: the decomposition or the autograd
+  // kernel, as the dispatcher computed it for their autograd key. Called with
+  // the wrappers' key set, so what it dispatches below autograd reaches the
+  // region's kernel.
+  op.getComputedKernelForDispatchKey(autograd).callBoxed(op, ks, stack);
+}
+
+}  // namespace
+
+bool autograd_differs_by_device(const c10::OperatorHandle& op) {
+  using c10::DispatchKey;
+  // Plain tensors of a backend with a kernel of the op's own (or under a
+  // CompositeExplicitAutograd one, which covers every backend) run the
+  // autograd kernel, as the wrappers do; the others decompose. The devices
+  // the region runs on are the CPU's and CUDA's.
+  if (!op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ||
+      op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    return false;
+  }
+  return op.hasKernelForDispatchKey(DispatchKey::CPU) != op.hasKernelForDispatchKey(DispatchKey::CUDA);
+}
+
+c10::KernelFunction device_autograd_kernel() { return c10::KernelFunction::makeFromBoxedFunction<&device_autograd>(); }
+
+}  // namespace memscale
