@@ -11,9 +11,11 @@ Side by side in one process (runs take turns, medians):
 2. A GPT-2 training step (4 layers, width 256, batch 8 x 128; forward +
    backward, seeded): plain; Hugging Face gradient checkpointing; memscale at
    100 %, 50 % and 30 % of the step's peak on both paths, and on the native
-   path at checkpointing's peak. Reported: median wall time (first step
-   skipped) and its ratio to plain, the engine's compute overhead, and whether
-   the losses and gradients are bitwise the plain run's.
+   path at checkpointing's peak. The runs take turns, one step each per
+   round. Reported: median wall time (first step skipped), the ratio to plain
+   (the median of each round's ratio to plain's step in that round), the
+   engine's compute overhead, and whether the losses and gradients are bitwise
+   the plain run's.
 
 Usage (from the repository root, with the library built):
 
@@ -26,9 +28,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -180,12 +184,14 @@ def gpt2_steps(steps: int) -> tuple[int, int, list[dict[str, Any]]]:
                 continue
             r["times"].append(dt)
             r["outs"].append(out)
-    base = statistics.median(runs[0]["times"][1:])
+    plain = runs[0]["times"]
     for r in runs:
         if r["error"] or len(r["times"]) < 2:
             continue
         r["median"] = statistics.median(r["times"][1:])
-        r["ratio"] = r["median"] / base
+        # Paired: each round's step against plain's in the same round (the
+        # runs take turns), so the machine's drift between rounds cancels.
+        r["ratio"] = statistics.median(t / b for t, b in zip(r["times"][1:], plain[1:]))
         r["bitwise"] = all(
             len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)) for a, b in zip(runs[0]["outs"], r["outs"])
         )
@@ -194,8 +200,46 @@ def gpt2_steps(steps: int) -> tuple[int, int, list[dict[str, Any]]]:
             r["overhead"] = s["overhead"]
             r["evictions"] = s["evictions"]
             r["peak_usage"] = s["peak_usage"]
-        del r["model"]
-    return peaks, ckpt_peak, runs
+    keep = ("name", "error", "median", "ratio", "bitwise", "overhead", "evictions", "peak_usage")
+    return peaks, ckpt_peak, [{k: r[k] for k in keep if k in r} for r in runs]
+
+
+def gpt2_in_processes(steps: int, processes: int) -> tuple[dict[bool, int], int, list[dict[str, Any]]]:
+    """``gpt2_steps`` in ``processes`` fresh processes, one after another: how a
+    step's memory lands (the CPU allocator's heap, page faults) differs between
+    processes more than between the rounds of one, so each row reports the
+    median over processes of each process's ratio, with the lowest and highest."""
+    results = []
+    for _ in range(processes):
+        child = subprocess.run(
+            [sys.executable, __file__, "--gpt2-child", "--steps", str(steps)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    peaks = {False: results[0]["peaks"]["python"], True: results[0]["peaks"]["native"]}
+    runs: list[dict[str, Any]] = []
+    for i, first in enumerate(results[0]["runs"]):
+        rows = [res["runs"][i] for res in results]
+        errors = [r["error"] for r in rows if r.get("error")]
+        if errors or any("ratio" not in r for r in rows):
+            runs.append({"name": first["name"], "error": errors[0] if errors else "too few steps"})
+            continue
+        row: dict[str, Any] = {
+            "name": first["name"],
+            "median": statistics.median(r["median"] for r in rows),
+            "ratio": statistics.median(r["ratio"] for r in rows),
+            "ratio_range": (min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)),
+            "bitwise": all(r["bitwise"] for r in rows),
+        }
+        if "overhead" in first:
+            row["overhead"] = statistics.median(r["overhead"] for r in rows)
+            row["net_range"] = (min(r["ratio"] - r["overhead"] for r in rows), max(r["ratio"] - r["overhead"] for r in rows))
+            row["evictions"] = int(statistics.median(r["evictions"] for r in rows))
+            row["peak_usage"] = max(r["peak_usage"] for r in rows)
+        runs.append(row)
+    return peaks, results[0]["ckpt"], runs
 
 
 def main() -> int:
@@ -205,8 +249,16 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--markdown")
     p.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (1: no spinning OpenMP workers)")
+    p.add_argument(
+        "--processes", type=int, default=1, help="run the GPT-2 part in this many fresh processes (medians over them)"
+    )
+    p.add_argument("--gpt2-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.gpt2_child:
+        peaks, ckpt, runs = gpt2_steps(args.steps)
+        print(json.dumps({"peaks": {"python": peaks[False], "native": peaks[True]}, "ckpt": ckpt, "runs": runs}))
+        return 0
     ops = per_op(args.reps, args.ops)
     plain = ops["plain"]
     lines = [
@@ -214,8 +266,8 @@ def main() -> int:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}. Command: "
         "`MEMSCALE_LIBRARY=build/libmemscale.so HF_HUB_OFFLINE=1 .venv/bin/python bench/native_bench.py "
-        f"--reps {args.reps} --ops {args.ops} --steps {args.steps} --threads {args.threads} --markdown ...` "
-        "(one run; medians).",
+        f"--reps {args.reps} --ops {args.ops} --steps {args.steps} --threads {args.threads} "
+        f"--processes {args.processes} --markdown ...` (one run; medians).",
         "",
         "## Per op (16x16 add and mul, no eviction; process CPU time)",
         "",
@@ -225,16 +277,22 @@ def main() -> int:
     for name, ns in ops.items():
         lines.append(f"| {name} | {ns / 1000:.2f} | {(ns - plain) / 1000:+.2f} us |")
     print("\n".join(lines), flush=True)
-    peaks, ckpt, runs = gpt2_steps(args.steps)
+    if args.processes > 1:
+        peaks, ckpt, runs = gpt2_in_processes(args.steps, args.processes)
+    else:
+        peaks, ckpt, runs = gpt2_steps(args.steps)
+    spread = args.processes > 1
     lines += [
         "",
         f"## GPT-2 step (4 layers, width 256, batch 8 x 128; peak {peaks[False] / 2**20:.2f} MiB as the Python "
         f"region counts it, {peaks[True] / 2**20:.2f} MiB as the native one does (each path's budgets are "
         f"fractions of its own); with HF gradient checkpointing {ckpt / 2**20:.1f} MiB)",
         "",
-        "| run | median step | ratio to plain | compute overhead | wall ratio - overhead | evictions | peak | bitwise |",
+        "| run | median step | ratio to plain (paired) | compute overhead | wall ratio - overhead | evictions | peak | bitwise |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
+    if spread:
+        lines.insert(-2, f"Medians over {args.processes} fresh processes (lowest-highest in brackets).\n")
     for r in runs:
         if r.get("error"):
             lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | |")
@@ -243,8 +301,13 @@ def main() -> int:
         over = "" if oh is None else f"{oh:.3f}x"
         net = "" if oh is None else f"{r['ratio'] - oh:+.3f}"
         peak_used = "" if r.get("peak_usage") is None else f"{r['peak_usage'] / 2**20:.1f} MiB"
+        ratio = f"{r['ratio']:.3f}x"
+        if "ratio_range" in r:
+            ratio += f" ({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f})"
+        if "net_range" in r:
+            net += f" ({r['net_range'][0]:+.3f}..{r['net_range'][1]:+.3f})"
         lines.append(
-            f"| {r['name']} | {r['median'] * 1000:.1f} ms | {r['ratio']:.3f}x | {over} | {net} | "
+            f"| {r['name']} | {r['median'] * 1000:.1f} ms | {ratio} | {over} | {net} | "
             f"{r.get('evictions', '')} | {peak_used} | {'yes' if r['bitwise'] else 'NO'} |"
         )
     text = "\n".join(lines) + "\n"
