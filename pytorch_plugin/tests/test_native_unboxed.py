@@ -46,6 +46,7 @@ def _inputs() -> dict[str, torch.Tensor]:
         "beta": torch.randn(16),
         "ids": torch.randint(0, 16, (8,)),
         "mask": torch.rand(8, 16) > 0.5,
+        "idx": torch.randint(0, 16, (8, 16)),
     }
 
 
@@ -82,6 +83,16 @@ _STEPS: list[tuple[str, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = [
     ("baddbmm", lambda t: torch.baddbmm(t["y"].reshape(2, 4, 16), t["y"].reshape(2, 4, 16)[..., :8], t["w"][:8].expand(2, 8, 16)).reshape(8, 16)),
     ("tril pad", lambda t: F.pad(t["y"].tril(), (1, 1))[:, 1:-1]),
     ("attention", lambda t: F.scaled_dot_product_attention(*(t["y"].reshape(1, 2, 4, 16),) * 3).reshape(8, 16)),
+    ("sqrt log abs sin cos", lambda t: torch.sqrt(t["y"].abs() + 1) + torch.log(t["y"].abs() + 1) * t["y"].sin() * t["y"].cos()),
+    ("rsub clamp minimum maximum", lambda t: torch.minimum(1 - t["y"], t["x"]).clamp(-2, 2) + torch.maximum(t["y"], t["x"])),
+    ("sum mean amax cumsum", lambda t: t["y"].cumsum(1) + t["y"].amax(dim=1, keepdim=True) + t["y"].sum() + t["y"].mean()),
+    ("index_select gather", lambda t: t["y"].index_select(0, t["ids"] % 8) + t["y"].gather(1, t["idx"])),
+    ("unbind split_with_sizes reshape", lambda t: torch.stack(t["y"].unbind(0)) + torch.cat(t["y"].split_with_sizes([6, 10], dim=1), dim=1) + t["y"].t().reshape(8, 16)),
+    ("activations", lambda t: F.leaky_relu(t["y"], 0.1) + F.hardtanh(t["y"]) + F.softplus(t["y"]) + F.elu(t["y"]) + F.hardswish(t["y"]) + F.logsigmoid(t["y"])),
+    ("mse_loss", lambda t: t["y"] + F.mse_loss(t["y"], t["x"], reduction="none")),
+    ("group_norm rms_norm", lambda t: F.group_norm(t["y"].reshape(2, 4, 16), 2, t["gamma"][:4], t["beta"][:4]).reshape(8, 16) + F.rms_norm(t["y"], (16,), t["gamma"])),
+    ("upsample_nearest2d", lambda t: F.interpolate(t["y"].reshape(1, 2, 4, 16), scale_factor=2.0, mode="nearest")[..., ::2, ::2].reshape(8, 16)),
+    ("batch_norm in eval", lambda t: F.batch_norm(t["y"], t["beta"], t["gamma"].abs() + 1, t["gamma"], t["beta"], training=False)),
 ]
 
 
@@ -200,6 +211,29 @@ def test_a_convolutional_step_with_attention_through_the_entries_is_bitwise() ->
         loss = F.cross_entropy(head(h.mean(dim=1)), labels)
         loss.backward()
         return loss.detach().clone(), [p.grad.clone() for p in params]
+
+    _bitwise_under_stress_and_budget(step)
+
+
+def test_a_step_through_more_families_entries_is_bitwise() -> None:
+    """The backward kernels of the further entries: activations, losses,
+    group normalization, nearest upsampling, batch normalization."""
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4), torch.nn.LeakyReLU(0.1),
+        torch.nn.Upsample(scale_factor=2.0, mode="nearest"), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
+        torch.nn.BatchNorm2d(4), torch.nn.ELU(), torch.nn.Hardswish(), torch.nn.Softplus(), torch.nn.Hardtanh(),
+    )
+    x = torch.randn(2, 2, 6, 6)
+    target = torch.randn(2, 4, 6, 6)
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        body.zero_grad(set_to_none=True)
+        body.train()
+        h = body(x)
+        loss = F.mse_loss(F.logsigmoid(h), target) + h.sqrt().nan_to_num().mean()
+        loss.backward()
+        return loss.detach().clone(), [p.grad.clone() for p in body.parameters()]
 
     _bitwise_under_stress_and_budget(step)
 
