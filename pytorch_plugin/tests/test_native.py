@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import memscale
-from _helpers import force_native, require_engine
+from _helpers import force_native, is_plain_tensor, is_region_tensor, require_engine
 from memscale._native import region_ext
 from memscale.errors import ConfigError, MemscaleError
 
@@ -626,3 +626,61 @@ def test_autograd_that_differs_by_device_follows_the_datas_device(op: Callable[.
     assert r.native
     assert got_fn == plain_fn
     assert _same(plain, got)
+
+
+def test_factory_results_inside_an_entry_are_region_tensors() -> None:
+    """Ops with no tensor argument (their BackendSelect kernel picks the
+    backend from their options) make region tensors inside an entry, as the
+    Python region's mode does; outside one, on the meta device and for
+    uninitialized buffers (``torch.empty``), plain."""
+    makers: list[Callable[[], torch.Tensor]] = [
+        lambda: torch.zeros(3, 4),
+        lambda: torch.ones(2, dtype=torch.float64),
+        lambda: torch.full((2, 2), 7.0),
+        lambda: torch.arange(6),
+        lambda: torch.randn(4, generator=torch.Generator().manual_seed(0)),
+        lambda: torch.zeros(5).add_(2.0),
+        lambda: torch.eye(3),
+    ]
+    plain = [make() for make in makers]
+    with memscale.dtr(None) as r:
+        got = [make() for make in makers]
+        assert all(is_region_tensor(t) for t in got)
+        assert is_plain_tensor(torch.empty(2, device="meta"))
+        assert is_plain_tensor(torch.empty(2))  # a buffer the program writes: left plain
+    assert r.native
+    assert all(is_plain_tensor(make()) for make in makers)
+    assert _same(plain, got)
+
+
+@pytest.mark.parametrize("setting", ["stress", "budget"])
+def test_a_batch_drawn_inside_the_entry_is_rebuilt_bitwise(setting: str) -> None:
+    """A batch drawn by torch.randn inside the step is the engine's to evict:
+    rebuilt by drawing it again from the generator state it was drawn with."""
+    model, _ = _mlp()
+
+    def step() -> Any:
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(16, 32)
+        noise = torch.rand(16, 1)
+        loss = (model(x) + noise).pow(2).mean()
+        loss.backward()
+        return loss.detach()
+
+    probe = memscale.dtr(None)
+    torch.manual_seed(11)
+    with probe:
+        step()
+    regions = {
+        "stress": lambda: memscale.dtr(stress=True),
+        "budget": lambda: memscale.dtr(int(probe.summary()["peak_usage"] * 0.9), heuristic="lru"),
+    }
+    torch.manual_seed(11)
+    plain = [step()] + [p.grad.clone() for p in model.parameters()]
+    torch.manual_seed(11)
+    r = regions[setting]()
+    with r:
+        loss = step()
+    assert r.native
+    assert _same(plain, [loss] + [p.grad for p in model.parameters()])
+    assert r.summary()["rematerializations"] > 0

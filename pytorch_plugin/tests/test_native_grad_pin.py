@@ -78,6 +78,27 @@ def test_the_native_minimum_budget_counts_the_gradients_as_the_python_regions(
     assert native["min_budget"] == python["min_budget"]
 
 
+@pytest.mark.skipif(not native_region(), reason="compares the native region with the Python one (MEMSCALE_NATIVE=1)")
+def test_the_two_minimum_budgets_agree_with_the_input_drawn_inside_the_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch drawn inside the entry is a region tensor on both paths (the
+    native one took it as a pinned external, 2 MiB more, before factory ops
+    reached it)."""
+
+    def step() -> dict[str, Any]:
+        model = _quickstart()
+        region = memscale.dtr(budget=None)
+        with region:
+            x = torch.randn(1024, 512, generator=torch.Generator().manual_seed(1))
+            model(x).pow(2).mean().backward()
+        return region.summary()
+
+    native = step()
+    monkeypatch.setenv("MEMSCALE_NATIVE", "0")
+    python = step()
+    assert native["min_budget_parts"] == python["min_budget_parts"]
+    assert native["min_budget"] == python["min_budget"]
+
+
 def test_the_minimum_budget_counts_the_gradients_accumulated_before_the_largest_op() -> None:
     """The largest op of the quickstart step is the first layer's GELU
     backward: every gradient but the first layer's is pinned by then."""

@@ -33,6 +33,13 @@ constexpr c10::BackendComponent kRegionBackend = c10::BackendComponent::PrivateU
 // The raw bits of the region key (Dense functionality + PrivateUse2 backend).
 inline uint64_t region_bits() { return c10::DispatchKeySet(kRegionKey).raw_repr(); }
 
+// Whether the region key is in this thread's include set (an entry is open
+// on the thread and this is not one of the region's own calls on real tensors).
+inline bool region_included() {
+  const uint64_t raw = c10::impl::tls_local_dispatch_key_set().included_.raw_repr();
+  return (raw & region_bits()) == region_bits();
+}
+
 // Sets or clears the region key in this thread's include set; returns whether it was on.
 inline bool set_region_included(bool on) {
   auto local = c10::impl::tls_local_dispatch_key_set();

@@ -13,6 +13,7 @@
 
 #include "borrowed.h"
 #include "device_autograd.h"
+#include "factories.h"
 #include "dispatch_key.h"
 #include "errors.h"
 #include "session.h"
@@ -145,6 +146,12 @@ class Registry {
       }
       if (!unboxed) {
         handles_.push_back(d.registerImpl(name, kRegionKey, c10::KernelFunction::makeFromBoxedFunction<&region_kernel>(),
+                                          std::nullopt, nullptr, kDebug));
+      }
+      // Factory ops reach the region from their BackendSelect kernel (factories.h).
+      if (region_takes_factory(*op)) {
+        c10::SafeKernelFunction original = op->getComputedKernelForDispatchKey(c10::DispatchKey::BackendSelect);
+        handles_.push_back(d.registerImpl(name, c10::DispatchKey::BackendSelect, factory_kernel(std::move(original)),
                                           std::nullopt, nullptr, kDebug));
       }
       // Autograd as plain tensors of the wrappers' device get it (device_autograd.h).
