@@ -13,9 +13,9 @@
 
 #include "borrowed.h"
 #include "device_autograd.h"
-#include "factories.h"
 #include "dispatch_key.h"
 #include "errors.h"
+#include "factories.h"
 #include "session.h"
 #include "unboxed.h"
 

@@ -13,7 +13,10 @@
 // decomposition differs in the last bits). The fallback still catches ops with no kernel of any kind for the
 // key. Operators defined after the first registration (a library imported
 // later, a torch.library custom op) are seen by a registration listener and
-// registered at the next region entry (refresh_kernels).
+// registered at the next region entry (refresh_kernels). Two kinds of op get
+// a second kernel: factories, on BackendSelect (factories.h), and ops whose
+// autograd differs between the CPU and CUDA, on AutogradPrivateUse2
+// (device_autograd.h).
 #pragma once
 
 #include <string>
