@@ -12,7 +12,10 @@ the cached module.
 
 Writes ``native_ext.json``: ``status`` ``ok`` (built or loaded, then one op
 inside ``memscale.dtr(None)`` with ``MEMSCALE_NATIVE=1`` ran on the native
-path and matched plain PyTorch) or ``unavailable`` with ``reason``
+path and matched plain PyTorch, and the paths that depend on the device -
+``rms_norm``'s fused kernel and its formula on CUDA, a factory op inside an
+entry - ran on the device under stress, bitwise: ``device_paths``) or
+``unavailable`` with ``reason``
 (``region_ext.unavailable_reason()``) and, when a build failed, the end of its
 output; the seconds it took, whether it was built or found in the cache, the
 torch version, and the compiler and ninja found. Exit status 1 when
@@ -81,6 +84,58 @@ def check_op() -> dict[str, Any]:
             os.environ["MEMSCALE_NATIVE"] = old
 
 
+def check_paths(device: str) -> dict[str, Any]:
+    """The native paths whose behaviour depends on the device, on ``device``
+    under ``memscale.dtr(stress=True)`` (every evictable tensor evicted and
+    rebuilt): ``rms_norm`` forward and backward on region tensors (on CUDA its
+    fused kernel and formula, on the CPU the decomposition: the grad_fn must be
+    plain PyTorch's), and a factory op inside the entry (a region tensor,
+    rebuilt from its generator state). Each: bitwise against plain."""
+    import torch
+
+    import memscale
+    from memscale._native import region_ext
+
+    old = os.environ.get("MEMSCALE_NATIVE")
+    os.environ["MEMSCALE_NATIVE"] = "1"
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(4, 64, 256, device=device, requires_grad=True)
+        w = torch.randn(256, device=device, requires_grad=True)
+
+        def step() -> tuple[str, list[Any]]:
+            x.grad = w.grad = None
+            noise = torch.randn(4, 64, 256, device=device)
+            y = torch.nn.functional.rms_norm(x * 1.5 + noise, [256], w)
+            name = type(y.grad_fn).__name__
+            y.square().mean().backward()
+            return name, [y.detach().clone(), x.grad.clone(), w.grad.clone()]
+
+        torch.manual_seed(1)
+        plain_fn, plain = step()
+        region = memscale.dtr(stress=True)
+        torch.manual_seed(1)
+        with region:
+            got_fn, got = step()
+            factory_is_region = bool(region_ext.extension().is_wrapper(torch.zeros(2, device=device)))
+        got = [region.unwrap(t) for t in got]
+        bitwise = all(torch.equal(a, b) for a, b in zip(plain, got))
+        return {
+            "device": device,
+            "native_path": bool(getattr(region, "native", False)),
+            "rms_norm_grad_fn": {"plain": plain_fn, "region": got_fn},
+            "bitwise": bitwise,
+            "factory_is_region_tensor": factory_is_region,
+            "rematerializations": int(region.summary()["rematerializations"]),
+            "ok": bool(bitwise and plain_fn == got_fn and factory_is_region and getattr(region, "native", False)),
+        }
+    finally:
+        if old is None:
+            os.environ.pop("MEMSCALE_NATIVE", None)
+        else:
+            os.environ["MEMSCALE_NATIVE"] = old
+
+
 def run(a: argparse.Namespace) -> int:
     import torch
 
@@ -130,12 +185,18 @@ def run(a: argparse.Namespace) -> int:
     # The operators with the region's kernel, and how many through an unboxed
     # entry (csrc/unboxed.h: each listed at::_ops struct compiled against this torch).
     result["kernels"] = {"registered": int(ext.registered_kernels()), "unboxed": int(ext.unboxed_kernels())}
-    ok = result["check"]["native_path"] and result["check"]["equal"]
+    try:
+        result["device_paths"] = check_paths(a.device)
+    except Exception as exc:  # noqa: BLE001 - reported
+        result["device_paths"] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+        traceback.print_exc()
+    ok = result["check"]["native_path"] and result["check"]["equal"] and result["device_paths"]["ok"]
     result["status"] = "ok" if ok else "failed"
     if not ok:
-        result["error"] = f"the check op: {result['check']}"
+        result["error"] = f"the check op: {result['check']}; the device's paths: {result['device_paths']}"
     print(f"{'ok' if ok else 'FAIL'} {STEP}: {'built' if state['built'] else 'loaded from the cache'} in "
-          f"{result['seconds']} s; check op {result['check']}; kernels {result['kernels']}", flush=True)
+          f"{result['seconds']} s; check op {result['check']}; kernels {result['kernels']}; "
+          f"device paths {result['device_paths']}", flush=True)
     _common.write_json(a.out, result)
     return 0 if ok else 1
 
