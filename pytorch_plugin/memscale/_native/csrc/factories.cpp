@@ -75,8 +75,14 @@ bool region_takes_factory(const c10::OperatorHandle& op) {
   // tensors), a cuDNN dropout state, a tensor of the ZeroTensor kind, a
   // file's contents, a dependency token - stay plain, as before.
   constexpr std::string_view kLeftPlain[] = {
-      "aten::empty",   "aten::empty_strided", "aten::empty_permuted",  "aten::_cudnn_init_dropout_state",
-      "aten::_efficientzerotensor", "aten::from_file", "aten::_make_dep_token"};
+      "aten::empty",
+      "aten::empty_strided",
+      "aten::empty_permuted",
+      "aten::_cudnn_init_dropout_state",
+      "aten::_efficientzerotensor",
+      "aten::from_file",
+      "aten::_make_dep_token",
+  };
   const c10::FunctionSchema& schema = op.schema();
   if (schema.name().rfind(kAten, 0) != 0) return false;
   for (std::string_view plain : kLeftPlain) {
