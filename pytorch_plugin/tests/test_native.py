@@ -684,3 +684,13 @@ def test_a_batch_drawn_inside_the_entry_is_rebuilt_bitwise(setting: str) -> None
     assert r.native
     assert _same(plain, [loss] + [p.grad for p in model.parameters()])
     assert r.summary()["rematerializations"] > 0
+
+
+def test_an_out_op_that_resizes_a_region_tensor_is_refused_with_memscales_error() -> None:
+    """The native region does not follow resizes of its own tensors: an out=
+    op that resizes one is refused with memscale's error naming the shapes
+    (the Python region refuses the growing ones the same way)."""
+    with pytest.raises(MemscaleError, match=r"cat.out resized a region tensor in place from \[0\] to \[5\]"):
+        with memscale.dtr(None):
+            out = torch.zeros(0)
+            torch.cat([torch.ones(2), torch.zeros(3)], out=out)

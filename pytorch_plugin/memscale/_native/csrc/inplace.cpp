@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dispatch_key.h"
+#include "errors.h"
 #include "output_sizes.h"
 #include "session_util.h"
 #include "wrapper.h"
@@ -261,9 +262,13 @@ void Session::dispatch_mutating(const c10::OperatorHandle& op, const OpFacts& f,
   std::vector<int> resized;
   for (const Written& w : written) {
     if (w.real.storage().unsafeGetStorageImpl() == w.storage && w.real.sizes().vec() == w.sizes) continue;
-    TORCH_CHECK(w.plain, "memscale.dtr: ", f.name,
-                " resized a tensor of the region in place; the native region does not follow resizes of its own "
-                "tensors yet (run this step with MEMSCALE_NATIVE=0)");
+    if (!w.plain) {
+      throw RefusedError(c10::str("memscale.dtr: ", f.name, " resized a region tensor in place from ",
+                                  c10::IntArrayRef(w.sizes), " to ", w.real.sizes(),
+                                  "; the native region does not follow resizes of its own tensors (the Python "
+                                  "region, MEMSCALE_NATIVE=0, follows those that stay within the tensor's memory); "
+                                  "use the out-of-place op instead"));
+    }
     // The program's tensor got new geometry or memory: its old version stays
     // as it was, and the tensor is registered anew at its next use.
     externals_.erase(w.real.unsafeGetTensorImpl());
