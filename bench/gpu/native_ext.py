@@ -28,11 +28,13 @@ extension skip too) unless ``--device cpu``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import _common
@@ -61,15 +63,27 @@ def tools() -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def native_forced() -> Iterator[None]:
+    """``MEMSCALE_NATIVE=1`` for the block (the region must take the native path)."""
+    old = os.environ.get("MEMSCALE_NATIVE")
+    os.environ["MEMSCALE_NATIVE"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MEMSCALE_NATIVE", None)
+        else:
+            os.environ["MEMSCALE_NATIVE"] = old
+
+
 def check_op() -> dict[str, Any]:
     """One small op inside ``memscale.dtr(None)`` on the native path (CPU tensors)."""
     import torch
 
     import memscale
 
-    old = os.environ.get("MEMSCALE_NATIVE")
-    os.environ["MEMSCALE_NATIVE"] = "1"
-    try:
+    with native_forced():
         x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
         want = (x * 2 + 1).sum(dim=0)
         region = memscale.dtr(None)
@@ -77,11 +91,6 @@ def check_op() -> dict[str, Any]:
             y = (x * 2 + 1).sum(dim=0)
         got = region.unwrap(y)
         return {"native_path": bool(getattr(region, "native", False)), "equal": bool(torch.equal(got, want))}
-    finally:
-        if old is None:
-            os.environ.pop("MEMSCALE_NATIVE", None)
-        else:
-            os.environ["MEMSCALE_NATIVE"] = old
 
 
 def check_paths(device: str) -> dict[str, Any]:
@@ -96,9 +105,7 @@ def check_paths(device: str) -> dict[str, Any]:
     import memscale
     from memscale._native import region_ext
 
-    old = os.environ.get("MEMSCALE_NATIVE")
-    os.environ["MEMSCALE_NATIVE"] = "1"
-    try:
+    with native_forced():
         torch.manual_seed(0)
         x = torch.randn(4, 64, 256, device=device, requires_grad=True)
         w = torch.randn(256, device=device, requires_grad=True)
@@ -129,11 +136,6 @@ def check_paths(device: str) -> dict[str, Any]:
             "rematerializations": int(region.summary()["rematerializations"]),
             "ok": bool(bitwise and plain_fn == got_fn and factory_is_region and getattr(region, "native", False)),
         }
-    finally:
-        if old is None:
-            os.environ.pop("MEMSCALE_NATIVE", None)
-        else:
-            os.environ["MEMSCALE_NATIVE"] = old
 
 
 def run(a: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/TensorOptions.h>
 
+#include "arg_tensors.h"
 #include "wrapper.h"
 
 namespace memscale {
@@ -16,34 +17,15 @@ namespace {
 // defined tensor's.
 std::optional<c10::Device> data_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();
-  std::optional<c10::Device> first;
-  auto look = [&](const at::Tensor& t) {
-    if (!t.defined()) return false;
-    if (wrapper_of(t) != nullptr) {
-      first = t.device();
-      return true;
-    }
-    if (!first) first = t.device();
-    return false;
-  };
-  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
-    if (it->isTensor()) {
-      if (look(it->toTensor())) break;
-    } else if (it->isTensorList()) {
-      bool found = false;
-      for (const at::Tensor& t : it->toTensorList().vec()) {
-        if ((found = look(t))) break;
-      }
-      if (found) break;
-    } else if (it->isList()) {  // Tensor?[]
-      bool found = false;
-      for (const c10::IValue& v : it->toListRef()) {
-        if (v.isTensor() && (found = look(v.toTensor()))) break;
-      }
-      if (found) break;
-    }
+  std::optional<c10::Device> wrapper, first;
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end() && !wrapper; ++it) {
+    for_tensors(*it, [&](const at::Tensor& t, int) {
+      if (!t.defined() || wrapper) return;
+      if (wrapper_of(t) != nullptr) wrapper = t.device();
+      if (!first) first = t.device();
+    });
   }
-  return first;
+  return wrapper ? wrapper : first;
 }
 
 void device_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {

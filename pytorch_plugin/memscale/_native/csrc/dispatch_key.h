@@ -29,6 +29,8 @@ namespace memscale {
 
 constexpr c10::DispatchKey kRegionKey = c10::DispatchKey::PrivateUse2;
 constexpr c10::BackendComponent kRegionBackend = c10::BackendComponent::PrivateUse2Bit;
+// The autograd key of region tensors.
+constexpr c10::DispatchKey kRegionAutogradKey = c10::DispatchKey::AutogradPrivateUse2;
 
 // The raw bits of the region key (Dense functionality + PrivateUse2 backend).
 inline uint64_t region_bits() { return c10::DispatchKeySet(kRegionKey).raw_repr(); }

@@ -10,6 +10,7 @@
 #include <c10/core/TensorOptions.h>
 
 #include "dispatch_key.h"
+#include "op_facts.h"
 
 namespace memscale {
 
@@ -91,13 +92,7 @@ bool region_takes_factory(const c10::OperatorHandle& op) {
   if (!op.hasKernelForDispatchKey(c10::DispatchKey::BackendSelect)) return false;
   bool device = false;
   for (const c10::Argument& a : schema.arguments()) {
-    if (a.type()->kind() == c10::TypeKind::TensorType) return false;
-    if (auto opt = a.type()->castRaw<c10::OptionalType>()) {
-      if (opt->getElementType()->kind() == c10::TypeKind::TensorType) return false;
-    }
-    if (auto list = a.type()->castRaw<c10::ListType>()) {
-      if (list->getElementType()->isSubtypeOf(*c10::OptionalType::ofTensor())) return false;
-    }
+    if (is_tensor_type(a.type())) return false;
     if (a.name() == "device") device = true;
   }
   return device;

@@ -155,9 +155,9 @@ class Registry {
                                           std::nullopt, nullptr, kDebug));
       }
       // Autograd as plain tensors of the wrappers' device get it (device_autograd.h).
-      const c10::DispatchKey autograd = c10::getAutogradKeyFromBackend(kRegionBackend);
-      if (autograd_differs_by_device(*op) && !op->hasKernelForDispatchKey(autograd)) {
-        handles_.push_back(d.registerImpl(name, autograd, device_autograd_kernel(), std::nullopt, nullptr, kDebug));
+      if (autograd_differs_by_device(*op) && !op->hasKernelForDispatchKey(kRegionAutogradKey)) {
+        handles_.push_back(
+            d.registerImpl(name, kRegionAutogradKey, device_autograd_kernel(), std::nullopt, nullptr, kDebug));
       }
       done_.insert(std::move(key));
     }

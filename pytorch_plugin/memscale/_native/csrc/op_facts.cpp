@@ -37,17 +37,6 @@ bool is_shape_only(const std::string& base) {
   return names.count(base) > 0;
 }
 
-bool is_tensor_type(const c10::TypePtr& type) {
-  auto t = type;
-  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-  if (t->kind() == c10::TypeKind::TensorType) return true;
-  if (auto list = t->cast<c10::ListType>()) {
-    auto e = list->getElementType();
-    if (auto opt = e->cast<c10::OptionalType>()) e = opt->getElementType();
-    return e->kind() == c10::TypeKind::TensorType;
-  }
-  return false;
-}
 
 std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
   auto f = std::make_unique<OpFacts>();
@@ -125,6 +114,18 @@ std::unique_ptr<OpFacts> compute(const c10::OperatorHandle& op) {
 }
 
 }  // namespace
+
+bool is_tensor_type(const c10::TypePtr& type) {
+  auto t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto list = t->cast<c10::ListType>()) {
+    auto e = list->getElementType();
+    if (auto opt = e->cast<c10::OptionalType>()) e = opt->getElementType();
+    return e->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
 
 bool OpFacts::writes(const c10::IValue* args) const {
   if (mutated.empty()) return false;

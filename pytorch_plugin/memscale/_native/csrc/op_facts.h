@@ -40,6 +40,9 @@ struct OpFacts {
   bool writes(const c10::IValue* args) const;
 };
 
+// Whether a schema type holds tensors: Tensor, Tensor?, Tensor[], Tensor?[].
+bool is_tensor_type(const c10::TypePtr& type);
+
 // The facts of every overload seen, computed once each (thread-safe). Each
 // thread keeps its own map of what it looked up (no lock per op); the table's
 // is read under the lock the first time a thread meets an overload.
